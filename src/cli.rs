@@ -1,0 +1,125 @@
+//! The command line (the only user of clap). Every flag can also come from an environment
+//! variable, so a DaemonSet can configure slicelet through `env:`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::daemon::Settings;
+
+/// slicelet: share NVIDIA GPUs in Kubernetes (time-slicing, MPS, MIG) through the kubelet's
+/// device-plugin API.
+#[derive(Debug, Parser)]
+#[command(name = "slicelet", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "SLICELET_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the device plugin: register with the kubelet and serve every resource.
+    Run(RunArgs),
+    /// Print what would be advertised on this node, without a kubelet.
+    Plan(PlanArgs),
+    /// Check a policy file (and, with a node, what it means there). Exit 1 when invalid.
+    Validate(NodeArgs),
+}
+
+/// Where the policy and the GPUs come from.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// Sharing policy file (NVIDIA config v1 format).
+    #[arg(long, env = "SLICELET_CONFIG")]
+    pub config: PathBuf,
+    /// Use a simulated node described in this YAML file instead of NVML.
+    #[arg(long, env = "SLICELET_SIMULATE")]
+    pub simulate: Option<PathBuf>,
+    /// Load NVML from this file instead of libnvidia-ml.so.1 on the loader's path.
+    #[arg(long, env = "SLICELET_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
+    /// Where sysfs is mounted (NUMA node lookup).
+    #[arg(long, env = "SLICELET_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+}
+
+/// `slicelet run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Policy and GPU source.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The kubelet's device-plugin directory (holds kubelet.sock).
+    #[arg(long, env = "SLICELET_DEVICE_PLUGIN_PATH", default_value = crate::api::DEFAULT_DEVICE_PLUGIN_PATH)]
+    pub device_plugin_path: PathBuf,
+    /// Host root under which /dev is found, for device specs.
+    #[arg(long, env = "SLICELET_DEV_ROOT", default_value = "/")]
+    pub dev_root: String,
+    /// Tokio worker threads (a 192-core node must not get 192 workers).
+    #[arg(long, env = "SLICELET_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub worker_threads: u16,
+    /// Seconds between NVML retries when it failed at start with failOnInitError: false.
+    #[arg(long, env = "SLICELET_NVML_RETRY_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nvml_retry_seconds: u64,
+    /// Seconds between policy re-reads without a file event (safety net).
+    #[arg(long, env = "SLICELET_POLICY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub policy_resync_seconds: u64,
+}
+
+/// `slicelet plan`.
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// Policy and GPU source.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Output format.
+    #[arg(long, default_value = "table")]
+    pub output: OutputFormat,
+}
+
+/// `slicelet plan --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One line per resource, then its devices.
+    Table,
+    /// `{"resources":[{"name","strategy","replicas","devices":[{"id","gpu","health"}]}]}`.
+    Json,
+}
+
+impl NodeArgs {
+    /// Settings for discovering this node's GPUs (the device-plugin directory is unused).
+    pub fn settings(&self) -> Settings {
+        let mut s = Settings::new(&self.config, crate::api::DEFAULT_DEVICE_PLUGIN_PATH);
+        s.simulate = self.simulate.clone();
+        s.nvml_library = self.nvml_library.clone();
+        s.sysfs_root = self.sysfs_root.clone();
+        s
+    }
+}
+
+impl RunArgs {
+    /// The daemon's settings.
+    pub fn settings(&self) -> Settings {
+        let mut s = self.node.settings();
+        s.device_plugin_path = self.device_plugin_path.clone();
+        s.dev_root = self.dev_root.clone();
+        s.nvml_retry_interval = Duration::from_secs(self.nvml_retry_seconds);
+        s.policy_resync_interval = Duration::from_secs(self.policy_resync_seconds);
+        s
+    }
+}

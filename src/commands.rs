@@ -1,0 +1,98 @@
+//! `slicelet plan` and `slicelet validate`: what a policy means, without a kubelet.
+
+use std::fmt::Write as _;
+
+use crate::daemon::{self, Settings};
+use crate::plan;
+use crate::policy;
+
+/// A command failed; the message is what the user sees.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CommandError(pub String);
+
+/// `slicelet validate`: Ok(report) for a valid policy (first line a one-line summary, then
+/// notices and node-dependent warnings), Err with the field path otherwise.
+///
+/// Without `--simulate`, NVML is tried; when it is unavailable only the node-independent checks
+/// run and the report says so.
+///
+/// # Errors
+/// [`CommandError`] naming the field path (and line/column) of an invalid policy, or the
+/// entries at fault for this node.
+pub fn validate(settings: &Settings) -> Result<String, CommandError> {
+    let path = settings.config.display().to_string();
+    let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
+    let entries = policy.time_slicing.resources.len();
+    let mut out = String::new();
+    let node = daemon::discover(settings);
+    match &node {
+        Ok((inv, source)) => {
+            let built = plan::build(&policy, inv)
+                .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
+            let resources: Vec<String> = built
+                .plan
+                .resources
+                .values()
+                .map(|r| format!("{} ×{}", r.name, r.devices.len()))
+                .collect();
+            let _ = writeln!(
+                out,
+                "valid: {path} ({entries} time-slicing entries, migStrategy {}); on {source} ({} GPUs): {}",
+                policy.mig_strategy.as_str(),
+                inv.gpus.len(),
+                if resources.is_empty() { "nothing advertised".to_string() } else { resources.join(", ") }
+            );
+            for w in &built.warnings {
+                let _ = writeln!(out, "warning: {w}");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(
+                out,
+                "valid: {path} ({entries} time-slicing entries, migStrategy {}); node checks skipped: {e}",
+                policy.mig_strategy.as_str()
+            );
+        }
+    }
+    for k in &policy.ignored_keys {
+        let _ = writeln!(out, "warning: {k} is recognised (NVIDIA config v1) but slicelet does not act on it yet");
+    }
+    for n in &policy.notices {
+        let _ = writeln!(out, "notice: {n}");
+    }
+    Ok(out)
+}
+
+/// `slicelet plan`: the plan for this node as a table or JSON.
+///
+/// # Errors
+/// [`CommandError`] for an invalid policy, a node that cannot be discovered, or a plan that
+/// cannot be built.
+pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
+    let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
+    let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
+    let built = plan::build(&policy, &inv).map_err(|e| CommandError(e.to_string()))?;
+    let view = built.plan.view();
+    if json {
+        return serde_json::to_string_pretty(&view)
+            .map(|s| s + "\n")
+            .map_err(|e| CommandError(e.to_string()));
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "# {source}: {} GPUs", inv.gpus.len());
+    for w in &built.warnings {
+        let _ = writeln!(out, "# warning: {w}");
+    }
+    let _ = writeln!(out, "{:<32} {:<13} {:>8} {:>8}", "RESOURCE", "STRATEGY", "REPLICAS", "DEVICES");
+    for r in &view.resources {
+        let strategy = serde_json::to_value(r.strategy).ok();
+        let strategy = strategy.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
+        let _ = writeln!(out, "{:<32} {:<13} {:>8} {:>8}", r.name, strategy, r.replicas, r.devices.len());
+        for d in &r.devices {
+            let _ = writeln!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+        }
+    }
+    Ok(out)
+}
+

@@ -1,0 +1,130 @@
+//! What GPUs a node has: [`Gpu`], [`MigDevice`], [`Inventory`], and the [`GpuSource`] trait
+//! with its two implementations, NVML ([`nvml::NvmlSource`], the only user of nvml-wrapper) and
+//! a simulated node file ([`simulated::SimulatedSource`]). Nothing here decides sharing.
+
+pub mod nvml;
+pub mod simulated;
+
+use std::path::PathBuf;
+
+/// One MIG device (a GPU instance with one compute instance) of a MIG-enabled GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDevice {
+    /// Position among the parent GPU's MIG devices (the `m` of `"<gpu>:<m>"`).
+    pub index: u32,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// Profile name as NVIDIA spells it, e.g. `1g.10gb` or `1g.24gb+me`.
+    pub profile: String,
+    /// Memory of the slice, MiB.
+    pub memory_mib: u64,
+}
+
+/// One physical GPU as discovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// NVML index (0-based, dense).
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Product name as NVML reports it, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    /// Total framebuffer memory, MiB.
+    pub memory_mib: u64,
+    /// Minor number: the `N` of `/dev/nvidiaN`, when known.
+    pub minor: Option<u32>,
+    /// CUDA compute capability `(major, minor)`, when known.
+    pub compute_capability: Option<(u32, u32)>,
+    /// NUMA node the GPU is attached to, when known.
+    pub numa_node: Option<i64>,
+    /// MIG mode is enabled (current mode).
+    pub mig_enabled: bool,
+    /// MIG devices, when MIG mode is enabled.
+    pub mig_devices: Vec<MigDevice>,
+    /// False when the GPU is known to be unusable (a simulated failure, a lost GPU).
+    pub healthy: bool,
+}
+
+/// Every GPU of the node, sorted by index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// The GPUs, sorted by [`Gpu::index`].
+    pub gpus: Vec<Gpu>,
+}
+
+impl Inventory {
+    /// Builds an inventory, sorting the GPUs by index.
+    pub fn new(mut gpus: Vec<Gpu>) -> Self {
+        gpus.sort_by_key(|g| g.index);
+        Inventory { gpus }
+    }
+
+    /// The GPU with this index.
+    pub fn by_index(&self, index: u32) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+
+    /// The GPU with this UUID.
+    pub fn by_uuid(&self, uuid: &str) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+/// Discovering GPUs failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// NVML could not be loaded or initialised.
+    #[error("initialising NVML from {library}: {reason}")]
+    NvmlInit {
+        /// The library path that was loaded.
+        library: String,
+        /// NVML's error.
+        reason: String,
+    },
+    /// An NVML query failed.
+    #[error("NVML query {query} for GPU {index}: {reason}")]
+    NvmlQuery {
+        /// The query, e.g. `nvmlDeviceGetUUID`.
+        query: &'static str,
+        /// The GPU index.
+        index: u32,
+        /// NVML's error.
+        reason: String,
+    },
+    /// NVML could not count the GPUs.
+    #[error("NVML device count: {0}")]
+    NvmlCount(String),
+    /// The simulated node file could not be read.
+    #[error("reading simulated node {path}: {source}")]
+    SimulatedRead {
+        /// The node file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The simulated node file is invalid.
+    #[error("invalid simulated node {path}: {path_in_file}: {message}{}", location.map(|(l, c)| format!(" (line {l}, column {c})")).unwrap_or_default())]
+    SimulatedInvalid {
+        /// The node file.
+        path: PathBuf,
+        /// Field path inside the file, e.g. `gpus[0].memoryMiB`.
+        path_in_file: String,
+        /// Line and column, when known.
+        location: Option<(usize, usize)>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A source of GPUs: NVML on a real node, a file for a simulated one.
+pub trait GpuSource: Send {
+    /// Discovers every GPU now.
+    ///
+    /// # Errors
+    /// [`InventoryError`] naming the query or file that failed.
+    fn discover(&mut self) -> Result<Inventory, InventoryError>;
+
+    /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,27 @@
+//! slicelet: a Kubernetes device plugin that shares NVIDIA GPUs.
+//!
+//! The data flow, each step with one home:
+//!
+//! ```text
+//! policy file ──policy::load──▶ Policy ─┐
+//! NVML / --simulate ─▶ Inventory ───────┴─▶ plan::build ─▶ Arc<Plan> ─watch─▶ plugin servers ─▶ kubelet
+//!                                                               Allocate ─▶ allocate.rs ─▶ response
+//! ```
+//!
+//! [`policy`], [`plan`] and [`allocate`] are pure: no I/O, no async. [`daemon`] is the one
+//! supervisor that owns state and publishes plan snapshots; [`plugin`] serves the kubelet's
+//! v1beta1 `DevicePlugin` API per resource; [`kubelet`] registers with the kubelet;
+//! [`inventory`] discovers GPUs through NVML or a simulated node file.
+
+pub mod allocate;
+pub mod api;
+pub mod cli;
+pub mod commands;
+pub mod daemon;
+pub mod emulator;
+pub mod inventory;
+pub mod kubelet;
+pub mod plan;
+pub mod plugin;
+pub mod policy;
+pub mod watch;

@@ -1,0 +1,79 @@
+//! The `slicelet` binary: parse the command line, install logging, run until SIGTERM/SIGINT,
+//! map the outcome to an exit code (0 ok, 1 error). All logic lives in the library.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser;
+use slicelet::cli::{Cli, Command, LogFormat, OutputFormat};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SLICELET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn wait_for_signal(token: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    token.cancel();
+    Ok(())
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(usize::from(args.worker_threads))
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            runtime.block_on(async {
+                let token = CancellationToken::new();
+                let signals = tokio::spawn(wait_for_signal(token.clone()));
+                let result = slicelet::daemon::run(args.settings(), token).await;
+                signals.abort();
+                result.context("slicelet run")
+            })
+        }
+        Command::Plan(args) => {
+            let out = slicelet::commands::plan(&args.node.settings(), args.output == OutputFormat::Json)?;
+            print!("{out}");
+            Ok(())
+        }
+        Command::Validate(args) => {
+            let out = slicelet::commands::validate(&args.settings())?;
+            print!("{out}");
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let daemon = matches!(cli.command, Command::Run(_));
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if daemon => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

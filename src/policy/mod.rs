@@ -1,0 +1,326 @@
+//! The sharing policy: loading, strict parsing and validation of the policy file.
+//!
+//! The file format is NVIDIA k8s-device-plugin's config `version: v1`; slicelet accepts their
+//! files unchanged. [`load`] and [`parse`] are the only ways a [`Policy`] comes into being.
+//! Validation here is node-independent; rules that depend on the GPUs present (a GPU claimed
+//! twice, a rename colliding with whole GPUs) are checked by [`crate::plan::build`].
+
+pub mod names;
+pub mod schema;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use names::ResourceName;
+pub use schema::{DeviceRef, DeviceSelector, MigStrategy};
+
+/// Where a policy error is in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+}
+
+/// A policy the user must fix: the field path (`sharing.timeSlicing.resources[0].replicas`),
+/// the line and column where known, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// Dotted field path; `.` for the whole file.
+    pub path: String,
+    /// Position in the file, when the YAML parser knows it.
+    pub location: Option<Location>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)?;
+        if let Some(l) = &self.location {
+            write!(f, " (line {}, column {})", l.line, l.column)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reading the policy file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("reading policy {path}: {source}")]
+    Read {
+        /// The policy file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid policy.
+    #[error("invalid policy {path}: {source}")]
+    Invalid {
+        /// The policy file.
+        path: PathBuf,
+        /// What is wrong, with its field path.
+        #[source]
+        source: PolicyError,
+    },
+}
+
+/// One sharing entry after validation (`sharing.timeSlicing.resources[i]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedResource {
+    /// Field path of the entry, e.g. `sharing.timeSlicing.resources[1]`, for messages.
+    pub path: String,
+    /// The resource whose devices are shared (`nvidia.com/gpu`).
+    pub source: ResourceName,
+    /// The name the replicas are advertised under.
+    pub advertised: ResourceName,
+    /// Which devices of `source` this entry claims.
+    pub devices: DeviceSelector,
+    /// Replicas per device (≥ 1).
+    pub replicas: u32,
+}
+
+/// `sharing.timeSlicing` after validation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TimeSlicing {
+    /// Refuse container requests for more than one replica.
+    pub fail_requests_greater_than_one: bool,
+    /// The entries, in file order.
+    pub resources: Vec<SharedResource>,
+}
+
+/// A validated sharing policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// `flags.migStrategy` (default `none`).
+    pub mig_strategy: MigStrategy,
+    /// `flags.failOnInitError` (default true, as NVIDIA's plugin).
+    pub fail_on_init_error: bool,
+    /// `flags.plugin.passDeviceSpecs` (default false).
+    pub pass_device_specs: bool,
+    /// `sharing.timeSlicing`.
+    pub time_slicing: TimeSlicing,
+    /// Keys of NVIDIA's schema that are set but that slicelet does not act on yet; one warning
+    /// each, by field path.
+    pub ignored_keys: Vec<String>,
+    /// Where slicelet reads an NVIDIA file differently from NVIDIA's plugin.
+    pub notices: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            mig_strategy: MigStrategy::None,
+            fail_on_init_error: true,
+            pass_device_specs: false,
+            time_slicing: TimeSlicing::default(),
+            ignored_keys: Vec::new(),
+            notices: Vec::new(),
+        }
+    }
+}
+
+/// Reads and validates the policy file at `path`.
+///
+/// # Errors
+/// [`LoadError::Read`] when the file cannot be read, [`LoadError::Invalid`] with the field path
+/// when it is not a valid policy.
+pub fn load(path: &Path) -> Result<Policy, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text).map_err(|source| LoadError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Parses and validates policy text (YAML; JSON is YAML too).
+///
+/// # Errors
+/// [`PolicyError`] naming the field path, with line and column when the parser knows them.
+pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+    let de = yaml_serde::Deserializer::from_str(text);
+    let file: schema::ConfigFile = serde_path_to_error::deserialize(de).map_err(from_serde)?;
+    validate(file)
+}
+
+fn from_serde(err: serde_path_to_error::Error<yaml_serde::Error>) -> PolicyError {
+    let inner = err.inner();
+    let location = inner.location().map(|l| Location {
+        line: l.line(),
+        column: l.column(),
+    });
+    let mut path = err.path().to_string();
+    // The YAML error repeats its own path and location; keep only the sentence.
+    let mut message = inner.to_string();
+    if let Some(l) = &location {
+        let suffix = format!(" at line {} column {}", l.line, l.column);
+        if let Some(stripped) = message.strip_suffix(&suffix) {
+            message = stripped.to_string();
+        }
+    }
+    message = strip_yaml_path(&message, &path).to_string();
+    // "missing field `replicas`" is reported at the parent; name the field itself.
+    if let Some(field) = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        path = if path == "." {
+            field.to_string()
+        } else {
+            format!("{path}.{field}")
+        };
+        message = "is required".to_string();
+    }
+    PolicyError {
+        path,
+        location,
+        message,
+    }
+}
+
+/// The YAML error repeats its own path (`a.b[0]: …`, the parent of an unknown field);
+/// drop it when it is a prefix of `path`.
+pub(crate) fn strip_yaml_path<'a>(message: &'a str, path: &str) -> &'a str {
+    match message.split_once(": ") {
+        Some((head, rest)) if path.starts_with(head) => rest,
+        _ => message,
+    }
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
+    PolicyError {
+        path: path.into(),
+        location: None,
+        message: message.into(),
+    }
+}
+
+fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
+    let mut policy = Policy::default();
+    let mut ignored = Vec::new();
+
+    if let Some(flags) = &file.flags {
+        policy.mig_strategy = flags.mig_strategy.unwrap_or_default();
+        policy.fail_on_init_error = flags.fail_on_init_error.unwrap_or(true);
+        let not_acted: [(&str, bool); 10] = [
+            ("restartOnDeviceUnhealthy", flags.restart_on_device_unhealthy.is_some()),
+            ("nvidiaDriverRoot", flags.nvidia_driver_root.is_some()),
+            ("nvidiaDevRoot", flags.nvidia_dev_root.is_some()),
+            ("mpsRoot", flags.mps_root.is_some()),
+            ("gdrcopyEnabled", flags.gdrcopy_enabled.is_some()),
+            ("gdsEnabled", flags.gds_enabled.is_some()),
+            ("mofedEnabled", flags.mofed_enabled.is_some()),
+            ("useNodeFeatureAPI", flags.use_node_feature_api.is_some()),
+            ("deviceDiscoveryStrategy", flags.device_discovery_strategy.is_some()),
+            ("gfd", flags.gfd.is_some()),
+        ];
+        ignored.extend(
+            not_acted
+                .iter()
+                .filter(|(_, set)| *set)
+                .map(|(k, _)| format!("flags.{k}")),
+        );
+        if let Some(plugin) = &flags.plugin {
+            policy.pass_device_specs = plugin.pass_device_specs.unwrap_or(false);
+            if let Some(list) = &plugin.device_list_strategy {
+                if list.values() != ["envvar"] {
+                    ignored.push("flags.plugin.deviceListStrategy".to_string());
+                }
+            }
+            if plugin.device_id_strategy.as_deref().is_some_and(|s| s != "uuid") {
+                ignored.push("flags.plugin.deviceIDStrategy".to_string());
+            }
+            let not_acted: [(&str, bool); 4] = [
+                ("cdiAnnotationPrefix", plugin.cdi_annotation_prefix.is_some()),
+                ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
+                ("containerDriverRoot", plugin.container_driver_root.is_some()),
+                (
+                    "sharedDevicesAllocationPolicy",
+                    plugin.shared_devices_allocation_policy.is_some(),
+                ),
+            ];
+            ignored.extend(
+                not_acted
+                    .iter()
+                    .filter(|(_, set)| *set)
+                    .map(|(k, _)| format!("flags.plugin.{k}")),
+            );
+        }
+    }
+    if file.resources.is_some() {
+        ignored.push("resources".to_string());
+    }
+    if file.imex.is_some() {
+        ignored.push("imex".to_string());
+    }
+
+    if let Some(sharing) = file.sharing {
+        if sharing.mps.is_some() {
+            ignored.push("sharing.mps".to_string());
+        }
+        if let Some(ts) = sharing.time_slicing {
+            policy.time_slicing = validate_replicated(ts, "sharing.timeSlicing", &mut policy.notices)?;
+        }
+    }
+    policy.ignored_keys = ignored;
+    Ok(policy)
+}
+
+fn validate_replicated(
+    ts: schema::ReplicatedResources,
+    base: &str,
+    notices: &mut Vec<String>,
+) -> Result<TimeSlicing, PolicyError> {
+    let rename_by_default = ts.rename_by_default.unwrap_or(false);
+    let mut out = TimeSlicing {
+        fail_requests_greater_than_one: ts.fail_requests_greater_than_one.unwrap_or(false),
+        resources: Vec::new(),
+    };
+    let mut by_name: BTreeMap<ResourceName, String> = BTreeMap::new();
+    for (i, entry) in ts.resources.unwrap_or_default().into_iter().enumerate() {
+        let path = format!("{base}.resources[{i}]");
+        let advertised = match (&entry.rename, rename_by_default) {
+            (Some(r), _) => r.clone(),
+            (None, true) => entry
+                .name
+                .shared()
+                .map_err(|m| err(format!("{path}.name"), format!("with renameByDefault: {m}")))?,
+            (None, false) => entry.name.clone(),
+        };
+        if let Some(other) = by_name.insert(advertised.clone(), path.clone()) {
+            return Err(err(
+                path.clone(),
+                format!("advertises {advertised}, which {other} already advertises; give one of them another rename"),
+            ));
+        }
+        if let Some(rename) = &entry.rename {
+            notices.push(format!(
+                "{path}.rename: slicelet honours rename (NVIDIA's plugin ignores it): pods must request {rename}"
+            ));
+        }
+        let devices = entry.devices.clone().unwrap_or_default();
+        if devices != DeviceSelector::All {
+            notices.push(format!(
+                "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
+            ));
+        }
+        out.resources.push(SharedResource {
+            path,
+            source: entry.name,
+            advertised,
+            devices,
+            replicas: entry.replicas.0,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,383 @@
+//! Serde types that mirror the policy file exactly: NVIDIA k8s-device-plugin's config
+//! `version: v1` (as of their v0.20.0 release) plus slicelet's documented extensions.
+//!
+//! Every struct denies unknown fields, and no struct uses `#[serde(flatten)]` (which would
+//! silently defeat `deny_unknown_fields`), so a misspelt or misplaced key is an error with its
+//! path and line. Values slicelet can check locally (version, strategies, resource names,
+//! replica counts, device lists) are checked while deserializing, so those errors carry the
+//! line and column too.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Unexpected, Visitor};
+use serde::Deserialize;
+
+use super::names::ResourceName;
+
+/// The whole file. Every top-level key of NVIDIA's v1 schema is recognised.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    /// `v1`, or absent (NVIDIA defaults it to `v1`).
+    pub version: Option<Version>,
+    /// Daemon settings (NVIDIA: command-line flags that may also come from the file).
+    pub flags: Option<Flags>,
+    /// NVIDIA's resource renaming by product pattern. Recognised, not acted on.
+    pub resources: Option<Resources>,
+    /// Time-slicing and MPS sharing.
+    pub sharing: Option<Sharing>,
+    /// IMEX channels. Recognised, not acted on.
+    pub imex: Option<Imex>,
+}
+
+/// The only file version: `v1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Version {
+    /// NVIDIA config v1.
+    #[serde(rename = "v1")]
+    V1,
+}
+
+/// How MIG devices are advertised (NVIDIA's `--mig-strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigStrategy {
+    /// Every GPU is advertised whole as `nvidia.com/gpu`, MIG or not.
+    #[default]
+    None,
+    /// Every MIG device is advertised as `nvidia.com/gpu` (uniform layouts only).
+    Single,
+    /// One resource per MIG profile (`nvidia.com/mig-1g.10gb`), whole GPUs as `nvidia.com/gpu`.
+    Mixed,
+}
+
+impl MigStrategy {
+    /// The spelling in the policy file: `none`, `single` or `mixed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigStrategy::None => "none",
+            MigStrategy::Single => "single",
+            MigStrategy::Mixed => "mixed",
+        }
+    }
+}
+
+/// `flags`: NVIDIA's common flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Flags {
+    /// `none` (default), `single` or `mixed`.
+    pub mig_strategy: Option<MigStrategy>,
+    /// Exit with code 1 when NVML cannot be initialised (default true).
+    pub fail_on_init_error: Option<bool>,
+    /// Recognised, not acted on.
+    pub restart_on_device_unhealthy: Option<bool>,
+    /// Recognised, not acted on.
+    pub nvidia_driver_root: Option<String>,
+    /// Recognised, not acted on.
+    pub nvidia_dev_root: Option<String>,
+    /// Root of the MPS pipe and log directories (default `/run/nvidia/mps`). Recognised, not
+    /// acted on until MPS support lands.
+    pub mps_root: Option<String>,
+    /// Recognised, not acted on.
+    pub gdrcopy_enabled: Option<bool>,
+    /// Recognised, not acted on.
+    pub gds_enabled: Option<bool>,
+    /// Recognised, not acted on.
+    pub mofed_enabled: Option<bool>,
+    /// Recognised, not acted on.
+    #[serde(rename = "useNodeFeatureAPI")]
+    pub use_node_feature_api: Option<bool>,
+    /// Recognised, not acted on (slicelet discovers through NVML or `--simulate`).
+    pub device_discovery_strategy: Option<String>,
+    /// Device-plugin specific flags.
+    pub plugin: Option<PluginFlags>,
+    /// GPU feature discovery flags. Recognised, not acted on.
+    pub gfd: Option<GfdFlags>,
+}
+
+/// `flags.plugin`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PluginFlags {
+    /// Return `/dev/nvidia*` device specs from Allocate.
+    pub pass_device_specs: Option<bool>,
+    /// `envvar` (the one slicelet implements), `volume-mounts`, `cdi-annotations`, `cdi-cri`;
+    /// one string or a list.
+    pub device_list_strategy: Option<StringOrList>,
+    /// `uuid` (the one slicelet implements) or `index`.
+    #[serde(rename = "deviceIDStrategy")]
+    pub device_id_strategy: Option<String>,
+    /// Recognised, not acted on.
+    pub cdi_annotation_prefix: Option<String>,
+    /// Recognised, not acted on.
+    #[serde(rename = "nvidiaCTKPath")]
+    pub nvidia_ctk_path: Option<String>,
+    /// Recognised, not acted on.
+    pub container_driver_root: Option<String>,
+    /// `distributed` or `packed`. Recognised, not acted on: slicelet always spreads replicas
+    /// across GPUs first.
+    pub shared_devices_allocation_policy: Option<String>,
+}
+
+/// `flags.gfd`. Recognised, not acted on.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GfdFlags {
+    /// GFD runs once and exits.
+    pub oneshot: Option<bool>,
+    /// GFD omits its timestamp label.
+    pub no_timestamp: Option<bool>,
+    /// Go duration string such as `60s`.
+    pub sleep_interval: Option<String>,
+    /// GFD output file.
+    pub output_file: Option<String>,
+    /// GFD machine type file.
+    pub machine_type_file: Option<String>,
+}
+
+/// A string or a list of strings (NVIDIA accepts both for `deviceListStrategy`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum StringOrList {
+    /// One value.
+    One(String),
+    /// Several values.
+    Many(Vec<String>),
+}
+
+impl StringOrList {
+    /// The values as a slice-like list.
+    pub fn values(&self) -> Vec<&str> {
+        match self {
+            StringOrList::One(s) => vec![s.as_str()],
+            StringOrList::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// `resources`: NVIDIA's renaming by product pattern. Recognised, not acted on.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// Patterns for whole GPUs.
+    pub gpus: Option<Vec<PatternResource>>,
+    /// Patterns for MIG devices.
+    pub mig: Option<Vec<PatternResource>>,
+}
+
+/// One `resources.gpus[]` / `resources.mig[]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatternResource {
+    /// Product-name glob.
+    pub pattern: String,
+    /// Resource name.
+    pub name: String,
+}
+
+/// `sharing`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Sharing {
+    /// Time-slicing: replicas with no isolation.
+    pub time_slicing: Option<ReplicatedResources>,
+    /// CUDA MPS. Recognised, not acted on until MPS support lands.
+    pub mps: Option<ReplicatedResources>,
+}
+
+/// `sharing.timeSlicing` / `sharing.mps`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplicatedResources {
+    /// Advertise shared resources as `<name>.shared` unless an entry has `rename`.
+    pub rename_by_default: Option<bool>,
+    /// Refuse container requests for more than one replica (Allocate → `INVALID_ARGUMENT`).
+    pub fail_requests_greater_than_one: Option<bool>,
+    /// The entries.
+    pub resources: Option<Vec<ReplicatedResource>>,
+}
+
+/// One `sharing.*.resources[]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplicatedResource {
+    /// The resource whose devices are shared, e.g. `nvidia.com/gpu`.
+    pub name: ResourceName,
+    /// The name the shared devices are advertised under.
+    pub rename: Option<ResourceName>,
+    /// Which GPUs: `all` (default), a count N (the first N by index), or a list of GPU
+    /// indices / UUIDs.
+    pub devices: Option<DeviceSelector>,
+    /// Replicas per device, an integer of at least 1.
+    pub replicas: Replicas,
+}
+
+/// `imex`. Recognised, not acted on.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Imex {
+    /// IMEX channel IDs.
+    #[serde(rename = "channelIDs")]
+    pub channel_ids: Option<Vec<u32>>,
+    /// Fail when the channels are missing.
+    pub required: Option<bool>,
+}
+
+/// A replica count: an integer ≥ 1. Strings (`"4"`), fractions, zero and negatives are
+/// rejected while parsing, so the error carries line and column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replicas(pub u32);
+
+impl<'de> Deserialize<'de> for Replicas {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = u32::deserialize(d)?;
+        if n == 0 {
+            return Err(de::Error::invalid_value(
+                Unexpected::Unsigned(0),
+                &"a whole number of replicas of at least 1",
+            ));
+        }
+        Ok(Replicas(n))
+    }
+}
+
+/// `devices` of a sharing entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceSelector {
+    /// Every device of the named resource (`all`, the default).
+    #[default]
+    All,
+    /// The first N GPUs by index (N ≥ 1).
+    Count(u32),
+    /// Named devices.
+    List(Vec<DeviceRef>),
+}
+
+/// One item of a `devices` list.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeviceRef {
+    /// A GPU index (`0`, or `"0"`).
+    Index(u32),
+    /// A MIG device by `"<gpu index>:<mig index>"`.
+    MigIndex(u32, u32),
+    /// A GPU (`GPU-…`) or MIG (`MIG-…`) UUID.
+    Uuid(String),
+}
+
+impl fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceRef::Index(i) => write!(f, "{i}"),
+            DeviceRef::MigIndex(g, m) => write!(f, "{g}:{m}"),
+            DeviceRef::Uuid(u) => f.write_str(u),
+        }
+    }
+}
+
+impl DeviceRef {
+    fn parse(s: &str) -> Result<Self, String> {
+        if let Ok(i) = s.parse::<u32>() {
+            return Ok(DeviceRef::Index(i));
+        }
+        if let Some((g, m)) = s.split_once(':') {
+            if let (Ok(g), Ok(m)) = (g.parse::<u32>(), m.parse::<u32>()) {
+                return Ok(DeviceRef::MigIndex(g, m));
+            }
+        }
+        let is_uuid = (s.starts_with("GPU-") || s.starts_with("MIG-"))
+            && s.len() > 4
+            && s[4..].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '/');
+        if is_uuid {
+            Ok(DeviceRef::Uuid(s.to_string()))
+        } else {
+            Err(format!(
+                "`{s}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID"
+            ))
+        }
+    }
+}
+
+struct DeviceSelectorVisitor;
+
+impl<'de> Visitor<'de> for DeviceSelectorVisitor {
+    type Value = DeviceSelector;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("`all`, a positive count, or a list of GPU indices or UUIDs")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        if v == "all" {
+            Ok(DeviceSelector::All)
+        } else {
+            Err(E::invalid_value(Unexpected::Str(v), &self))
+        }
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        match u32::try_from(v) {
+            Ok(n) if n >= 1 => Ok(DeviceSelector::Count(n)),
+            _ => Err(E::invalid_value(Unexpected::Unsigned(v), &self)),
+        }
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(E::invalid_value(Unexpected::Signed(v), &self)),
+        }
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element::<DeviceRefItem>()? {
+            if out.contains(&item.0) {
+                return Err(de::Error::custom(format!(
+                    "device `{}` is listed twice",
+                    item.0
+                )));
+            }
+            out.push(item.0);
+        }
+        if out.is_empty() {
+            return Err(de::Error::invalid_length(0, &"at least one device"));
+        }
+        Ok(DeviceSelector::List(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSelector {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(DeviceSelectorVisitor)
+    }
+}
+
+struct DeviceRefItem(DeviceRef);
+
+impl<'de> Deserialize<'de> for DeviceRefItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DeviceRefItem;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a GPU index, \"<gpu>:<mig>\", or a GPU-/MIG- UUID")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DeviceRefItem, E> {
+                u32::try_from(v)
+                    .map(|i| DeviceRefItem(DeviceRef::Index(i)))
+                    .map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DeviceRefItem, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DeviceRefItem, E> {
+                DeviceRef::parse(v).map(DeviceRefItem).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

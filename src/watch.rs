@@ -1,0 +1,101 @@
+//! File-system events → typed events on a tokio channel (the only user of notify).
+//!
+//! Directories are watched, not files: a mounted ConfigMap updates by swapping its `..data`
+//! symlink (no event names the policy file), and the kubelet wipes the device-plugin directory
+//! and creates a new `kubelet.sock` when it restarts.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use notify::event::EventKind;
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::api::KUBELET_SOCKET;
+
+/// What changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Something in the policy file's directory changed (debounce and re-read).
+    PolicyDirChanged,
+    /// `kubelet.sock` was created: a kubelet (re)started.
+    KubeletSocketCreated,
+    /// A `slicelet-*.sock` file was removed (by the kubelet wiping the directory, or by hand).
+    PluginSocketRemoved(OsString),
+}
+
+/// Watching a directory failed.
+#[derive(Debug, thiserror::Error)]
+#[error("watching {path}: {source}")]
+pub struct WatchError {
+    /// The directory.
+    pub path: PathBuf,
+    /// notify's error.
+    #[source]
+    pub source: notify::Error,
+}
+
+/// Keeps the watches alive; dropping it stops them.
+pub struct Watches {
+    _watchers: Vec<RecommendedWatcher>,
+}
+
+fn watch_dir(
+    dir: &Path,
+    handler: impl Fn(notify::Event) + Send + 'static,
+) -> Result<RecommendedWatcher, WatchError> {
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if let Ok(ev) = res {
+            handler(ev);
+        }
+    })
+    .map_err(|source| WatchError {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    w.watch(dir, RecursiveMode::NonRecursive)
+        .map_err(|source| WatchError {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    Ok(w)
+}
+
+/// Watches the policy file's parent directory and the device-plugin directory, sending
+/// [`Event`]s to `tx`. Access events are ignored.
+///
+/// # Errors
+/// [`WatchError`] when a directory cannot be watched (e.g. it does not exist).
+pub fn start(
+    policy_file: &Path,
+    device_plugin_dir: &Path,
+    tx: UnboundedSender<Event>,
+) -> Result<Watches, WatchError> {
+    let policy_dir = match policy_file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let ptx = tx.clone();
+    let policy = watch_dir(&policy_dir, move |ev| {
+        if !matches!(ev.kind, EventKind::Access(_)) {
+            let _ = ptx.send(Event::PolicyDirChanged);
+        }
+    })?;
+    let plugins = watch_dir(device_plugin_dir, move |ev| {
+        for path in &ev.paths {
+            let Some(name) = path.file_name() else { continue };
+            match ev.kind {
+                EventKind::Create(_) if name == KUBELET_SOCKET => {
+                    let _ = tx.send(Event::KubeletSocketCreated);
+                }
+                EventKind::Remove(_) if name.to_string_lossy().starts_with("slicelet-") => {
+                    let _ = tx.send(Event::PluginSocketRemoved(name.to_os_string()));
+                }
+                _ => {}
+            }
+        }
+    })?;
+    Ok(Watches {
+        _watchers: vec![policy, plugins],
+    })
+}
