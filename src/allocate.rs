@@ -125,7 +125,8 @@ pub fn allocate(
         .collect::<Vec<_>>()
         .join(",");
     let mut out = ContainerAllocation::default();
-    out.envs.insert(NVIDIA_VISIBLE_DEVICES.to_string(), uuids.clone());
+    out.envs
+        .insert(NVIDIA_VISIBLE_DEVICES.to_string(), uuids.clone());
     out.envs.insert(CUDA_VISIBLE_DEVICES.to_string(), uuids);
     if res.pass_device_specs {
         let root = dev_root.trim_end_matches('/');
@@ -229,7 +230,10 @@ pub fn preferred(
             home_numa = numa_of(p);
         }
     }
-    chosen.into_iter().map(|p| res.devices[p].id.clone()).collect()
+    chosen
+        .into_iter()
+        .map(|p| res.devices[p].id.clone())
+        .collect()
 }
 
 #[cfg(test)]

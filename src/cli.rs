@@ -14,7 +14,12 @@ use crate::daemon::Settings;
 #[command(name = "slicelet", version, about, long_about = None)]
 pub struct Cli {
     /// Log format.
-    #[arg(long, global = true, env = "SLICELET_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "SLICELET_LOG_FORMAT",
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]

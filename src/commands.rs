@@ -56,7 +56,10 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
         }
     }
     for k in &policy.ignored_keys {
-        let _ = writeln!(out, "warning: {k} is recognised (NVIDIA config v1) but slicelet does not act on it yet");
+        let _ = writeln!(
+            out,
+            "warning: {k} is recognised (NVIDIA config v1) but slicelet does not act on it yet"
+        );
     }
     for n in &policy.notices {
         let _ = writeln!(out, "notice: {n}");
@@ -84,15 +87,25 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     for w in &built.warnings {
         let _ = writeln!(out, "# warning: {w}");
     }
-    let _ = writeln!(out, "{:<32} {:<13} {:>8} {:>8}", "RESOURCE", "STRATEGY", "REPLICAS", "DEVICES");
+    let _ = writeln!(
+        out,
+        "{:<32} {:<13} {:>8} {:>8}",
+        "RESOURCE", "STRATEGY", "REPLICAS", "DEVICES"
+    );
     for r in &view.resources {
         let strategy = serde_json::to_value(r.strategy).ok();
         let strategy = strategy.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
-        let _ = writeln!(out, "{:<32} {:<13} {:>8} {:>8}", r.name, strategy, r.replicas, r.devices.len());
+        let _ = writeln!(
+            out,
+            "{:<32} {:<13} {:>8} {:>8}",
+            r.name,
+            strategy,
+            r.replicas,
+            r.devices.len()
+        );
         for d in &r.devices {
             let _ = writeln!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
         }
     }
     Ok(out)
 }
-

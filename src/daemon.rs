@@ -318,7 +318,9 @@ impl Supervisor {
         let Some(policy) = &self.policy else { return };
         match plan::build(policy, &self.inventory) {
             Ok(built) => self.apply(built.plan),
-            Err(e) => tracing::error!(error = %e, "plan rejected for the current GPUs; keeping the last plan"),
+            Err(e) => {
+                tracing::error!(error = %e, "plan rejected for the current GPUs; keeping the last plan")
+            }
         }
     }
 
@@ -329,7 +331,9 @@ impl Supervisor {
         plan.reuse_unchanged(&old);
         for (name, res) in &plan.resources {
             match old.resources.get(name) {
-                None => tracing::info!(resource = %name, devices = res.devices.len(), "resource added"),
+                None => {
+                    tracing::info!(resource = %name, devices = res.devices.len(), "resource added")
+                }
                 Some(prev) if !Arc::ptr_eq(prev, res) => {
                     let now: std::collections::HashSet<&str> =
                         res.devices.iter().map(|d| d.id.as_str()).collect();

@@ -145,7 +145,11 @@ impl KubeletEmulator {
 
     /// A copy of the current state.
     pub fn state(&self) -> State {
-        self.shared.state.lock().expect("emulator state poisoned").clone()
+        self.shared
+            .state
+            .lock()
+            .expect("emulator state poisoned")
+            .clone()
     }
 
     /// Waits until `pred` holds for the state, up to `timeout`.
@@ -277,7 +281,13 @@ impl Registration for Registrar {
             .into_inner();
         let resource = req.resource_name.clone();
         // A new registration replaces the old endpoint: the kubelet stops the old client.
-        if let Some(old) = self.shared.streams.lock().expect("poisoned").remove(&resource) {
+        if let Some(old) = self
+            .shared
+            .streams
+            .lock()
+            .expect("poisoned")
+            .remove(&resource)
+        {
             old.abort();
         }
         self.shared.update(|s| {

@@ -49,7 +49,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Plan(args) => {
-            let out = slicelet::commands::plan(&args.node.settings(), args.output == OutputFormat::Json)?;
+            let out =
+                slicelet::commands::plan(&args.node.settings(), args.output == OutputFormat::Json)?;
             print!("{out}");
             Ok(())
         }

@@ -326,7 +326,14 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
     }
     if !whole.is_empty() {
         let name = ResourceName::parse(WHOLE_GPU_RESOURCE).expect("valid constant");
-        let res = resource(&name, Strategy::None, 1, false, policy.pass_device_specs, &whole)?;
+        let res = resource(
+            &name,
+            Strategy::None,
+            1,
+            false,
+            policy.pass_device_specs,
+            &whole,
+        )?;
         resources.insert(name.to_string(), Arc::new(res));
     }
     Ok(Built {
@@ -337,7 +344,11 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
 
 /// The GPUs an entry's `devices` selects on this node, by index, warning about names this node
 /// lacks.
-fn select<'a>(entry: &SharedResource, inv: &'a Inventory, warnings: &mut Vec<String>) -> Vec<&'a Gpu> {
+fn select<'a>(
+    entry: &SharedResource,
+    inv: &'a Inventory,
+    warnings: &mut Vec<String>,
+) -> Vec<&'a Gpu> {
     let path = format!("{}.devices", entry.path);
     match &entry.devices {
         DeviceSelector::All => inv.gpus.iter().collect(),
@@ -445,7 +456,13 @@ fn id_len(uuid: &str, replicas: u32, n: u32) -> usize {
 fn estimate_total(gpus: &[&Gpu], replicas: u32) -> u64 {
     gpus.iter()
         .flat_map(|g| {
-            (0..replicas).map(move |n| framed(device_encoded_len(id_len(&g.uuid, replicas, n), g.healthy, g.numa_node)))
+            (0..replicas).map(move |n| {
+                framed(device_encoded_len(
+                    id_len(&g.uuid, replicas, n),
+                    g.healthy,
+                    g.numa_node,
+                ))
+            })
         })
         .sum()
 }
@@ -472,7 +489,11 @@ fn framed(payload: u64) -> u64 {
 /// Encoded size of one `Device` message (without its own framing), bytes. Mirrors protobuf's
 /// encoding of `{ID, health, topology{nodes[{ID}]}}`; a test in `plugin` checks it against prost.
 pub fn device_encoded_len(id_len: usize, healthy: bool, numa: Option<i64>) -> u64 {
-    let health = if healthy { "Healthy".len() } else { "Unhealthy".len() } as u64;
+    let health = if healthy {
+        "Healthy".len()
+    } else {
+        "Unhealthy".len()
+    } as u64;
     let mut len = framed(id_len as u64) + framed(health);
     if let Some(n) = numa {
         // NUMANode{ID}: proto3 omits a zero ID; negative int64 takes 10 bytes.

@@ -83,7 +83,9 @@ pub fn start(
     })?;
     let plugins = watch_dir(device_plugin_dir, move |ev| {
         for path in &ev.paths {
-            let Some(name) = path.file_name() else { continue };
+            let Some(name) = path.file_name() else {
+                continue;
+            };
             match ev.kind {
                 EventKind::Create(_) if name == KUBELET_SOCKET => {
                     let _ = tx.send(Event::KubeletSocketCreated);

@@ -128,3 +128,25 @@ pub trait GpuSource: Send {
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;
 }
+
+/// Test helpers: a node of `n` identical GPUs with readable UUIDs (`GPU-<index>…`), NUMA node
+/// `index / 4`.
+#[cfg(test)]
+pub(crate) fn test_node(n: u32) -> Inventory {
+    Inventory::new(
+        (0..n)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{i:08}-0000-0000-0000-000000000000"),
+                model: "NVIDIA H100 80GB HBM3".to_string(),
+                memory_mib: 81559,
+                minor: Some(i),
+                compute_capability: Some((9, 0)),
+                numa_node: Some(i64::from(i / 4)),
+                mig_enabled: false,
+                mig_devices: Vec::new(),
+                healthy: true,
+            })
+            .collect(),
+    )
+}

@@ -56,11 +56,7 @@ impl NvmlSource {
     }
 }
 
-fn query<T>(
-    index: u32,
-    query: &'static str,
-    r: Result<T, NvmlError>,
-) -> Result<T, InventoryError> {
+fn query<T>(index: u32, query: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
     r.map_err(|e| InventoryError::NvmlQuery {
         query,
         index,
@@ -97,7 +93,11 @@ impl GpuSource for NvmlSource {
             .map_err(|e| InventoryError::NvmlCount(e.to_string()))?;
         let mut gpus = Vec::with_capacity(count as usize);
         for i in 0..count {
-            let dev = query(i, "nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(i))?;
+            let dev = query(
+                i,
+                "nvmlDeviceGetHandleByIndex",
+                self.nvml.device_by_index(i),
+            )?;
             let uuid = query(i, "nvmlDeviceGetUUID", dev.uuid())?;
             let model = query(i, "nvmlDeviceGetName", dev.name())?;
             let memory = query(i, "nvmlDeviceGetMemoryInfo_v2", dev.memory_info())?;

@@ -81,11 +81,12 @@ impl SimulatedSource {
 
 impl GpuSource for SimulatedSource {
     fn discover(&mut self) -> Result<Inventory, InventoryError> {
-        let text =
-            std::fs::read_to_string(&self.path).map_err(|source| InventoryError::SimulatedRead {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| {
+            InventoryError::SimulatedRead {
                 path: self.path.clone(),
                 source,
-            })?;
+            }
+        })?;
         parse(&self.path, &text)
     }
 
@@ -136,13 +137,21 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
             return Err(invalid(path, &format!("{at}.count"), "must be at least 1"));
         }
         if entry.uuid.is_some() && count != 1 {
-            return Err(invalid(path, &format!("{at}.uuid"), "only allowed when count is 1"));
+            return Err(invalid(
+                path,
+                &format!("{at}.uuid"),
+                "only allowed when count is 1",
+            ));
         }
         if entry.model.trim().is_empty() {
             return Err(invalid(path, &format!("{at}.model"), "must not be empty"));
         }
         if entry.memory_mib == 0 {
-            return Err(invalid(path, &format!("{at}.memoryMiB"), "must be positive"));
+            return Err(invalid(
+                path,
+                &format!("{at}.memoryMiB"),
+                "must be positive",
+            ));
         }
         let cc = match &entry.compute_capability {
             None => None,
@@ -150,7 +159,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
                 s.split_once('.')
                     .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
                     .ok_or_else(|| {
-                        invalid(path, &format!("{at}.computeCapability"), format!("`{s}` is not like \"9.0\""))
+                        invalid(
+                            path,
+                            &format!("{at}.computeCapability"),
+                            format!("`{s}` is not like \"9.0\""),
+                        )
                     })?,
             ),
         };
@@ -158,7 +171,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
             let uuid = match &entry.uuid {
                 Some(u) if u.starts_with("GPU-") => u.clone(),
                 Some(u) => {
-                    return Err(invalid(path, &format!("{at}.uuid"), format!("`{u}` does not start with GPU-")))
+                    return Err(invalid(
+                        path,
+                        &format!("{at}.uuid"),
+                        format!("`{u}` does not start with GPU-"),
+                    ))
                 }
                 None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
             };
@@ -201,7 +218,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
     let mut seen = std::collections::BTreeSet::new();
     for g in &gpus {
         if !seen.insert(g.uuid.clone()) {
-            return Err(invalid(path, "gpus", format!("UUID {} appears twice", g.uuid)));
+            return Err(invalid(
+                path,
+                "gpus",
+                format!("UUID {} appears twice", g.uuid),
+            ));
         }
     }
     Ok(Inventory::new(gpus))

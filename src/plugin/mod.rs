@@ -37,7 +37,12 @@ pub fn list_response(res: &ResourcePlan) -> api::ListAndWatchResponse {
             .iter()
             .map(|d| api::Device {
                 id: d.id.clone(),
-                health: if d.healthy { api::HEALTHY } else { api::UNHEALTHY }.to_string(),
+                health: if d.healthy {
+                    api::HEALTHY
+                } else {
+                    api::UNHEALTHY
+                }
+                .to_string(),
                 topology: d.numa_node.map(|n| api::TopologyInfo {
                     nodes: vec![api::NumaNode { id: n }],
                 }),
@@ -191,9 +196,12 @@ impl DevicePlugin for Service {
                 &req.must_include_device_i_ds,
                 size,
             );
-            container_responses.push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
+            container_responses
+                .push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
         }
-        Ok(Response::new(api::PreferredAllocationResponse { container_responses }))
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
     async fn allocate(
@@ -203,13 +211,16 @@ impl DevicePlugin for Service {
         let res = self.current()?;
         let mut container_responses = Vec::new();
         for req in request.into_inner().container_requests {
-            let alloc = allocate::allocate(&res, &req.devices_ids, &self.dev_root).map_err(|e| {
-                tracing::warn!(resource = %self.resource, error = %e, "Allocate refused");
-                status_of(&e)
-            })?;
+            let alloc =
+                allocate::allocate(&res, &req.devices_ids, &self.dev_root).map_err(|e| {
+                    tracing::warn!(resource = %self.resource, error = %e, "Allocate refused");
+                    status_of(&e)
+                })?;
             container_responses.push(to_api(alloc));
         }
-        Ok(Response::new(api::AllocateResponse { container_responses }))
+        Ok(Response::new(api::AllocateResponse {
+            container_responses,
+        }))
     }
 
     async fn pre_start_container(

@@ -136,8 +136,14 @@ mod tests {
         );
         let long = format!("example.com/{}", "a".repeat(63));
         let name = socket_name(dir, &long);
-        assert!(dir.join(&name).as_os_str().len() <= MAX_SOCKET_PATH, "{name}");
-        assert_ne!(name, socket_name(dir, &format!("example.com/{}", "b".repeat(63))));
+        assert!(
+            dir.join(&name).as_os_str().len() <= MAX_SOCKET_PATH,
+            "{name}"
+        );
+        assert_ne!(
+            name,
+            socket_name(dir, &format!("example.com/{}", "b".repeat(63)))
+        );
     }
 
     #[tokio::test]

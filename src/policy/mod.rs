@@ -210,7 +210,10 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         policy.mig_strategy = flags.mig_strategy.unwrap_or_default();
         policy.fail_on_init_error = flags.fail_on_init_error.unwrap_or(true);
         let not_acted: [(&str, bool); 10] = [
-            ("restartOnDeviceUnhealthy", flags.restart_on_device_unhealthy.is_some()),
+            (
+                "restartOnDeviceUnhealthy",
+                flags.restart_on_device_unhealthy.is_some(),
+            ),
             ("nvidiaDriverRoot", flags.nvidia_driver_root.is_some()),
             ("nvidiaDevRoot", flags.nvidia_dev_root.is_some()),
             ("mpsRoot", flags.mps_root.is_some()),
@@ -218,7 +221,10 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             ("gdsEnabled", flags.gds_enabled.is_some()),
             ("mofedEnabled", flags.mofed_enabled.is_some()),
             ("useNodeFeatureAPI", flags.use_node_feature_api.is_some()),
-            ("deviceDiscoveryStrategy", flags.device_discovery_strategy.is_some()),
+            (
+                "deviceDiscoveryStrategy",
+                flags.device_discovery_strategy.is_some(),
+            ),
             ("gfd", flags.gfd.is_some()),
         ];
         ignored.extend(
@@ -234,13 +240,23 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                     ignored.push("flags.plugin.deviceListStrategy".to_string());
                 }
             }
-            if plugin.device_id_strategy.as_deref().is_some_and(|s| s != "uuid") {
+            if plugin
+                .device_id_strategy
+                .as_deref()
+                .is_some_and(|s| s != "uuid")
+            {
                 ignored.push("flags.plugin.deviceIDStrategy".to_string());
             }
             let not_acted: [(&str, bool); 4] = [
-                ("cdiAnnotationPrefix", plugin.cdi_annotation_prefix.is_some()),
+                (
+                    "cdiAnnotationPrefix",
+                    plugin.cdi_annotation_prefix.is_some(),
+                ),
                 ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
-                ("containerDriverRoot", plugin.container_driver_root.is_some()),
+                (
+                    "containerDriverRoot",
+                    plugin.container_driver_root.is_some(),
+                ),
                 (
                     "sharedDevicesAllocationPolicy",
                     plugin.shared_devices_allocation_policy.is_some(),
@@ -266,7 +282,8 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             ignored.push("sharing.mps".to_string());
         }
         if let Some(ts) = sharing.time_slicing {
-            policy.time_slicing = validate_replicated(ts, "sharing.timeSlicing", &mut policy.notices)?;
+            policy.time_slicing =
+                validate_replicated(ts, "sharing.timeSlicing", &mut policy.notices)?;
         }
     }
     policy.ignored_keys = ignored;

@@ -40,7 +40,9 @@ impl ResourceName {
             ));
         }
         if name.is_empty() || name.len() > 63 {
-            return Err(format!("`{raw}`: the name after `/` must be 1 to 63 characters"));
+            return Err(format!(
+                "`{raw}`: the name after `/` must be 1 to 63 characters"
+            ));
         }
         let ok_chars = name
             .chars()
@@ -75,9 +77,8 @@ impl fmt::Display for ResourceName {
 impl<'de> Deserialize<'de> for ResourceName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = String::deserialize(d)?;
-        ResourceName::parse(&raw).map_err(|msg| {
-            de::Error::invalid_value(Unexpected::Str(&raw), &msg.as_str())
-        })
+        ResourceName::parse(&raw)
+            .map_err(|msg| de::Error::invalid_value(Unexpected::Str(&raw), &msg.as_str()))
     }
 }
 

@@ -231,14 +231,27 @@ pub struct Replicas(pub u32);
 
 impl<'de> Deserialize<'de> for Replicas {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let n = u32::deserialize(d)?;
-        if n == 0 {
-            return Err(de::Error::invalid_value(
-                Unexpected::Unsigned(0),
-                &"a whole number of replicas of at least 1",
-            ));
+        // Checked inside the visitor, so the parser reports the value's own line and column.
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Replicas;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of replicas of at least 1")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Replicas, E> {
+                match u32::try_from(v) {
+                    Ok(n) if n >= 1 => Ok(Replicas(n)),
+                    _ => Err(E::invalid_value(Unexpected::Unsigned(v), &self)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Replicas, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(Unexpected::Signed(v), &self)),
+                }
+            }
         }
-        Ok(Replicas(n))
+        d.deserialize_u32(V)
     }
 }
 
@@ -287,7 +300,9 @@ impl DeviceRef {
         }
         let is_uuid = (s.starts_with("GPU-") || s.starts_with("MIG-"))
             && s.len() > 4
-            && s[4..].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '/');
+            && s[4..]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '/');
         if is_uuid {
             Ok(DeviceRef::Uuid(s.to_string()))
         } else {
