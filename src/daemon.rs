@@ -79,11 +79,11 @@ impl Settings {
 pub enum DaemonError {
     /// GPU discovery failed and `failOnInitError` asks to fail (or the simulated node is
     /// invalid).
-    #[error("{0} (set flags.failOnInitError: false to keep running without GPUs)")]
+    #[error("GPU discovery failed (flags.failOnInitError is true; set it to false to keep running without GPUs)")]
     Inventory(#[source] InventoryError),
     /// The simulated node file is unusable.
-    #[error("{0}")]
-    Simulated(#[source] InventoryError),
+    #[error(transparent)]
+    Simulated(InventoryError),
     /// A directory could not be watched.
     #[error(transparent)]
     Watch(#[from] WatchError),
@@ -96,6 +96,15 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What the supervisor reports about itself (for readiness and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Generation of the applied policy (0: none applied yet).
+    pub generation: u64,
+    /// The last policy rejection, cleared when a policy is applied.
+    pub policy_error: Option<String>,
 }
 
 struct ResourceServer {
@@ -117,6 +126,7 @@ struct Supervisor {
     servers: BTreeMap<String, ResourceServer>,
     kubelet_appeared: Arc<Notify>,
     shutdown: CancellationToken,
+    status: watch::Sender<Status>,
 }
 
 fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
@@ -146,6 +156,18 @@ pub fn discover(settings: &Settings) -> Result<(Inventory, String), InventoryErr
 /// [`DaemonError`] when it cannot start: GPU discovery failing with `failOnInitError: true`,
 /// an invalid simulated node, or an unwatchable directory. An invalid policy is not an error.
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    run_with_status(settings, shutdown, watch::channel(Status::default()).0).await
+}
+
+/// [`run`], publishing the supervisor's [`Status`] on `status`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_status(
+    settings: Settings,
+    shutdown: CancellationToken,
+    status: watch::Sender<Status>,
+) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&settings.device_plugin_path).map_err(|source| {
         DaemonError::DevicePluginDir {
             path: settings.device_plugin_path.clone(),
@@ -166,6 +188,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         servers: BTreeMap::new(),
         kubelet_appeared: Arc::new(Notify::new()),
         shutdown: shutdown.clone(),
+        status,
         settings,
     };
     // The policy decides failOnInitError, so read it first (an invalid one means the default).
@@ -289,6 +312,8 @@ impl Supervisor {
                     "nothing is advertised until it is fixed"
                 };
                 tracing::error!(policy = %path.display(), field = %e.path, error = %e, hash = %hash_hex, "policy rejected; {keeping}");
+                self.status
+                    .send_modify(|s| s.policy_error = Some(e.to_string()));
                 return;
             }
         };
@@ -307,9 +332,16 @@ impl Supervisor {
                 tracing::info!(generation = self.generation, hash = %hash_hex, policy = %path.display(), "policy applied");
                 self.policy = Some(parsed);
                 self.apply(built.plan);
+                let generation = self.generation;
+                self.status.send_modify(|s| {
+                    s.generation = generation;
+                    s.policy_error = None;
+                });
             }
             Err(e) => {
                 tracing::error!(policy = %path.display(), error = %e, hash = %hash_hex, "policy rejected for this node; keeping the last good policy");
+                self.status
+                    .send_modify(|s| s.policy_error = Some(e.to_string()));
             }
         }
     }

@@ -153,7 +153,7 @@ pub async fn register_until_done(
                 let delay = delays.next().unwrap_or(BACKOFF_MAX);
                 // The first failures are expected while a kubelet starts; say it once, then
                 // at every 10th attempt.
-                if attempt == 1 || attempt % 10 == 0 {
+                if attempt == 1 || attempt.is_multiple_of(10) {
                     tracing::warn!(resource, attempt, error = %e, retry_in = ?delay, "registration failed; retrying");
                 }
                 tokio::select! {

@@ -20,16 +20,19 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn wait_for_signal(token: CancellationToken) -> anyhow::Result<()> {
+/// Installs the SIGTERM/SIGINT handlers now (so a signal that arrives while the daemon starts
+/// is not lost to the default action) and cancels `token` when one arrives.
+fn cancel_on_signal(token: CancellationToken) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
-    token.cancel();
-    Ok(())
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        token.cancel();
+    }))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -42,7 +45,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("starting the tokio runtime")?;
             runtime.block_on(async {
                 let token = CancellationToken::new();
-                let signals = tokio::spawn(wait_for_signal(token.clone()));
+                let signals = cancel_on_signal(token.clone())?;
                 let result = slicelet::daemon::run(args.settings(), token).await;
                 signals.abort();
                 result.context("slicelet run")
@@ -62,6 +65,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The error and its causes on one line, skipping a cause whose text an outer message already
+/// includes (several library errors print their source inline).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -69,11 +88,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if daemon => {
-            tracing::error!("{e:#}");
+            tracing::error!("{}", describe(&e));
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::FAILURE
         }
     }

@@ -1,1 +1,7 @@
+//! One integration-test binary: the daemon against the kubelet emulator over real unix sockets,
+//! the real `slicelet` binary (CLI, signals, fake NVML), and the shared fixtures.
 
+mod binary;
+mod common;
+mod daemon;
+mod fixtures;

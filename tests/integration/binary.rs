@@ -1,0 +1,302 @@
+//! The real `slicelet` binary: CLI exit codes and output, SIGTERM, and the NVML code path
+//! through the fake NVML library (fixtures/fake-nvml).
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use slicelet::emulator::KubeletEmulator;
+use tokio::process::{Child, Command};
+
+use crate::common::*;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_slicelet")
+}
+
+/// The fake libnvidia-ml built as a dev-dependency: it sits in this test binary's `deps/`.
+fn fake_nvml() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let lib = deps.join("libfake_nvml.so");
+    assert!(
+        lib.exists(),
+        "{} missing: fake-nvml is a dev-dependency",
+        lib.display()
+    );
+    lib
+}
+
+async fn output(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().await.unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test]
+async fn validate_accepts_and_rejects_with_field_paths() {
+    let node = Node::new(&ts_policy(4));
+    let sim = node_file("a100-40gb-x8.yaml");
+    let out = output(&[
+        "validate",
+        "--config",
+        node.policy().to_str().unwrap(),
+        "--simulate",
+        sim.to_str().unwrap(),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let first = stdout.lines().next().unwrap();
+    assert!(
+        first.starts_with("valid: ") && first.contains("nvidia.com/gpu-shared ×32"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("notice: sharing.timeSlicing.resources[0].rename"),
+        "{stdout}"
+    );
+
+    let cases: &[(&str, &str)] = &[
+        ("replicas: 0", "sharing.timeSlicing.resources[0].replicas"),
+        ("replicas: -1", "sharing.timeSlicing.resources[0].replicas"),
+        (
+            "replicas: \"4\"",
+            "sharing.timeSlicing.resources[0].replicas",
+        ),
+        ("replicas: 4.5", "sharing.timeSlicing.resources[0].replicas"),
+    ];
+    for (replace, path) in cases {
+        node.write_policy(&ts_policy(4).replace("replicas: 4", replace));
+        let out = output(&["validate", "--config", node.policy().to_str().unwrap()]).await;
+        assert_eq!(out.status.code(), Some(1), "{replace}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(path) && err.contains("line 7"),
+            "{replace}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn plan_json_has_the_documented_shape() {
+    let sim = node_file("l4-x1.yaml");
+    let policy = repo().join("config/policy.yaml");
+    let out = output(&[
+        "plan",
+        "--config",
+        policy.to_str().unwrap(),
+        "--simulate",
+        sim.to_str().unwrap(),
+        "--output",
+        "json",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let uuid = &uuids(&sim)[0];
+    let want = serde_json::json!({"resources": [{
+        "name": "nvidia.com/gpu-shared",
+        "strategy": "time-slicing",
+        "replicas": 4,
+        "devices": (0..4).map(|n| serde_json::json!({"id": format!("{uuid}::{n}"), "gpu": uuid, "health": "Healthy"})).collect::<Vec<_>>(),
+    }]});
+    assert_eq!(v, want);
+}
+
+fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "run",
+        "--config",
+        node.policy().to_str().unwrap(),
+        "--device-plugin-path",
+        node.plugins().to_str().unwrap(),
+    ])
+    .args(extra)
+    .env("SLICELET_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Reads the child's log until a line contains `needle`; returns what it read.
+async fn wait_for_log(child: &mut Child, needle: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let stderr = child.stderr.as_mut().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !seen.contains(needle) {
+            let n = stderr.read(&mut buf).await.unwrap();
+            assert!(n > 0, "slicelet exited before logging {needle:?}: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .unwrap_or_else(|_| panic!("no {needle:?} in log"));
+    seen
+}
+
+async fn sigterm_and_wait(mut child: Child) -> (Option<i32>, String) {
+    let pid = child.id().unwrap().to_string();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("slicelet must exit within 5 s of SIGTERM")
+        .unwrap();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use tokio::io::AsyncReadExt;
+        e.read_to_string(&mut err).await.unwrap();
+    }
+    (status.code(), err)
+}
+
+fn write_inventory(dir: &Path, json: serde_json::Value) -> PathBuf {
+    let p = dir.join("nvml.json");
+    std::fs::write(&p, serde_json::to_vec(&json).unwrap()).unwrap();
+    p
+}
+
+fn two_gpus() -> serde_json::Value {
+    serde_json::json!({"gpus": [
+        {"uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559,
+         "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0"},
+        {"uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559,
+         "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:2A:00.0"}
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_nvml_registers_and_sigterm_cleans_up() {
+    let node = Node::new(&ts_policy(2));
+    let inv = write_inventory(node.tmp.path(), two_gpus());
+    let sysfs = node.tmp.path().join("sys");
+    let dev = sysfs.join("bus/pci/devices/0000:2a:00.0");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let child = spawn_run(
+        &node,
+        &[
+            "--nvml-library",
+            lib.to_str().unwrap(),
+            "--sysfs-root",
+            sysfs.to_str().unwrap(),
+        ],
+        &[("FAKE_NVML_INVENTORY", &inv)],
+    );
+    let state = wait_lists(&emu, &[("nvidia.com/gpu-shared", 4)]).await;
+    let devs = state.resources["nvidia.com/gpu-shared"]
+        .devices
+        .clone()
+        .unwrap();
+    let ids: Vec<&str> = devs.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "GPU-aaaaaaaa-0000-0000-0000-000000000000::0",
+            "GPU-aaaaaaaa-0000-0000-0000-000000000000::1",
+            "GPU-bbbbbbbb-0000-0000-0000-000000000000::0",
+            "GPU-bbbbbbbb-0000-0000-0000-000000000000::1",
+        ]
+    );
+    // NUMA from sysfs for GPU 1 only.
+    assert!(devs[0].topology.is_none());
+    assert_eq!(devs[2].topology.as_ref().unwrap().nodes[0].id, 1);
+
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    emu.wait_for(WAIT, |s| !s.resources["nvidia.com/gpu-shared"].streaming)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !node
+            .plugins()
+            .join("slicelet-nvidia.com_gpu-shared.sock")
+            .exists(),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn nvml_init_failure_exits_1_unless_fail_on_init_error_is_false() {
+    let node = Node::new(&ts_policy(2));
+    let inv = write_inventory(
+        node.tmp.path(),
+        serde_json::json!({"initError": 9, "gpus": []}),
+    );
+    let lib = fake_nvml();
+    let out = Command::new(bin())
+        .args([
+            "run",
+            "--config",
+            node.policy().to_str().unwrap(),
+            "--device-plugin-path",
+            node.plugins().to_str().unwrap(),
+            "--nvml-library",
+            lib.to_str().unwrap(),
+        ])
+        .env("FAKE_NVML_INVENTORY", &inv)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), out)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("initialising NVML")
+            && err.contains("NVIDIA driver is not loaded")
+            && err.contains("failOnInitError"),
+        "{err}"
+    );
+
+    // failOnInitError: false keeps the daemon up (advertising nothing) until SIGTERM.
+    node.write_policy(&format!(
+        "flags:\n  failOnInitError: false\n{}",
+        ts_policy(2).trim_start_matches("version: v1\n")
+    ));
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let mut child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[("FAKE_NVML_INVENTORY", &inv)],
+    );
+    let early = wait_for_log(&mut child, "failOnInitError is false").await;
+    assert!(early.contains("NVIDIA driver is not loaded"), "{early}");
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{early}{log}");
+    assert!(emu.state().resources.is_empty());
+}
+
+#[tokio::test]
+async fn missing_nvml_library_is_a_clear_error() {
+    let node = Node::new(&ts_policy(2));
+    let out = output(&[
+        "run",
+        "--config",
+        node.policy().to_str().unwrap(),
+        "--device-plugin-path",
+        node.plugins().to_str().unwrap(),
+        "--nvml-library",
+        "/nonexistent/libnvidia-ml.so.1",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+}

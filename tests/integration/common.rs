@@ -1,0 +1,133 @@
+//! Shared helpers: a temp node (device-plugin dir, policy dir), the emulator, the daemon in
+//! process, and ConfigMap-style policy writes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use slicelet::daemon::{self, Settings};
+use slicelet::emulator::{KubeletEmulator, State};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bound for any wait; generous because CI machines are shared and slow.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn node_file(name: &str) -> PathBuf {
+    repo().join("config/nodes").join(name)
+}
+
+pub fn shared_fixtures() -> PathBuf {
+    repo().join("../shared/fixtures")
+}
+
+/// A temp directory holding `plugins/` (the device-plugin dir) and `policy/config.yaml`.
+pub struct Node {
+    pub tmp: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn new(policy: &str) -> Node {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("plugins")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("policy")).unwrap();
+        let node = Node { tmp };
+        node.write_policy(policy);
+        node
+    }
+
+    pub fn plugins(&self) -> PathBuf {
+        self.tmp.path().join("plugins")
+    }
+
+    pub fn policy(&self) -> PathBuf {
+        self.tmp.path().join("policy/config.yaml")
+    }
+
+    /// Replaces the policy atomically (write a temp file, rename over).
+    pub fn write_policy(&self, text: &str) {
+        let tmp = self.tmp.path().join("policy/.config.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.policy()).unwrap();
+    }
+
+    pub fn settings(&self, simulate: &Path) -> Settings {
+        let mut s = Settings::new(self.policy(), self.plugins());
+        s.simulate = Some(simulate.to_path_buf());
+        s
+    }
+}
+
+/// The daemon running in this process.
+pub struct Daemon {
+    pub token: CancellationToken,
+    pub handle: JoinHandle<Result<(), daemon::DaemonError>>,
+    pub status: tokio::sync::watch::Receiver<daemon::Status>,
+}
+
+impl Daemon {
+    pub fn start(settings: Settings) -> Daemon {
+        let token = CancellationToken::new();
+        let (tx, status) = tokio::sync::watch::channel(daemon::Status::default());
+        let handle = tokio::spawn(daemon::run_with_status(settings, token.clone(), tx));
+        Daemon {
+            token,
+            handle,
+            status,
+        }
+    }
+
+    /// Waits until the supervisor's status satisfies `pred`.
+    pub async fn wait_status(
+        &mut self,
+        pred: impl FnMut(&daemon::Status) -> bool,
+    ) -> daemon::Status {
+        tokio::time::timeout(WAIT, self.status.wait_for(pred))
+            .await
+            .expect("timed out waiting for the daemon status")
+            .expect("daemon gone")
+            .clone()
+    }
+
+    /// SIGTERM equivalent: cancel and wait (bounded) for a clean exit.
+    pub async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.handle)
+            .await
+            .expect("daemon must stop within 5 s")
+            .expect("daemon task panicked")
+            .expect("daemon returned an error");
+    }
+}
+
+pub async fn emulator(node: &Node) -> KubeletEmulator {
+    KubeletEmulator::start(&node.plugins()).await.unwrap()
+}
+
+/// Waits until every (resource, count) has a list of that many devices.
+pub async fn wait_lists(emu: &KubeletEmulator, want: &[(&str, usize)]) -> State {
+    emu.wait_for(WAIT, |s| {
+        want.iter().all(|(r, n)| s.device_count(r) == Some(*n))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn ts_policy(replicas: u32) -> String {
+    format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: {replicas}\n"
+    )
+}
+
+/// The simulated node's GPU UUIDs, by index.
+pub fn uuids(node_file: &Path) -> Vec<String> {
+    let (inv, _) = daemon::discover(&Settings {
+        simulate: Some(node_file.to_path_buf()),
+        ..Settings::new("/nonexistent", "/nonexistent")
+    })
+    .unwrap();
+    inv.gpus.into_iter().map(|g| g.uuid).collect()
+}

@@ -1,0 +1,286 @@
+//! The daemon in process against the kubelet emulator over real unix sockets.
+
+use slicelet::api;
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a100_node_with_example_policy_serves_32_shared_replicas() {
+    let policy = std::fs::read_to_string(repo().join("config/policy.yaml")).unwrap();
+    let node = Node::new(&policy);
+    let emu = emulator(&node).await;
+    let sim = node_file("a100-40gb-x8.yaml");
+    let d = Daemon::start(node.settings(&sim));
+    let state = wait_lists(&emu, &[("nvidia.com/gpu-shared", 32)]).await;
+    assert_eq!(state.resources.len(), 1, "{state:#?}");
+    let r = &state.resources["nvidia.com/gpu-shared"];
+    assert_eq!(r.registrations, 1);
+    assert_eq!(r.endpoint, "slicelet-nvidia.com_gpu-shared.sock");
+    let opts = r.options.unwrap();
+    assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+    assert_eq!(state.healthy_count("nvidia.com/gpu-shared"), Some(32));
+    let devices = r.devices.clone().unwrap();
+    let numa: Vec<i64> = devices
+        .iter()
+        .map(|d| d.topology.as_ref().unwrap().nodes[0].id)
+        .collect();
+    assert_eq!(numa.iter().filter(|&&n| n == 1).count(), 16);
+
+    // Allocate one replica: its GPU's UUID in both variables.
+    let gpus = uuids(&sim);
+    let id = format!("{}::2", gpus[5]);
+    let mut client = emu.client("nvidia.com/gpu-shared").await.unwrap();
+    let resp = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![id],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.container_responses.len(), 1);
+    let envs = &resp.container_responses[0].envs;
+    assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], gpus[5]);
+    assert_eq!(envs["CUDA_VISIBLE_DEVICES"], gpus[5]);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_gpu_policy_registers_every_resource_separately() {
+    let policy =
+        std::fs::read_to_string(shared_fixtures().join("policies/ts-per-gpu.yaml")).unwrap();
+    let node = Node::new(&policy);
+    let emu = emulator(&node).await;
+    let sim = node_file("h100-80gb-x8.yaml");
+    let d = Daemon::start(node.settings(&sim));
+    let state = wait_lists(
+        &emu,
+        &[
+            ("nvidia.com/gpu-small", 16),
+            ("nvidia.com/gpu-medium", 4),
+            ("nvidia.com/gpu", 4),
+        ],
+    )
+    .await;
+    assert_eq!(state.resources.len(), 3);
+    let gpus = uuids(&sim);
+    let small: Vec<String> = state.resources["nvidia.com/gpu-small"]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    let want: Vec<String> = (0..2)
+        .flat_map(|g| (0..8).map(move |n| (g, n)))
+        .map(|(g, n)| format!("{}::{n}", gpus[g]))
+        .collect();
+    assert_eq!(small, want);
+    let whole: Vec<String> = state.resources["nvidia.com/gpu"]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(whole, gpus[4..].to_vec());
+
+    // Unknown and foreign IDs are refused with INVALID_ARGUMENT naming the ID.
+    let mut small_client = emu.client("nvidia.com/gpu-small").await.unwrap();
+    for bad in [
+        format!("{}::0", gpus[2]),
+        gpus[4].clone(),
+        "GPU-bogus".to_string(),
+    ] {
+        let status = small_client
+            .allocate(api::AllocateRequest {
+                container_requests: vec![api::ContainerAllocateRequest {
+                    devices_ids: vec![format!("{}::0", gpus[0]), bad.clone()],
+                }],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{bad}");
+        assert!(status.message().contains(&bad), "{}", status.message());
+    }
+
+    // GetPreferredAllocation: distinct GPUs first, exactly the size asked for.
+    let resp = small_client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: small.iter().rev().cloned().collect(),
+                must_include_device_i_ds: vec![],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let got = &resp.container_responses[0].device_i_ds;
+    assert_eq!(
+        got,
+        &vec![format!("{}::0", gpus[0]), format!("{}::0", gpus[1])]
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_re_registers_every_resource() {
+    let policy =
+        std::fs::read_to_string(shared_fixtures().join("policies/ts-per-gpu.yaml")).unwrap();
+    let node = Node::new(&policy);
+    let mut emu = emulator(&node).await;
+    let d = Daemon::start(node.settings(&node_file("h100-80gb-x8.yaml")));
+    let want = [
+        ("nvidia.com/gpu-small", 16),
+        ("nvidia.com/gpu-medium", 4),
+        ("nvidia.com/gpu", 4),
+    ];
+    wait_lists(&emu, &want).await;
+    for round in 2..=3 {
+        emu.restart().await.unwrap();
+        let state = emu
+            .wait_for(WAIT, |s| {
+                want.iter().all(|(r, n)| {
+                    s.device_count(r) == Some(*n) && s.resources[*r].registrations >= round
+                })
+            })
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for (r, _) in want {
+            // The first list on the new stream is the full list.
+            assert!(state.resources[r].streaming, "{r}");
+        }
+    }
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_socket_is_re_bound_and_re_registered() {
+    let node = Node::new(&ts_policy(2));
+    let emu = emulator(&node).await;
+    let d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    let sock = node.plugins().join("slicelet-nvidia.com_gpu-shared.sock");
+    std::fs::remove_file(&sock).unwrap();
+    emu.wait_for(WAIT, |s| {
+        s.resources["nvidia.com/gpu-shared"].registrations == 2
+            && s.device_count("nvidia.com/gpu-shared") == Some(2)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(sock.exists());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_as_soon_as_the_kubelet_appears() {
+    let node = Node::new(&ts_policy(3));
+    // Daemon first: kubelet.sock is absent, registration retries with backoff.
+    let d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    let sock = node.plugins().join("slicelet-nvidia.com_gpu-shared.sock");
+    let emu = emulator(&node).await;
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 3)]).await;
+    assert!(sock.exists());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_streams_and_removes_sockets() {
+    let node = Node::new(&ts_policy(2));
+    let emu = emulator(&node).await;
+    let d = Daemon::start(node.settings(&node_file("h100-80gb-x8.yaml")));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 16)]).await;
+    d.stop().await;
+    emu.wait_for(WAIT, |s| !s.resources["nvidia.com/gpu-shared"].streaming)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let left: Vec<_> = std::fs::read_dir(node.plugins())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("slicelet-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_policy_at_start_serves_once_fixed() {
+    let node = Node::new("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 0\n");
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    let st = d.wait_status(|s| s.policy_error.is_some()).await;
+    let err = st.policy_error.unwrap();
+    assert!(
+        err.contains("sharing.timeSlicing.resources[0].replicas"),
+        "{err}"
+    );
+    assert!(
+        !d.handle.is_finished(),
+        "an invalid policy must not stop the daemon"
+    );
+    assert!(emu.state().resources.is_empty());
+    node.write_policy(&ts_policy(4));
+    let state = wait_lists(&emu, &[("nvidia.com/gpu-shared", 4)]).await;
+    // Nothing was registered for the invalid policy.
+    assert_eq!(state.resources.len(), 1);
+    assert_eq!(state.resources["nvidia.com/gpu-shared"].registrations, 1);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_reload_changes_only_what_changed_and_survives_a_bad_edit() {
+    let two = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: a\n        devices: [0]\n        replicas: 4\n      - name: nvidia.com/gpu\n        rename: b\n        devices: [1]\n        replicas: 2\n";
+    let node = Node::new(two);
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&node_file("h100-80gb-x8.yaml")));
+    wait_lists(
+        &emu,
+        &[
+            ("nvidia.com/a", 4),
+            ("nvidia.com/b", 2),
+            ("nvidia.com/gpu", 6),
+        ],
+    )
+    .await;
+
+    node.write_policy(&two.replace("replicas: 4", "replicas: 8"));
+    let state = wait_lists(&emu, &[("nvidia.com/a", 8)]).await;
+    let a = &state.resources["nvidia.com/a"];
+    assert_eq!(
+        (a.registrations, a.lists_received),
+        (1, 2),
+        "changed list on the same stream"
+    );
+    for r in ["nvidia.com/b", "nvidia.com/gpu"] {
+        let s = &state.resources[r];
+        assert_eq!((s.registrations, s.lists_received), (1, 1), "{r} untouched");
+    }
+
+    // A broken edit keeps the last good policy serving; the next good one applies.
+    node.write_policy("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: a\n        replica: 2\n");
+    let st = d.wait_status(|s| s.policy_error.is_some()).await;
+    assert!(st.policy_error.unwrap().contains("resources[0].replica"));
+    assert_eq!(st.generation, 2);
+    let state = emu.state();
+    assert_eq!(
+        state.device_count("nvidia.com/a"),
+        Some(8),
+        "last good policy keeps serving"
+    );
+    assert_eq!(state.resources["nvidia.com/a"].registrations, 1);
+    node.write_policy(&two.replace("replicas: 4", "replicas: 6"));
+    let state = wait_lists(&emu, &[("nvidia.com/a", 6)]).await;
+    assert_eq!(state.device_count("nvidia.com/b"), Some(2));
+    assert_eq!(state.resources["nvidia.com/a"].registrations, 1);
+
+    // A resource that disappears stops and removes its socket.
+    node.write_policy(&ts_policy(2));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 16)]).await;
+    let gone = node.plugins().join("slicelet-nvidia.com_b.sock");
+    emu.wait_for(WAIT, |s| !s.resources["nvidia.com/b"].streaming)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!gone.exists());
+    d.stop().await;
+}
