@@ -5,3 +5,4 @@ mod binary;
 mod common;
 mod daemon;
 mod fixtures;
+mod manifests;

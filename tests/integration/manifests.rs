@@ -1,0 +1,90 @@
+//! The manifests and the policy they ship agree: the ConfigMap's embedded policy (and every
+//! overlay's replacement) passes slicelet's own validator and plans like config/policy.yaml.
+//! Schema validation of the rendered manifests runs in .ci/run (kubectl kustomize +
+//! kubernetes-validate).
+
+use std::path::Path;
+
+use slicelet::inventory::simulated;
+use slicelet::{plan, policy};
+
+use crate::common::*;
+
+fn yaml(path: &Path) -> serde_json::Value {
+    yaml_serde::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn h100() -> slicelet::inventory::Inventory {
+    let f = node_file("h100-80gb-x8.yaml");
+    simulated::parse(&f, &std::fs::read_to_string(&f).unwrap()).unwrap()
+}
+
+#[test]
+fn configmap_policy_is_the_example_policy_and_valid() {
+    let cm = yaml(&repo().join("manifests/base/configmap.yaml"));
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(cm["metadata"]["name"], "slicelet-policy");
+    let embedded = cm["data"]["config.yaml"].as_str().unwrap();
+    let example = std::fs::read_to_string(repo().join("config/policy.yaml")).unwrap();
+    assert_eq!(
+        embedded, example,
+        "manifests/base/configmap.yaml must embed config/policy.yaml"
+    );
+    let p = policy::parse(embedded).unwrap();
+    let built = plan::build(&p, &h100()).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu-shared"].devices.len(),
+        32
+    );
+}
+
+#[test]
+fn overlay_policies_are_valid() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(repo().join("manifests/overlays")).unwrap() {
+        let k = entry.unwrap().path().join("kustomization.yaml");
+        let doc = yaml(&k);
+        for patch in doc["patches"].as_array().into_iter().flatten() {
+            if patch["target"]["kind"] != "ConfigMap" {
+                continue;
+            }
+            let ops: serde_json::Value =
+                yaml_serde::from_str(patch["patch"].as_str().unwrap()).unwrap();
+            for op in ops.as_array().unwrap() {
+                if op["path"] == "/data/config.yaml" {
+                    let text = op["value"].as_str().unwrap();
+                    let p = policy::parse(text).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
+                    plan::build(&p, &h100()).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 1, "no overlay replaces the policy");
+}
+
+#[test]
+fn daemonset_mounts_the_policy_as_a_directory_and_the_plugin_dir() {
+    let ds = yaml(&repo().join("manifests/base/daemonset.yaml"));
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts.iter().all(|m| m.get("subPath").is_none()),
+        "subPath mounts never update"
+    );
+    let policy_mount = mounts.iter().find(|m| m["name"] == "policy").unwrap();
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+    assert_eq!(
+        Path::new(config).parent().unwrap(),
+        Path::new(policy_mount["mountPath"].as_str().unwrap())
+    );
+    assert!(mounts
+        .iter()
+        .any(|m| m["mountPath"] == "/var/lib/kubelet/device-plugins"));
+}
