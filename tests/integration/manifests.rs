@@ -88,3 +88,12 @@ fn daemonset_mounts_the_policy_as_a_directory_and_the_plugin_dir() {
         .iter()
         .any(|m| m["mountPath"] == "/var/lib/kubelet/device-plugins"));
 }
+
+#[test]
+fn simulated_overlay_node_is_a_shipped_node() {
+    let cm = yaml(&repo().join("manifests/overlays/simulated/node-configmap.yaml"));
+    let embedded = cm["data"]["node.yaml"].as_str().unwrap();
+    let shipped = std::fs::read_to_string(node_file("h100-80gb-x8.yaml")).unwrap();
+    assert_eq!(embedded, shipped);
+    assert_eq!(simulated::parse(Path::new("node.yaml"), embedded).unwrap().gpus.len(), 8);
+}
