@@ -17,7 +17,7 @@ use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugi
 use slicelet::daemon::{self, Settings};
 use slicelet::emulator::KubeletEmulator;
 use slicelet::inventory::{Gpu, Inventory};
-use slicelet::plan::{self, Plan};
+use slicelet::plan;
 use slicelet::{allocate, kubelet, plugin, policy};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
@@ -49,7 +49,13 @@ const WAIT: Duration = Duration::from_secs(30);
 struct Table(Vec<[String; 4]>);
 
 impl Table {
-    fn row(&mut self, what: impl Into<String>, value: impl Into<String>, goal: impl Into<String>, verdict: Option<bool>) {
+    fn row(
+        &mut self,
+        what: impl Into<String>,
+        value: impl Into<String>,
+        goal: impl Into<String>,
+        verdict: Option<bool>,
+    ) {
         let v = match verdict {
             Some(true) => "ok",
             Some(false) => "MISSED",
@@ -113,25 +119,46 @@ struct Floor(Arc<api::AllocateResponse>);
 
 #[tonic::async_trait]
 impl device_plugin_server::DevicePlugin for Floor {
-    async fn get_device_plugin_options(&self, _: Request<api::Empty>) -> Result<Response<api::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<api::DevicePluginOptions>, Status> {
         Ok(Response::new(plugin::options()))
     }
     type ListAndWatchStream = tokio_stream::Empty<Result<api::ListAndWatchResponse, Status>>;
-    async fn list_and_watch(&self, _: Request<api::Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         Ok(Response::new(tokio_stream::empty()))
     }
-    async fn get_preferred_allocation(&self, _: Request<api::PreferredAllocationRequest>) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
         Err(Status::unimplemented("floor"))
     }
-    async fn allocate(&self, _: Request<api::AllocateRequest>) -> Result<Response<api::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        _: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
         Ok(Response::new((*self.0).clone()))
     }
-    async fn pre_start_container(&self, _: Request<api::PreStartContainerRequest>) -> Result<Response<api::PreStartContainerResponse>, Status> {
+    async fn pre_start_container(
+        &self,
+        _: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
         Ok(Response::new(api::PreStartContainerResponse {}))
     }
 }
 
-async fn allocate_round(client: &DevicePluginClient<Channel>, ids: &[String], callers: usize, calls: usize, h: &mut Histogram<u64>) {
+async fn allocate_round(
+    client: &DevicePluginClient<Channel>,
+    ids: &[String],
+    callers: usize,
+    calls: usize,
+    h: &mut Histogram<u64>,
+) {
     let per = calls / callers;
     let mut tasks = Vec::new();
     for c in 0..callers {
@@ -141,7 +168,11 @@ async fn allocate_round(client: &DevicePluginClient<Channel>, ids: &[String], ca
             let mut local = hist();
             for i in 0..per {
                 let id = ids[(c * 7 + i) % ids.len()].clone();
-                let req = api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: vec![id] }] };
+                let req = api::AllocateRequest {
+                    container_requests: vec![api::ContainerAllocateRequest {
+                        devices_ids: vec![id],
+                    }],
+                };
                 let t = Instant::now();
                 client.allocate(req).await.unwrap();
                 local.record(t.elapsed().as_nanos() as u64).unwrap();
@@ -157,7 +188,14 @@ async fn allocate_round(client: &DevicePluginClient<Channel>, ids: &[String], ca
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 10 } else { 1 };
-    println!("slicelet benchmarks on {} ({} CPUs){}", hostname(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), if quick { ", --quick" } else { "" });
+    println!(
+        "slicelet benchmarks on {} ({} CPUs){}",
+        hostname(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        if quick { ", --quick" } else { "" }
+    );
     println!("{:<58} {:<44} {:<22} {}", "FIGURE", "VALUE", "GOAL", "");
     let mut table = Table(Vec::new());
     let tmp = tempfile::tempdir().unwrap();
@@ -171,39 +209,70 @@ fn main() {
         let policy_file = dir.join("policy/config.yaml");
         std::fs::write(&policy_file, ts_policy(4)).unwrap();
         let plugins = dir.join("plugins");
-        let emu = client_rt.block_on(KubeletEmulator::start(&plugins)).unwrap();
+        let emu = client_rt
+            .block_on(KubeletEmulator::start(&plugins))
+            .unwrap();
         let mut settings = Settings::new(&policy_file, &plugins);
         settings.simulate = Some(sim_file(&dir, 8));
         let token = CancellationToken::new();
         let d = server_rt.spawn(daemon::run(settings, token.clone()));
-        let state = client_rt.block_on(emu.wait_for(WAIT, |s| s.device_count("nvidia.com/gpu-shared") == Some(32))).unwrap();
-        let ids: Vec<String> = state.resources["nvidia.com/gpu-shared"].devices.as_ref().unwrap().iter().map(|d| d.id.clone()).collect();
-        let slicelet = client_rt.block_on(emu.client("nvidia.com/gpu-shared")).unwrap();
+        let state = client_rt
+            .block_on(emu.wait_for(WAIT, |s| {
+                s.device_count("nvidia.com/gpu-shared") == Some(32)
+            }))
+            .unwrap();
+        let ids: Vec<String> = state.resources["nvidia.com/gpu-shared"]
+            .devices
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        let slicelet = client_rt
+            .block_on(emu.client("nvidia.com/gpu-shared"))
+            .unwrap();
         // The floor answers with slicelet's own response for the first ID (same size).
         let sample = client_rt
-            .block_on(slicelet.clone().allocate(api::AllocateRequest { container_requests: vec![api::ContainerAllocateRequest { devices_ids: vec![ids[0].clone()] }] }))
+            .block_on(slicelet.clone().allocate(api::AllocateRequest {
+                container_requests: vec![api::ContainerAllocateRequest {
+                    devices_ids: vec![ids[0].clone()],
+                }],
+            }))
             .unwrap()
             .into_inner();
         let floor_sock = dir.join("floor.sock");
-        let listener = server_rt.block_on(async { tokio::net::UnixListener::bind(&floor_sock) }).unwrap();
+        let listener = server_rt
+            .block_on(async { tokio::net::UnixListener::bind(&floor_sock) })
+            .unwrap();
         let floor_stop = CancellationToken::new();
         let fs = floor_stop.clone();
         let floor_srv = Floor(Arc::new(sample));
         server_rt.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(device_plugin_server::DevicePluginServer::new(floor_srv))
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), fs.cancelled())
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(listener),
+                    fs.cancelled(),
+                )
                 .await
                 .unwrap();
         });
-        let floor = DevicePluginClient::new(client_rt.block_on(kubelet::connect(&floor_sock)).unwrap());
+        let floor =
+            DevicePluginClient::new(client_rt.block_on(kubelet::connect(&floor_sock)).unwrap());
         for callers in [1usize, 16] {
             let (mut ha, mut hb) = (hist(), hist());
             let calls = 20_000 / scale;
             let rounds = 10;
             client_rt.block_on(async {
                 // Warm-up both.
-                allocate_round(&slicelet, &ids, callers, 1_000 / scale + callers, &mut hist()).await;
+                allocate_round(
+                    &slicelet,
+                    &ids,
+                    callers,
+                    1_000 / scale + callers,
+                    &mut hist(),
+                )
+                .await;
                 allocate_round(&floor, &ids, callers, 1_000 / scale + callers, &mut hist()).await;
                 for _ in 0..rounds {
                     allocate_round(&slicelet, &ids, callers, calls / rounds, &mut ha).await;
@@ -213,7 +282,11 @@ fn main() {
             for (q, name) in [(0.5, "p50"), (0.99, "p99"), (0.999, "p99.9")] {
                 let (a, b) = (ha.value_at_quantile(q), hb.value_at_quantile(q));
                 let ratio = a as f64 / b as f64;
-                let goal = if name == "p99" { "ratio <= 1.25" } else { "(NVIDIA: ~1.5 p50, ~1.7 p99)" };
+                let goal = if name == "p99" {
+                    "ratio <= 1.25"
+                } else {
+                    "(NVIDIA: ~1.5 p50, ~1.7 p99)"
+                };
                 let verdict = (name == "p99").then_some(ratio <= 1.25);
                 table.row(
                     format!("1. Allocate {name}, {callers} caller(s): slicelet / floor"),
@@ -247,7 +320,11 @@ fn main() {
             }
             table.row(
                 format!("2. GetPreferredAllocation, 2,688 available, size {size}"),
-                format!("p50 {:.0} us, p99 {:.0} us", us(h.value_at_quantile(0.5)), us(h.value_at_quantile(0.99))),
+                format!(
+                    "p50 {:.0} us, p99 {:.0} us",
+                    us(h.value_at_quantile(0.5)),
+                    us(h.value_at_quantile(0.99))
+                ),
                 "",
                 None,
             );
@@ -261,7 +338,9 @@ fn main() {
         std::fs::create_dir_all(&dir).unwrap();
         let (tx, rx) = watch::channel(Arc::new(big.clone()));
         let stop = CancellationToken::new();
-        let socket = server_rt.block_on(async { plugin::bind(&dir, "nvidia.com/gpu-shared") }).unwrap();
+        let socket = server_rt
+            .block_on(async { plugin::bind(&dir, "nvidia.com/gpu-shared") })
+            .unwrap();
         let path = socket.path.clone();
         let svc = plugin::Service::new("nvidia.com/gpu-shared", rx, stop.clone(), "/");
         let _srv = server_rt.block_on(async { plugin::serve(socket, svc, stop.clone()) });
@@ -269,7 +348,11 @@ fn main() {
         client_rt.block_on(async {
             let mut client = DevicePluginClient::new(kubelet::connect(&path).await.unwrap())
                 .max_decoding_message_size(api::KUBELET_MAX_MESSAGE_BYTES);
-            let mut stream = client.list_and_watch(api::Empty {}).await.unwrap().into_inner();
+            let mut stream = client
+                .list_and_watch(api::Empty {})
+                .await
+                .unwrap()
+                .into_inner();
             stream.message().await.unwrap().unwrap();
             let mut node = big_node.clone();
             for i in 0..(200 / scale) {
@@ -285,13 +368,20 @@ fn main() {
         stop.cancel();
         table.row(
             "3. ListAndWatch, 2,688 devices: change -> client has list",
-            format!("p50 {:.0} us, p99 {:.0} us", us(h.value_at_quantile(0.5)), us(h.value_at_quantile(0.99))),
+            format!(
+                "p50 {:.0} us, p99 {:.0} us",
+                us(h.value_at_quantile(0.5)),
+                us(h.value_at_quantile(0.99))
+            ),
             "",
             None,
         );
         table.row(
             "3. ListAndWatch message size, 2,688 devices",
-            format!("{bytes} bytes ({:.1}% of 4 MiB)", bytes as f64 * 100.0 / api::KUBELET_MAX_MESSAGE_BYTES as f64),
+            format!(
+                "{bytes} bytes ({:.1}% of 4 MiB)",
+                bytes as f64 * 100.0 / api::KUBELET_MAX_MESSAGE_BYTES as f64
+            ),
             "far below 4 MiB",
             Some(bytes * 10 < api::KUBELET_MAX_MESSAGE_BYTES),
         );
@@ -312,7 +402,10 @@ fn main() {
         drop(p);
         table.row(
             "4. plan build, 2,688 devices",
-            format!("p50 {:.0} us, {allocs} allocations", us(h.value_at_quantile(0.5))),
+            format!(
+                "p50 {:.0} us, {allocs} allocations",
+                us(h.value_at_quantile(0.5))
+            ),
             "",
             None,
         );
@@ -326,7 +419,9 @@ fn main() {
         std::fs::create_dir_all(&cm).unwrap();
         configmap_write(&cm, 1, &ts_policy(4));
         let sim = sim_file(&dir, 8);
-        let mut emu = client_rt.block_on(KubeletEmulator::start(&plugins)).unwrap();
+        let mut emu = client_rt
+            .block_on(KubeletEmulator::start(&plugins))
+            .unwrap();
         let (mut start, mut restart, mut reload) = (hist(), hist(), hist());
         let runs = if quick { 3 } else { 10 };
         for run in 0..runs {
@@ -335,24 +430,35 @@ fn main() {
             let token = CancellationToken::new();
             let t = Instant::now();
             let d = server_rt.spawn(daemon::run(settings, token.clone()));
-            client_rt.block_on(emu.wait_for(WAIT, |s| s.resources.get("nvidia.com/gpu-shared").is_some_and(|r| r.streaming && r.devices.as_ref().is_some_and(|d| !d.is_empty())))).unwrap();
+            client_rt
+                .block_on(emu.wait_for(WAIT, |s| {
+                    s.resources.get("nvidia.com/gpu-shared").is_some_and(|r| {
+                        r.streaming && r.devices.as_ref().is_some_and(|d| !d.is_empty())
+                    })
+                }))
+                .unwrap();
             start.record(t.elapsed().as_nanos() as u64).unwrap();
 
             let regs = emu.state().resources["nvidia.com/gpu-shared"].registrations;
             client_rt.block_on(emu.restart()).unwrap();
             let t = Instant::now();
-            client_rt.block_on(emu.wait_for(WAIT, |s| {
-                let r = &s.resources["nvidia.com/gpu-shared"];
-                r.registrations > regs && r.devices.as_ref().is_some_and(|d| !d.is_empty())
-            }))
-            .unwrap();
+            client_rt
+                .block_on(emu.wait_for(WAIT, |s| {
+                    let r = &s.resources["nvidia.com/gpu-shared"];
+                    r.registrations > regs && r.devices.as_ref().is_some_and(|d| !d.is_empty())
+                }))
+                .unwrap();
             restart.record(t.elapsed().as_nanos() as u64).unwrap();
 
             let current = emu.state().device_count("nvidia.com/gpu-shared").unwrap();
             let next = if current == 32 { 8 } else { 4 };
             let t = Instant::now();
             configmap_write(&cm, 100 + run, &ts_policy(next));
-            client_rt.block_on(emu.wait_for(WAIT, |s| s.device_count("nvidia.com/gpu-shared") == Some(next as usize * 8))).unwrap();
+            client_rt
+                .block_on(emu.wait_for(WAIT, |s| {
+                    s.device_count("nvidia.com/gpu-shared") == Some(next as usize * 8)
+                }))
+                .unwrap();
             reload.record(t.elapsed().as_nanos() as u64).unwrap();
 
             token.cancel();
@@ -361,9 +467,24 @@ fn main() {
             client_rt.block_on(emu.restart()).unwrap();
         }
         let ms = |h: &Histogram<u64>| h.value_at_quantile(0.5) as f64 / 1e6;
-        table.row("5. start -> full device list at the kubelet (median)", format!("{:.2} ms", ms(&start)), "< 10 ms (NVIDIA: 17 ms)", Some(ms(&start) < 10.0));
-        table.row("5. kubelet restart -> full list again (median)", format!("{:.2} ms", ms(&restart)), "< 5 ms (NVIDIA: 6.7 ms)", Some(ms(&restart) < 5.0));
-        table.row("5. ConfigMap ..data swap -> new list (median)", format!("{:.1} ms (100 ms is debounce)", ms(&reload)), "< 250 ms", Some(ms(&reload) < 250.0));
+        table.row(
+            "5. start -> full device list at the kubelet (median)",
+            format!("{:.2} ms", ms(&start)),
+            "< 10 ms (NVIDIA: 17 ms)",
+            Some(ms(&start) < 10.0),
+        );
+        table.row(
+            "5. kubelet restart -> full list again (median)",
+            format!("{:.2} ms", ms(&restart)),
+            "< 5 ms (NVIDIA: 6.7 ms)",
+            Some(ms(&restart) < 5.0),
+        );
+        table.row(
+            "5. ConfigMap ..data swap -> new list (median)",
+            format!("{:.1} ms (100 ms is debounce)", ms(&reload)),
+            "< 250 ms",
+            Some(ms(&reload) < 250.0),
+        );
     }
 
     // 6. Memory of the real binary: idle after registration, and peak after 4,000 Allocates.
@@ -371,14 +492,32 @@ fn main() {
         let bin = env!("CARGO_BIN_EXE_slicelet");
         let three = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, rename: a, devices: [0, 1, 2], replicas: 16}\n      - {name: nvidia.com/gpu, rename: b, devices: [3, 4, 5], replicas: 16}\n      - {name: nvidia.com/gpu, rename: c, devices: [6, 7], replicas: 16}\n";
         for (label, gpus, policy_text, resources, goal) in [
-            ("8 GPUs x 16 replicas, 3 resources", 8u32, three.to_string(), vec![("nvidia.com/a", 48), ("nvidia.com/b", 48), ("nvidia.com/c", 32)], Some(8.0)),
-            ("2,688 devices", 56, ts_policy(48), vec![("nvidia.com/gpu-shared", 2688)], None),
+            (
+                "8 GPUs x 16 replicas, 3 resources",
+                8u32,
+                three.to_string(),
+                vec![
+                    ("nvidia.com/a", 48),
+                    ("nvidia.com/b", 48),
+                    ("nvidia.com/c", 32),
+                ],
+                Some(8.0),
+            ),
+            (
+                "2,688 devices",
+                56,
+                ts_policy(48),
+                vec![("nvidia.com/gpu-shared", 2688)],
+                None,
+            ),
         ] {
             let dir = tmp.path().join(format!("rss-{gpus}"));
             std::fs::create_dir_all(dir.join("policy")).unwrap();
             std::fs::write(dir.join("policy/config.yaml"), &policy_text).unwrap();
             let plugins = dir.join("plugins");
-            let emu = client_rt.block_on(KubeletEmulator::start(&plugins)).unwrap();
+            let emu = client_rt
+                .block_on(KubeletEmulator::start(&plugins))
+                .unwrap();
             let sim = sim_file(&dir, gpus);
             let mut child = std::process::Command::new(bin)
                 .args(["run", "--config"])
@@ -390,25 +529,48 @@ fn main() {
                 .env("SLICELET_LOG", "warn")
                 .spawn()
                 .unwrap();
-            let state = client_rt.block_on(emu.wait_for(WAIT, |s| resources.iter().all(|(r, n)| s.device_count(r) == Some(*n)))).unwrap();
+            let state = client_rt
+                .block_on(emu.wait_for(WAIT, |s| {
+                    resources.iter().all(|(r, n)| s.device_count(r) == Some(*n))
+                }))
+                .unwrap();
             let idle = rss_kib(child.id(), "VmRSS");
             let (name, _) = resources[0];
-            let ids: Vec<String> = state.resources[name].devices.as_ref().unwrap().iter().map(|d| d.id.clone()).collect();
+            let ids: Vec<String> = state.resources[name]
+                .devices
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|d| d.id.clone())
+                .collect();
             let client = client_rt.block_on(emu.client(name)).unwrap();
             client_rt.block_on(allocate_round(&client, &ids, 16, 4_000, &mut hist()));
             let peak = rss_kib(child.id(), "VmHWM");
-            let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
             let _ = child.wait();
             let mib = |k: u64| k as f64 / 1024.0;
             table.row(
                 format!("6. RSS idle, {label}"),
-                format!("{:.1} MiB (peak after 4,000 Allocates {:.1} MiB)", mib(idle), mib(peak)),
-                goal.map_or("(NVIDIA: 25 MiB idle)".to_string(), |g| format!("< {g} MiB (NVIDIA: 25)")),
+                format!(
+                    "{:.1} MiB (peak after 4,000 Allocates {:.1} MiB)",
+                    mib(idle),
+                    mib(peak)
+                ),
+                goal.map_or("(NVIDIA: 25 MiB idle)".to_string(), |g| {
+                    format!("< {g} MiB (NVIDIA: 25)")
+                }),
                 goal.map(|g| mib(idle) < g),
             );
         }
     }
-    let missed: Vec<&str> = table.0.iter().filter(|r| r[3] == "MISSED").map(|r| r[0].as_str()).collect();
+    let missed: Vec<&str> = table
+        .0
+        .iter()
+        .filter(|r| r[3] == "MISSED")
+        .map(|r| r[0].as_str())
+        .collect();
     if !missed.is_empty() {
         println!("\nmissed goals: {}", missed.join("; "));
     }
@@ -447,7 +609,9 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Deterministic Fisher-Yates (xorshift), so runs compare.

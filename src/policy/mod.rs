@@ -93,6 +93,17 @@ pub struct TimeSlicing {
     pub resources: Vec<SharedResource>,
 }
 
+/// `health` after validation (slicelet extension).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthPolicy {
+    /// Xids to ignore beyond NVIDIA's defaults.
+    pub ignored_xids: Vec<u64>,
+    /// Xids that are always critical.
+    pub critical_xids: Vec<u64>,
+    /// Quiet period before recovery; `None` = the default (5 min); zero = never.
+    pub recovery: Option<std::time::Duration>,
+}
+
 /// A validated sharing policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -104,6 +115,8 @@ pub struct Policy {
     pub pass_device_specs: bool,
     /// `sharing.timeSlicing`.
     pub time_slicing: TimeSlicing,
+    /// `health` (slicelet extension).
+    pub health: HealthPolicy,
     /// Keys of NVIDIA's schema that are set but that slicelet does not act on yet; one warning
     /// each, by field path.
     pub ignored_keys: Vec<String>,
@@ -118,6 +131,7 @@ impl Default for Policy {
             fail_on_init_error: true,
             pass_device_specs: false,
             time_slicing: TimeSlicing::default(),
+            health: HealthPolicy::default(),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
         }
@@ -275,6 +289,23 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     }
     if file.imex.is_some() {
         ignored.push("imex".to_string());
+    }
+    if let Some(h) = &file.health {
+        let ignored_xids = h.ignored_xids.clone().unwrap_or_default();
+        let critical_xids = h.critical_xids.clone().unwrap_or_default();
+        if let Some(x) = ignored_xids.iter().find(|x| critical_xids.contains(x)) {
+            return Err(err(
+                "health.criticalXids",
+                format!("Xid {x} is also in health.ignoredXids; list it in one of them"),
+            ));
+        }
+        policy.health = HealthPolicy {
+            ignored_xids,
+            critical_xids,
+            recovery: h
+                .recovery_seconds
+                .map(|s| std::time::Duration::from_secs_f64(s.0.min(1e9))),
+        };
     }
 
     if let Some(sharing) = file.sharing {

@@ -28,6 +28,54 @@ pub struct ConfigFile {
     pub sharing: Option<Sharing>,
     /// IMEX channels. Recognised, not acted on.
     pub imex: Option<Imex>,
+    /// slicelet extension: Xid classification and recovery.
+    pub health: Option<Health>,
+}
+
+/// `health` (slicelet extension): which Xids mark a GPU Unhealthy and when it recovers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Health {
+    /// Xids to ignore in addition to NVIDIA's defaults (13, 31, 43, 45, 68, 109); wins over
+    /// `DP_ENABLE_HEALTHCHECKS`.
+    pub ignored_xids: Option<Vec<u64>>,
+    /// Xids that are critical even when ignored by default or by the environment.
+    pub critical_xids: Option<Vec<u64>>,
+    /// Seconds without a critical event before an Unhealthy GPU may return to Healthy
+    /// (default 300; 0 = never).
+    pub recovery_seconds: Option<NonNegativeSeconds>,
+}
+
+/// A number of seconds ≥ 0 (fractions allowed).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonNegativeSeconds(pub f64);
+
+impl<'de> Deserialize<'de> for NonNegativeSeconds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = NonNegativeSeconds;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number of seconds of at least 0")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(NonNegativeSeconds(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                if v < 0 {
+                    return Err(E::invalid_value(Unexpected::Signed(v), &self));
+                }
+                Ok(NonNegativeSeconds(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(E::invalid_value(Unexpected::Float(v), &self));
+                }
+                Ok(NonNegativeSeconds(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The only file version: `v1`.

@@ -244,3 +244,21 @@ fn load_names_the_file() {
     let e = load(&p).unwrap_err().to_string();
     assert!(e.contains("config.yaml") && e.contains("replicas"), "{e}");
 }
+
+#[test]
+fn health_extension() {
+    let p = parse("health:\n  ignoredXids: [79]\n  criticalXids: [13]\n  recoverySeconds: 0.5\n")
+        .unwrap();
+    assert_eq!(p.health.ignored_xids, [79]);
+    assert_eq!(p.health.critical_xids, [13]);
+    assert_eq!(
+        p.health.recovery,
+        Some(std::time::Duration::from_millis(500))
+    );
+    let e = parse("health:\n  recoverySeconds: -1\n").unwrap_err();
+    assert_eq!(e.path, "health.recoverySeconds");
+    let e = parse("health:\n  ignoredXids: [79]\n  criticalXids: [79]\n").unwrap_err();
+    assert_eq!(e.path, "health.criticalXids");
+    let e = parse("health:\n  ignoredXIDs: [79]\n").unwrap_err();
+    assert_eq!(e.path, "health.ignoredXIDs");
+}

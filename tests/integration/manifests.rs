@@ -95,5 +95,11 @@ fn simulated_overlay_node_is_a_shipped_node() {
     let embedded = cm["data"]["node.yaml"].as_str().unwrap();
     let shipped = std::fs::read_to_string(node_file("h100-80gb-x8.yaml")).unwrap();
     assert_eq!(embedded, shipped);
-    assert_eq!(simulated::parse(Path::new("node.yaml"), embedded).unwrap().gpus.len(), 8);
+    assert_eq!(
+        simulated::parse(Path::new("node.yaml"), embedded)
+            .unwrap()
+            .gpus
+            .len(),
+        8
+    );
 }

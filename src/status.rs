@@ -1,0 +1,357 @@
+//! What an operator can see: `/healthz`, `/readyz` and `/metrics` (Prometheus text through
+//! prometheus-client) on `--status-address`, for DaemonSet probes and scraping.
+//!
+//! - `/healthz`: 200 while the process serves HTTP.
+//! - `/readyz`: 200 when a policy is applied, the last policy read was valid, and every
+//!   advertised resource is registered with the kubelet; 503 with the reason otherwise.
+//! - `/metrics`: devices per resource and health, registrations per resource, policy
+//!   generation and reload failures, Xid events per GPU and Xid, health transitions.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::plan::Plan;
+
+/// What the supervisor reports about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Generation of the applied policy (0: none applied yet).
+    pub generation: u64,
+    /// The last policy rejection, cleared when a policy is applied.
+    pub policy_error: Option<String>,
+    /// Resources the applied plan advertises.
+    pub resources: BTreeSet<String>,
+    /// Resources currently registered with the kubelet.
+    pub registered: BTreeSet<String>,
+    /// Where the status endpoint listens, once bound.
+    pub address: Option<SocketAddr>,
+}
+
+impl Status {
+    /// Ok when ready, else the reason (for `/readyz`).
+    ///
+    /// # Errors
+    /// A sentence saying what is missing.
+    pub fn ready(&self) -> Result<(), String> {
+        if let Some(e) = &self.policy_error {
+            return Err(format!("policy rejected: {e}"));
+        }
+        if self.generation == 0 {
+            return Err("no policy applied yet".to_string());
+        }
+        let missing: Vec<&str> = self
+            .resources
+            .difference(&self.registered)
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "not registered with the kubelet: {}",
+                missing.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    resource: String,
+    health: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    gpu: String,
+    xid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    gpu: String,
+    to: String,
+}
+
+/// slicelet's Prometheus metrics.
+pub struct Metrics {
+    registry: Registry,
+    devices: Family<DeviceLabels, Gauge>,
+    registrations: Family<ResourceLabels, Counter>,
+    policy_generation: Gauge,
+    policy_reload_failures: Counter,
+    xid_events: Family<XidLabels, Counter>,
+    health_transitions: Family<TransitionLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every slicelet metric, prefixed `slicelet_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("slicelet");
+        let devices = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "devices",
+            "Devices advertised, by resource and health",
+            devices.clone(),
+        );
+        let registrations = Family::<ResourceLabels, Counter>::default();
+        registry.register(
+            "registrations",
+            "Successful registrations with the kubelet, by resource",
+            registrations.clone(),
+        );
+        let policy_generation = Gauge::default();
+        registry.register(
+            "policy_generation",
+            "Generation of the applied policy",
+            policy_generation.clone(),
+        );
+        let policy_reload_failures = Counter::default();
+        registry.register(
+            "policy_reload_failures",
+            "Policy reads that were rejected",
+            policy_reload_failures.clone(),
+        );
+        let xid_events = Family::<XidLabels, Counter>::default();
+        registry.register(
+            "xid_events",
+            "NVML Xid events, by GPU UUID and Xid",
+            xid_events.clone(),
+        );
+        let health_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "health_transitions",
+            "Device health transitions, by UUID and new state",
+            health_transitions.clone(),
+        );
+        Metrics {
+            registry,
+            devices,
+            registrations,
+            policy_generation,
+            policy_reload_failures,
+            xid_events,
+            health_transitions,
+        }
+    }
+
+    /// Sets the device gauges from a plan.
+    pub fn set_plan(&self, plan: &Plan) {
+        self.devices.clear();
+        for (name, r) in &plan.resources {
+            let healthy = r.devices.iter().filter(|d| d.healthy).count() as i64;
+            let total = r.devices.len() as i64;
+            for (health, n) in [("Healthy", healthy), ("Unhealthy", total - healthy)] {
+                self.devices
+                    .get_or_create(&DeviceLabels {
+                        resource: name.clone(),
+                        health: health.to_string(),
+                    })
+                    .set(n);
+            }
+        }
+    }
+
+    /// Counts a registration.
+    pub fn registered(&self, resource: &str) {
+        self.registrations
+            .get_or_create(&ResourceLabels {
+                resource: resource.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records an applied policy generation.
+    pub fn policy_applied(&self, generation: u64) {
+        self.policy_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a rejected policy read.
+    pub fn policy_rejected(&self) {
+        self.policy_reload_failures.inc();
+    }
+
+    /// Counts an Xid event.
+    pub fn xid(&self, gpu: &str, xid: u64) {
+        self.xid_events
+            .get_or_create(&XidLabels {
+                gpu: gpu.to_string(),
+                xid: xid.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a health transition.
+    pub fn transition(&self, gpu: &str, healthy: bool) {
+        let to = if healthy { "Healthy" } else { "Unhealthy" };
+        self.health_transitions
+            .get_or_create(&TransitionLabels {
+                gpu: gpu.to_string(),
+                to: to.to_string(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Parses `--status-address`: empty disables it, `:8080` means every interface (as Go's
+/// net.Listen), otherwise `host:port`.
+///
+/// # Errors
+/// The text when it is not an address.
+pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map(Some)
+        .map_err(|_| format!("`{s}` is not an address like :8080 or 127.0.0.1:8080"))
+}
+
+#[derive(Clone)]
+struct AppState {
+    status: watch::Receiver<Status>,
+    metrics: Arc<Metrics>,
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let status = s.status.borrow().clone();
+    match status.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    }
+}
+
+async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+}
+
+/// Binds `addr` and serves the status endpoints until `stop` is cancelled. Returns the bound
+/// address (useful with port 0).
+///
+/// # Errors
+/// The bind error.
+pub async fn serve(
+    addr: SocketAddr,
+    status: watch::Receiver<Status>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AppState { status, metrics });
+    let handle = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    });
+    Ok((local, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(parse_address("").unwrap(), None);
+        assert_eq!(
+            parse_address(":8080").unwrap(),
+            Some("0.0.0.0:8080".parse().unwrap())
+        );
+        assert_eq!(
+            parse_address("127.0.0.1:9").unwrap(),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
+        assert!(parse_address("8080").is_err());
+    }
+
+    #[test]
+    fn readiness() {
+        let mut s = Status::default();
+        assert!(s.ready().unwrap_err().contains("no policy"));
+        s.generation = 1;
+        s.resources.insert("nvidia.com/a".into());
+        assert!(s.ready().unwrap_err().contains("nvidia.com/a"));
+        s.registered.insert("nvidia.com/a".into());
+        assert!(s.ready().is_ok());
+        s.policy_error = Some("x: bad".into());
+        assert!(s.ready().unwrap_err().contains("x: bad"));
+    }
+
+    #[test]
+    fn metrics_text() {
+        let m = Metrics::new();
+        m.registered("nvidia.com/a");
+        m.xid("GPU-1", 79);
+        m.transition("GPU-1", false);
+        m.policy_applied(3);
+        let text = m.encode();
+        for want in [
+            "slicelet_registrations_total{resource=\"nvidia.com/a\"} 1",
+            "slicelet_xid_events_total{gpu=\"GPU-1\",xid=\"79\"} 1",
+            "slicelet_health_transitions_total{gpu=\"GPU-1\",to=\"Unhealthy\"} 1",
+            "slicelet_policy_generation 3",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+    }
+}
