@@ -196,7 +196,7 @@ fn main() {
             .unwrap_or(0),
         if quick { ", --quick" } else { "" }
     );
-    println!("{:<58} {:<44} {:<22} {}", "FIGURE", "VALUE", "GOAL", "");
+    println!("{:<58} {:<44} GOAL", "FIGURE", "VALUE");
     let mut table = Table(Vec::new());
     let tmp = tempfile::tempdir().unwrap();
     let server_rt = runtime(2);
@@ -343,7 +343,10 @@ fn main() {
             .unwrap();
         let path = socket.path.clone();
         let svc = plugin::Service::new("nvidia.com/gpu-shared", rx, stop.clone(), "/");
-        let _srv = server_rt.block_on(async { plugin::serve(socket, svc, stop.clone()) });
+        let _srv = {
+            let _guard = server_rt.enter();
+            plugin::serve(socket, svc, stop.clone())
+        };
         let mut h = hist();
         client_rt.block_on(async {
             let mut client = DevicePluginClient::new(kubelet::connect(&path).await.unwrap())
@@ -527,6 +530,7 @@ fn main() {
                 .arg("--simulate")
                 .arg(&sim)
                 .env("SLICELET_LOG", "warn")
+                .env("SLICELET_STATUS_ADDRESS", "127.0.0.1:0")
                 .spawn()
                 .unwrap();
             let state = client_rt

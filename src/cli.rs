@@ -84,6 +84,26 @@ pub struct RunArgs {
     /// Seconds between policy re-reads without a file event (safety net).
     #[arg(long, env = "SLICELET_POLICY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub policy_resync_seconds: u64,
+    /// Seconds between GPU re-discoveries (MIG layout changes, lost GPUs); SIGHUP also does it.
+    #[arg(long, env = "SLICELET_INVENTORY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub inventory_resync_seconds: u64,
+    /// Address of /healthz, /readyz and /metrics (`:8080` = every interface; empty = off).
+    #[arg(long, env = "SLICELET_STATUS_ADDRESS", default_value = ":8080", value_parser = parse_status_address)]
+    pub status_address: StatusAddress,
+    /// Xids to ignore beyond the defaults (comma list), or `all`/`xids` (NVIDIA's variable).
+    #[arg(long, env = "DP_DISABLE_HEALTHCHECKS", hide = true)]
+    pub disable_healthchecks: Option<String>,
+    /// Xids that are always critical (comma list), or `all` (NVIDIA's variable).
+    #[arg(long, env = "DP_ENABLE_HEALTHCHECKS", hide = true)]
+    pub enable_healthchecks: Option<String>,
+}
+
+/// A parsed `--status-address` (None = disabled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusAddress(pub Option<std::net::SocketAddr>);
+
+fn parse_status_address(s: &str) -> Result<StatusAddress, String> {
+    crate::status::parse_address(s).map(StatusAddress)
 }
 
 /// `slicelet plan`.
@@ -125,6 +145,10 @@ impl RunArgs {
         s.dev_root = self.dev_root.clone();
         s.nvml_retry_interval = Duration::from_secs(self.nvml_retry_seconds);
         s.policy_resync_interval = Duration::from_secs(self.policy_resync_seconds);
+        s.inventory_resync_interval = Duration::from_secs(self.inventory_resync_seconds);
+        s.status_address = self.status_address.0;
+        s.disable_healthchecks = self.disable_healthchecks.clone();
+        s.enable_healthchecks = self.enable_healthchecks.clone();
         s
     }
 }

@@ -1,14 +1,17 @@
 //! The supervisor: the one owner of mutable state. It loads the policy, discovers GPUs, builds
 //! the plan, publishes plan snapshots through a `watch` channel, starts and stops one resource
 //! server per advertised resource, re-binds and re-registers after a kubelet restart, reloads
-//! the policy when its directory changes, and drains on shutdown.
+//! the policy and the simulated node when their directories change, tracks GPU health, serves
+//! the status endpoint, and drains on shutdown.
 //!
 //! Failure rules:
 //! - An invalid policy never loses state: at start nothing is registered until the file becomes
 //!   valid; on reload the last good policy keeps serving. Each rejection is logged once with the
-//!   field path.
+//!   field path and shown by `/readyz`.
 //! - NVML failing at start: `flags.failOnInitError` (default true) decides between exiting with
 //!   an error and staying up advertising nothing while retrying NVML periodically.
+//! - A critical Xid marks the device Unhealthy in every resource built on it; it recovers after
+//!   the quiet period if NVML still answers for it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,12 +25,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::KUBELET_SOCKET;
+use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
-use crate::inventory::{GpuSource, Inventory, InventoryError};
+use crate::inventory::{GpuSource, Inventory, InventoryError, XidEvent};
 use crate::plan::{self, Plan};
-use crate::plugin;
+use crate::plugin::{self, StreamLost};
 use crate::policy::{self, Policy};
+pub use crate::status::Status;
+use crate::status::{self as status_http, Metrics};
 use crate::watch::{self as fswatch, Event, WatchError};
 
 /// Debounce between a change in the policy directory and the re-read.
@@ -56,6 +62,14 @@ pub struct Settings {
     pub nvml_retry_interval: Duration,
     /// How often to re-read the policy even without a file event (safety net).
     pub policy_resync_interval: Duration,
+    /// How often to re-discover GPUs (MIG layout changes, GPUs that fell off the bus).
+    pub inventory_resync_interval: Duration,
+    /// Where `/healthz`, `/readyz` and `/metrics` listen; `None` disables them.
+    pub status_address: Option<std::net::SocketAddr>,
+    /// `DP_DISABLE_HEALTHCHECKS`, as NVIDIA's plugin reads it.
+    pub disable_healthchecks: Option<String>,
+    /// `DP_ENABLE_HEALTHCHECKS`, as NVIDIA's plugin reads it.
+    pub enable_healthchecks: Option<String>,
 }
 
 impl Settings {
@@ -70,6 +84,10 @@ impl Settings {
             dev_root: "/".to_string(),
             nvml_retry_interval: Duration::from_secs(30),
             policy_resync_interval: Duration::from_secs(60),
+            inventory_resync_interval: Duration::from_secs(60),
+            status_address: None,
+            disable_healthchecks: None,
+            enable_healthchecks: None,
         }
     }
 }
@@ -87,6 +105,18 @@ pub enum DaemonError {
     /// A directory could not be watched.
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// `DP_DISABLE_HEALTHCHECKS` / `DP_ENABLE_HEALTHCHECKS` cannot be read.
+    #[error(transparent)]
+    HealthEnv(#[from] crate::health::XidEnvError),
+    /// The status endpoint could not listen.
+    #[error("status endpoint on {address}: {source}")]
+    Status {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The device-plugin directory could not be created.
     #[error("creating device-plugin directory {path}: {source}")]
     DevicePluginDir {
@@ -98,16 +128,8 @@ pub enum DaemonError {
     },
 }
 
-/// What the supervisor reports about itself (for readiness and tests).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Status {
-    /// Generation of the applied policy (0: none applied yet).
-    pub generation: u64,
-    /// The last policy rejection, cleared when a policy is applied.
-    pub policy_error: Option<String>,
-}
-
 struct ResourceServer {
+    epoch: u64,
     stop: CancellationToken,
     serve: JoinHandle<()>,
     register: JoinHandle<()>,
@@ -126,7 +148,12 @@ struct Supervisor {
     servers: BTreeMap<String, ResourceServer>,
     kubelet_appeared: Arc<Notify>,
     shutdown: CancellationToken,
-    status: watch::Sender<Status>,
+    status: Arc<watch::Sender<Status>>,
+    metrics: Arc<Metrics>,
+    tracker: Tracker,
+    xid_policy: XidPolicy,
+    epoch: u64,
+    lost_tx: mpsc::UnboundedSender<StreamLost>,
 }
 
 fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
@@ -174,9 +201,38 @@ pub async fn run_with_status(
             source,
         }
     })?;
+    let xid_env = XidPolicy::new(
+        settings.disable_healthchecks.as_deref(),
+        settings.enable_healthchecks.as_deref(),
+        &[],
+        &[],
+    )?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _watches = fswatch::start(&settings.config, &settings.device_plugin_path, tx)?;
-
+    let _watches = fswatch::start(
+        &settings.config,
+        &settings.device_plugin_path,
+        settings.simulate.as_deref(),
+        tx,
+    )?;
+    let status = Arc::new(status);
+    let metrics = Arc::new(Metrics::new());
+    let status_server = match settings.status_address {
+        Some(address) => {
+            let (local, handle) = status_http::serve(
+                address,
+                status.subscribe(),
+                Arc::clone(&metrics),
+                shutdown.child_token(),
+            )
+            .await
+            .map_err(|source| DaemonError::Status { address, source })?;
+            tracing::info!(address = %local, "serving /healthz, /readyz and /metrics");
+            status.send_modify(|s| s.address = Some(local));
+            Some(handle)
+        }
+        None => None,
+    };
+    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
     let (plans, _) = watch::channel(Arc::new(Plan::default()));
     let mut sup = Supervisor {
         source: None,
@@ -189,6 +245,11 @@ pub async fn run_with_status(
         kubelet_appeared: Arc::new(Notify::new()),
         shutdown: shutdown.clone(),
         status,
+        metrics,
+        tracker: Tracker::new(Some(DEFAULT_RECOVERY)),
+        xid_policy: xid_env,
+        epoch: 0,
+        lost_tx,
         settings,
     };
     // The policy decides failOnInitError, so read it first (an invalid one means the default).
@@ -196,13 +257,19 @@ pub async fn run_with_status(
     let fail_on_init_error = first_policy.as_ref().is_none_or(|p| p.fail_on_init_error);
     sup.open_inventory(fail_on_init_error)?;
     sup.reload_policy(true);
+    sup.take_source_events();
 
-    let mut debounce: Option<Instant> = None;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut policy_debounce: Option<Instant> = None;
+    let mut node_debounce: Option<Instant> = None;
     let mut resync = tokio::time::interval(sup.settings.policy_resync_interval);
     resync.tick().await;
+    let mut inventory_resync = tokio::time::interval(sup.settings.inventory_resync_interval);
+    inventory_resync.tick().await;
     let mut nvml_retry = tokio::time::interval(sup.settings.nvml_retry_interval);
     nvml_retry.tick().await;
     loop {
+        let recovery = sup.tracker.next_deadline().map(Instant::from_std);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(ev) = rx.recv() => {
@@ -211,7 +278,10 @@ pub async fn run_with_status(
                 while let Some(ev) = next {
                     match ev {
                         Event::PolicyDirChanged => {
-                            debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
+                            policy_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
+                        }
+                        Event::NodeDirChanged => {
+                            node_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
                         }
                         Event::KubeletSocketCreated => {
                             tracing::info!("kubelet.sock created: kubelet restart seen; re-registering every resource");
@@ -226,15 +296,32 @@ pub async fn run_with_status(
                     sup.kubelet_appeared.notify_waiters();
                 }
             }
-            _ = async { tokio::time::sleep_until(debounce.expect("guarded")).await }, if debounce.is_some() => {
-                debounce = None;
+            Some(lost) = lost_rx.recv() => sup.stream_lost(lost).await,
+            _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
+                policy_debounce = None;
                 sup.reload_policy(false);
             }
+            _ = async { tokio::time::sleep_until(node_debounce.expect("guarded")).await }, if node_debounce.is_some() => {
+                node_debounce = None;
+                sup.resync_inventory();
+            }
+            _ = async { tokio::time::sleep_until(recovery.expect("guarded")).await }, if recovery.is_some() => {
+                sup.recover();
+            }
+            Some(_) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => {
+                tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
+                sup.reload_policy(true);
+                sup.resync_inventory();
+            }
             _ = resync.tick() => sup.reload_policy(false),
+            _ = inventory_resync.tick(), if sup.source.is_some() => sup.resync_inventory(),
             _ = nvml_retry.tick(), if sup.source.is_none() => sup.retry_inventory(),
         }
     }
     sup.stop_all(SHUTDOWN_DEADLINE).await;
+    if let Some(h) = status_server {
+        let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+    }
     tracing::info!("stopped: every stream ended and every socket removed");
     Ok(())
 }
@@ -262,7 +349,7 @@ impl Supervisor {
             Ok((source, inv)) => {
                 tracing::info!(source = %source.describe(), gpus = inv.gpus.len(), "GPUs discovered");
                 for g in &inv.gpus {
-                    tracing::info!(gpu = g.index, uuid = %g.uuid, model = %g.model, memory_mib = g.memory_mib, numa = ?g.numa_node, mig = g.mig_enabled, "GPU");
+                    tracing::info!(gpu = g.index, uuid = %g.uuid, model = %g.model, memory_mib = g.memory_mib, numa = %g.numa_node.map_or("unknown".to_string(), |n| n.to_string()), mig = g.mig_enabled, "GPU");
                 }
                 self.source = Some(source);
                 self.inventory = inv;
@@ -280,8 +367,85 @@ impl Supervisor {
 
     fn retry_inventory(&mut self) {
         if self.open_inventory(false).is_ok() && self.source.is_some() {
+            self.take_source_events();
             self.replan();
         }
+    }
+
+    /// Re-discovers GPUs (simulated node edited, periodic resync, SIGHUP) and re-plans when
+    /// anything changed. A failed discovery keeps the last inventory.
+    fn resync_inventory(&mut self) {
+        let Some(source) = self.source.as_mut() else {
+            return;
+        };
+        match source.discover() {
+            Ok(inv) => {
+                if inv != self.inventory {
+                    tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
+                    self.inventory = inv;
+                    self.replan();
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "GPU re-discovery failed; keeping the last inventory")
+            }
+        }
+        self.take_source_events();
+    }
+
+    fn take_source_events(&mut self) {
+        let events = self
+            .source
+            .as_mut()
+            .map(|s| s.take_events())
+            .unwrap_or_default();
+        for ev in events {
+            self.on_xid(ev);
+        }
+    }
+
+    /// An Xid on a device: counted, and when critical the device goes Unhealthy everywhere.
+    fn on_xid(&mut self, ev: XidEvent) {
+        self.metrics.xid(&ev.uuid, ev.xid);
+        self.status.send_modify(|s| s.xid_events += 1);
+        let critical = self.xid_policy.is_critical(ev.xid);
+        tracing::warn!(gpu = %ev.uuid, xid = ev.xid, critical, "Xid event");
+        let now = Instant::now().into_std();
+        if let Some(t) = self.tracker.on_xid(&self.xid_policy, &ev.uuid, ev.xid, now) {
+            self.transitions(vec![t]);
+        }
+    }
+
+    /// Devices whose quiet period has passed come back if the GPU source still answers.
+    fn recover(&mut self) {
+        let now = Instant::now().into_std();
+        let source = &mut self.source;
+        let back = self
+            .tracker
+            .recover(now, |uuid| source.as_mut().is_some_and(|s| s.probe(uuid)));
+        self.transitions(back);
+    }
+
+    fn transitions(&mut self, ts: Vec<Transition>) {
+        if ts.is_empty() {
+            return;
+        }
+        for t in &ts {
+            let to = if t.healthy { "Healthy" } else { "Unhealthy" };
+            tracing::warn!(gpu = %t.uuid, to, reason = %t.reason, "device health changed");
+            self.metrics.transition(&t.uuid, t.healthy);
+        }
+        self.replan();
+    }
+
+    /// The inventory with event-driven health applied: a GPU is healthy when discovery says so
+    /// and no critical event holds it Unhealthy.
+    fn effective_inventory(&self) -> Inventory {
+        let mut inv = self.inventory.clone();
+        for g in &mut inv.gpus {
+            g.healthy = g.healthy && self.tracker.is_healthy(&g.uuid);
+        }
+        inv
     }
 
     /// Re-reads the policy; applies it when valid and changed (or `force`).
@@ -314,10 +478,25 @@ impl Supervisor {
                 tracing::error!(policy = %path.display(), field = %e.path, error = %e, hash = %hash_hex, "policy rejected; {keeping}");
                 self.status
                     .send_modify(|s| s.policy_error = Some(e.to_string()));
+                self.metrics.policy_rejected();
                 return;
             }
         };
-        match plan::build(&parsed, &self.inventory) {
+        let xid_policy = XidPolicy::new(
+            self.settings.disable_healthchecks.as_deref(),
+            self.settings.enable_healthchecks.as_deref(),
+            &parsed.health.ignored_xids,
+            &parsed.health.critical_xids,
+        );
+        let xid_policy = match xid_policy {
+            Ok(p) => p,
+            Err(e) => {
+                // Checked at start; cannot change while running.
+                tracing::error!(error = %e, "health environment");
+                return;
+            }
+        };
+        match plan::build(&parsed, &self.effective_inventory()) {
             Ok(built) => {
                 for key in &parsed.ignored_keys {
                     tracing::warn!(key = %key, "policy key is recognised (NVIDIA config v1) but slicelet does not act on it yet; ignored");
@@ -330,6 +509,10 @@ impl Supervisor {
                 }
                 self.generation += 1;
                 tracing::info!(generation = self.generation, hash = %hash_hex, policy = %path.display(), "policy applied");
+                self.tracker
+                    .set_recovery(Some(parsed.health.recovery.unwrap_or(DEFAULT_RECOVERY)));
+                self.xid_policy = xid_policy;
+                self.metrics.policy_applied(self.generation);
                 self.policy = Some(parsed);
                 self.apply(built.plan);
                 let generation = self.generation;
@@ -342,13 +525,14 @@ impl Supervisor {
                 tracing::error!(policy = %path.display(), error = %e, hash = %hash_hex, "policy rejected for this node; keeping the last good policy");
                 self.status
                     .send_modify(|s| s.policy_error = Some(e.to_string()));
+                self.metrics.policy_rejected();
             }
         }
     }
 
     fn replan(&mut self) {
         let Some(policy) = &self.policy else { return };
-        match plan::build(policy, &self.inventory) {
+        match plan::build(policy, &self.effective_inventory()) {
             Ok(built) => self.apply(built.plan),
             Err(e) => {
                 tracing::error!(error = %e, "plan rejected for the current GPUs; keeping the last plan")
@@ -383,6 +567,11 @@ impl Supervisor {
         }
         let plan = Arc::new(plan);
         self.plans.send_replace(Arc::clone(&plan));
+        self.metrics.set_plan(&plan);
+        self.status.send_modify(|s| {
+            s.resources = plan.resources.keys().cloned().collect();
+            s.registered.retain(|r| plan.resources.contains_key(r));
+        });
         let removed: Vec<String> = self
             .servers
             .keys()
@@ -392,6 +581,7 @@ impl Supervisor {
         for name in removed {
             tracing::info!(resource = %name, "resource removed; stopping its server");
             if let Some(s) = self.servers.remove(&name) {
+                // Streams end at once; the server task drains on its own.
                 s.stop.cancel();
                 s.register.abort();
                 plugin::remove_if_ours(&s.path, s.id);
@@ -413,6 +603,7 @@ impl Supervisor {
                 return;
             }
         };
+        self.epoch += 1;
         let stop = self.shutdown.child_token();
         let path = socket.path.clone();
         let id = socket.id;
@@ -422,20 +613,32 @@ impl Supervisor {
             self.plans.subscribe(),
             stop.clone(),
             self.settings.dev_root.clone(),
-        );
+        )
+        .report_lost_streams(self.lost_tx.clone(), self.epoch);
         let serve = plugin::serve(socket, service, stop.clone());
         let kubelet = self.kubelet_socket();
         let appeared = Arc::clone(&self.kubelet_appeared);
         let resource = name.to_string();
         let rstop = stop.clone();
+        let status = Arc::clone(&self.status);
+        let metrics = Arc::clone(&self.metrics);
         let register = tokio::spawn(async move {
-            crate::kubelet::register_until_done(&kubelet, &endpoint, &resource, &appeared, &rstop)
-                .await;
+            let done = crate::kubelet::register_until_done(
+                &kubelet, &endpoint, &resource, &appeared, &rstop,
+            )
+            .await;
+            if done {
+                metrics.registered(&resource);
+                status.send_modify(|s| {
+                    s.registered.insert(resource);
+                });
+            }
         });
         tracing::debug!(resource = %name, socket = %path.display(), "serving");
         self.servers.insert(
             name.to_string(),
             ResourceServer {
+                epoch: self.epoch,
                 stop,
                 serve,
                 register,
@@ -458,10 +661,27 @@ impl Supervisor {
         })
     }
 
-    /// Stops every server (ending its streams) and waits up to `deadline` for each.
-    async fn stop_all(&mut self, deadline: Duration) {
-        let servers = std::mem::take(&mut self.servers);
-        for s in servers.values() {
+    /// Stops `servers` (ending their streams), waits up to `deadline` for each, removes their
+    /// sockets, and marks them unregistered.
+    fn stop_servers(
+        &self,
+        servers: Vec<(String, ResourceServer)>,
+        deadline: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let status = Arc::clone(&self.status);
+        stop_servers(status, servers, deadline)
+    }
+}
+
+/// Stops `servers` (ending their streams), waits up to `deadline` for each, removes their
+/// sockets, and marks them unregistered.
+async fn stop_servers(
+    status: Arc<watch::Sender<Status>>,
+    servers: Vec<(String, ResourceServer)>,
+    deadline: Duration,
+) {
+    {
+        for (_, s) in &servers {
             s.stop.cancel();
             s.register.abort();
         }
@@ -473,7 +693,18 @@ impl Supervisor {
                 let _ = serve.await;
             }
             plugin::remove_if_ours(&s.path, s.id);
+            status.send_modify(|st| {
+                st.registered.remove(&name);
+            });
         }
+    }
+}
+
+impl Supervisor {
+    /// Stops every server.
+    async fn stop_all(&mut self, deadline: Duration) {
+        let servers = std::mem::take(&mut self.servers).into_iter().collect();
+        self.stop_servers(servers, deadline).await;
     }
 
     /// After a kubelet restart: stop every server first (its old stream must end before the
@@ -484,6 +715,23 @@ impl Supervisor {
         let names: Vec<String> = self.plans.borrow().resources.keys().cloned().collect();
         for name in names {
             self.start_server(&name);
+        }
+    }
+
+    /// The kubelet closed a resource's ListAndWatch stream while we still serve it (kubelet
+    /// stopped, or dropped the stream): serve it afresh and register again with backoff.
+    async fn stream_lost(&mut self, lost: StreamLost) {
+        let current = self.servers.get(&lost.resource).map(|s| s.epoch);
+        if current != Some(lost.epoch) {
+            return; // a server we already replaced
+        }
+        tracing::warn!(resource = %lost.resource, "the kubelet closed the ListAndWatch stream; registering again");
+        if let Some(s) = self.servers.remove(&lost.resource) {
+            self.stop_servers(vec![(lost.resource.clone(), s)], RESTART_DEADLINE)
+                .await;
+        }
+        if self.plans.borrow().resources.contains_key(&lost.resource) {
+            self.start_server(&lost.resource);
         }
     }
 }

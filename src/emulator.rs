@@ -223,6 +223,15 @@ impl KubeletEmulator {
         self.serve()
     }
 
+    /// Closes every ListAndWatch stream as a kubelet does when it drops a plugin, without
+    /// restarting: the plugin must notice and register again.
+    pub fn drop_streams(&self) {
+        let streams = std::mem::take(&mut *self.shared.streams.lock().expect("poisoned"));
+        for (_, h) in streams {
+            h.abort();
+        }
+    }
+
     /// Stops serving and closes every stream.
     pub async fn shutdown(&mut self) {
         self.stop.cancel();

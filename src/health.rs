@@ -262,7 +262,8 @@ mod tests {
 
     #[test]
     fn env_overrides() {
-        let cases: &[(Option<&str>, Option<&str>, &[u64], &[u64])] = &[
+        type Case<'a> = (Option<&'a str>, Option<&'a str>, &'a [u64], &'a [u64]);
+        let cases: &[Case] = &[
             // (DISABLE, ENABLE, critical, not critical)
             (Some("79,48"), None, &[62], &[79, 48, 13]),
             (Some("all"), None, &[], &[79, 48, 13]),

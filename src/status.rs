@@ -39,6 +39,8 @@ pub struct Status {
     pub registered: BTreeSet<String>,
     /// Where the status endpoint listens, once bound.
     pub address: Option<SocketAddr>,
+    /// Xid events processed since start (critical or not).
+    pub xid_events: u64,
 }
 
 impl Status {

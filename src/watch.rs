@@ -22,6 +22,8 @@ pub enum Event {
     KubeletSocketCreated,
     /// A `slicelet-*.sock` file was removed (by the kubelet wiping the directory, or by hand).
     PluginSocketRemoved(OsString),
+    /// Something in the simulated node file's directory changed (debounce and re-read).
+    NodeDirChanged,
 }
 
 /// Watching a directory failed.
@@ -61,27 +63,41 @@ fn watch_dir(
     Ok(w)
 }
 
-/// Watches the policy file's parent directory and the device-plugin directory, sending
-/// [`Event`]s to `tx`. Access events are ignored.
+fn parent(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Watches the policy file's parent directory, the device-plugin directory and, for a
+/// simulated node, the node file's directory, sending [`Event`]s to `tx`. Access events are
+/// ignored.
 ///
 /// # Errors
 /// [`WatchError`] when a directory cannot be watched (e.g. it does not exist).
 pub fn start(
     policy_file: &Path,
     device_plugin_dir: &Path,
+    node_file: Option<&Path>,
     tx: UnboundedSender<Event>,
 ) -> Result<Watches, WatchError> {
-    let policy_dir = match policy_file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let mut watchers = Vec::new();
     let ptx = tx.clone();
-    let policy = watch_dir(&policy_dir, move |ev| {
+    watchers.push(watch_dir(&parent(policy_file), move |ev| {
         if !matches!(ev.kind, EventKind::Access(_)) {
             let _ = ptx.send(Event::PolicyDirChanged);
         }
-    })?;
-    let plugins = watch_dir(device_plugin_dir, move |ev| {
+    })?);
+    if let Some(node) = node_file {
+        let ntx = tx.clone();
+        watchers.push(watch_dir(&parent(node), move |ev| {
+            if !matches!(ev.kind, EventKind::Access(_)) {
+                let _ = ntx.send(Event::NodeDirChanged);
+            }
+        })?);
+    }
+    watchers.push(watch_dir(device_plugin_dir, move |ev| {
         for path in &ev.paths {
             let Some(name) = path.file_name() else {
                 continue;
@@ -96,8 +112,8 @@ pub fn start(
                 _ => {}
             }
         }
-    })?;
+    })?);
     Ok(Watches {
-        _watchers: vec![policy, plugins],
+        _watchers: watchers,
     })
 }

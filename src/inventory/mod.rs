@@ -117,6 +117,15 @@ pub enum InventoryError {
     },
 }
 
+/// An Xid (GPU error) reported for a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidEvent {
+    /// UUID of the device it concerns (a GPU, or a MIG device).
+    pub uuid: String,
+    /// The Xid number.
+    pub xid: u64,
+}
+
 /// A source of GPUs: NVML on a real node, a file for a simulated one.
 pub trait GpuSource: Send {
     /// Discovers every GPU now.
@@ -124,6 +133,17 @@ pub trait GpuSource: Send {
     /// # Errors
     /// [`InventoryError`] naming the query or file that failed.
     fn discover(&mut self) -> Result<Inventory, InventoryError>;
+
+    /// Whether the device still answers (NVML: its UUID and memory queries succeed). Used
+    /// before an Unhealthy device may recover.
+    fn probe(&mut self, _uuid: &str) -> bool {
+        true
+    }
+
+    /// Xid events found since the last call (a simulated node's `xid:` entries).
+    fn take_events(&mut self) -> Vec<XidEvent> {
+        Vec::new()
+    }
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;

@@ -21,6 +21,9 @@ pub struct NvmlSource {
     nvml: Nvml,
     library: String,
     sysfs_root: PathBuf,
+    /// GPUs of the last successful discovery, by index: a GPU that stops answering is reported
+    /// from here as Unhealthy (fail closed) instead of failing the whole node.
+    last: std::collections::BTreeMap<u32, Gpu>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -52,6 +55,7 @@ impl NvmlSource {
             nvml,
             library,
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
+            last: Default::default(),
         })
     }
 }
@@ -93,44 +97,74 @@ impl GpuSource for NvmlSource {
             .map_err(|e| InventoryError::NvmlCount(e.to_string()))?;
         let mut gpus = Vec::with_capacity(count as usize);
         for i in 0..count {
-            let dev = query(
-                i,
-                "nvmlDeviceGetHandleByIndex",
-                self.nvml.device_by_index(i),
-            )?;
-            let uuid = query(i, "nvmlDeviceGetUUID", dev.uuid())?;
-            let model = query(i, "nvmlDeviceGetName", dev.name())?;
-            let memory = query(i, "nvmlDeviceGetMemoryInfo_v2", dev.memory_info())?;
-            let minor = dev.minor_number().ok();
-            let cc = dev
-                .cuda_compute_capability()
-                .ok()
-                .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?)));
-            let numa = dev
-                .pci_info()
-                .ok()
-                .and_then(|p| numa_node(&self.sysfs_root, &p.bus_id));
-            // NotSupported: a GPU without MIG. Any other error: report MIG as off; the
-            // MIG strategies decide what that means.
-            let mig_enabled = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
-            gpus.push(Gpu {
-                index: i,
-                uuid,
-                model,
-                memory_mib: memory.total / (1024 * 1024),
-                minor,
-                compute_capability: cc,
-                numa_node: numa,
-                mig_enabled,
-                mig_devices: Vec::new(),
-                healthy: true,
-            });
+            match self.discover_one(i) {
+                Ok(g) => gpus.push(g),
+                Err(e) => match self.last.get(&i) {
+                    // Known before: keep it, Unhealthy, so one GPU's failure neither hides
+                    // nor fails the others.
+                    Some(prev) => {
+                        tracing::error!(gpu = i, uuid = %prev.uuid, error = %e, "GPU stopped answering NVML; marking it Unhealthy");
+                        gpus.push(Gpu {
+                            healthy: false,
+                            ..prev.clone()
+                        });
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+        for g in gpus.iter().filter(|g| g.healthy) {
+            self.last.insert(g.index, g.clone());
         }
         Ok(Inventory::new(gpus))
     }
 
+    fn probe(&mut self, uuid: &str) -> bool {
+        self.nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.memory_info())
+            .is_ok()
+    }
+
     fn describe(&self) -> String {
         format!("NVML ({})", self.library)
+    }
+}
+
+impl NvmlSource {
+    fn discover_one(&self, i: u32) -> Result<Gpu, InventoryError> {
+        let dev = query(
+            i,
+            "nvmlDeviceGetHandleByIndex",
+            self.nvml.device_by_index(i),
+        )?;
+        let uuid = query(i, "nvmlDeviceGetUUID", dev.uuid())?;
+        let model = query(i, "nvmlDeviceGetName", dev.name())?;
+        let memory = query(i, "nvmlDeviceGetMemoryInfo_v2", dev.memory_info())?;
+        let minor = dev.minor_number().ok();
+        let cc = dev
+            .cuda_compute_capability()
+            .ok()
+            .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?)));
+        let numa = dev
+            .pci_info()
+            .ok()
+            .and_then(|p| numa_node(&self.sysfs_root, &p.bus_id));
+        // NotSupported: a GPU without MIG. Any other error: report MIG as off; the
+        // MIG strategies decide what that means.
+        let mig_enabled = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+        Ok(Gpu {
+            index: i,
+            uuid,
+            model,
+            memory_mib: memory.total / (1024 * 1024),
+            minor,
+            compute_capability: cc,
+            numa_node: numa,
+            mig_enabled,
+            mig_devices: Vec::new(),
+            healthy: true,
+        })
     }
 }
 

@@ -10,6 +10,7 @@
 //!     computeCapability: "9.0"       # optional
 //!     numaNode: 0                    # optional
 //!     health: Healthy                # optional: Healthy (default) or Unhealthy
+//!     xid: 79                        # optional: an Xid reported when this line appears
 //!     mig:                           # optional: present means MIG mode is on
 //!       devices:
 //!         - profile: 1g.10gb
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice};
+use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,6 +44,7 @@ struct GpuEntry {
     compute_capability: Option<String>,
     numa_node: Option<i64>,
     health: Option<HealthValue>,
+    xid: Option<u64>,
     mig: Option<MigEntry>,
 }
 
@@ -70,12 +72,19 @@ struct MigDeviceEntry {
 #[derive(Debug, Clone)]
 pub struct SimulatedSource {
     path: PathBuf,
+    /// Xid last seen per GPU UUID, so an `xid:` line reports once until it changes.
+    seen_xids: std::collections::BTreeMap<String, u64>,
+    events: Vec<XidEvent>,
 }
 
 impl SimulatedSource {
     /// A source reading `path` at every [`GpuSource::discover`].
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        SimulatedSource { path: path.into() }
+        SimulatedSource {
+            path: path.into(),
+            seen_xids: Default::default(),
+            events: Vec::new(),
+        }
     }
 }
 
@@ -87,7 +96,23 @@ impl GpuSource for SimulatedSource {
                 source,
             }
         })?;
-        parse(&self.path, &text)
+        let (inv, xids) = parse_with_xids(&self.path, &text)?;
+        let mut seen = std::collections::BTreeMap::new();
+        for (uuid, xid) in xids {
+            if self.seen_xids.get(&uuid) != Some(&xid) {
+                self.events.push(XidEvent {
+                    uuid: uuid.clone(),
+                    xid,
+                });
+            }
+            seen.insert(uuid, xid);
+        }
+        self.seen_xids = seen;
+        Ok(inv)
+    }
+
+    fn take_events(&mut self) -> Vec<XidEvent> {
+        std::mem::take(&mut self.events)
     }
 
     fn describe(&self) -> String {
@@ -110,6 +135,15 @@ fn invalid(path: &Path, at: &str, message: impl Into<String>) -> InventoryError 
 /// [`InventoryError::SimulatedInvalid`] with the field path (`gpus[1].uuid`) and, for syntax and
 /// type errors, line and column.
 pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
+    parse_with_xids(path, text).map(|(inv, _)| inv)
+}
+
+/// [`parse`], plus the `xid:` lines as (GPU UUID, Xid).
+fn parse_with_xids(
+    path: &Path,
+    text: &str,
+) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
+    let mut xids = Vec::new();
     let de = yaml_serde::Deserializer::from_str(text);
     let file: NodeFile = serde_path_to_error::deserialize(de).map_err(|e| {
         let location = e.inner().location().map(|l| (l.line(), l.column()));
@@ -212,6 +246,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
                 mig_devices,
                 healthy: entry.health != Some(HealthValue::Unhealthy),
             });
+            if let Some(x) = entry.xid {
+                xids.push((gpus.last().expect("pushed").uuid.clone(), x));
+            }
             index += 1;
         }
     }
@@ -225,7 +262,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
             ));
         }
     }
-    Ok(Inventory::new(gpus))
+    Ok((Inventory::new(gpus), xids))
 }
 
 /// A UUID-shaped identifier (`<kind>-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) derived from `seed`.
@@ -274,6 +311,36 @@ mod tests {
         let e = parse(Path::new("n.yaml"), text).unwrap_err().to_string();
         assert!(e.contains("gpus[0].memory:"), "{e}");
         assert!(e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn xid_lines_report_once_until_they_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("n.yaml");
+        let mut src = SimulatedSource::new(&p);
+        std::fs::write(
+            &p,
+            "gpus:\n  - model: X\n    memoryMiB: 1\n  - model: X\n    memoryMiB: 1\n    xid: 79\n",
+        )
+        .unwrap();
+        let inv = src.discover().unwrap();
+        let ev = src.take_events();
+        assert_eq!(
+            ev,
+            [XidEvent {
+                uuid: inv.gpus[1].uuid.clone(),
+                xid: 79
+            }]
+        );
+        src.discover().unwrap();
+        assert!(src.take_events().is_empty(), "same line, no new event");
+        std::fs::write(
+            &p,
+            "gpus:\n  - model: X\n    memoryMiB: 1\n  - model: X\n    memoryMiB: 1\n    xid: 48\n",
+        )
+        .unwrap();
+        src.discover().unwrap();
+        assert_eq!(src.take_events()[0].xid, 48);
     }
 
     #[test]

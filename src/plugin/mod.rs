@@ -95,6 +95,18 @@ pub struct Service {
     plans: watch::Receiver<Arc<Plan>>,
     stop: CancellationToken,
     dev_root: String,
+    lost: Option<(mpsc::UnboundedSender<StreamLost>, u64)>,
+}
+
+/// A ListAndWatch stream ended because the kubelet went away (not because slicelet stopped
+/// the server): the resource must register again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLost {
+    /// The resource.
+    pub resource: String,
+    /// The server epoch given to [`Service::report_lost_streams`], so a report from a server
+    /// that was already replaced can be ignored.
+    pub epoch: u64,
 }
 
 impl Service {
@@ -111,7 +123,19 @@ impl Service {
             plans,
             stop,
             dev_root: dev_root.into(),
+            lost: None,
         }
+    }
+
+    /// Reports on `tx` every ListAndWatch stream the client closes while the server is still
+    /// meant to run (the kubelet went away), tagged with `epoch`.
+    pub fn report_lost_streams(
+        mut self,
+        tx: mpsc::UnboundedSender<StreamLost>,
+        epoch: u64,
+    ) -> Self {
+        self.lost = Some((tx, epoch));
+        self
     }
 
     fn current(&self) -> Result<Arc<ResourcePlan>, Status> {
@@ -146,16 +170,31 @@ impl DevicePlugin for Service {
         let first = self.current()?;
         let stop = self.stop.clone();
         let resource = self.resource.clone();
+        let lost = self.lost.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut last = first;
+            let report = |resource: &str| {
+                if let Some((lost, epoch)) = &lost {
+                    if !stop.is_cancelled() {
+                        let _ = lost.send(StreamLost {
+                            resource: resource.to_string(),
+                            epoch: *epoch,
+                        });
+                    }
+                }
+            };
             if tx.send(Ok(list_response(&last))).await.is_err() {
+                report(&resource);
                 return;
             }
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = tx.closed() => break,
+                    _ = tx.closed() => {
+                        report(&resource);
+                        break;
+                    }
                     changed = plans.changed() => {
                         if changed.is_err() {
                             break;
@@ -168,6 +207,7 @@ impl DevicePlugin for Service {
                         }
                         last = next;
                         if tx.send(Ok(list_response(&last))).await.is_err() {
+                            report(&resource);
                             break;
                         }
                     }

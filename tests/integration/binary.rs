@@ -27,8 +27,15 @@ fn fake_nvml() -> PathBuf {
     lib
 }
 
+/// The binary, with its status endpoint on an ephemeral port (tests run in parallel).
+fn slicelet() -> Command {
+    let mut c = Command::new(bin());
+    c.env("SLICELET_STATUS_ADDRESS", "127.0.0.1:0");
+    c
+}
+
 async fn output(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).output().await.unwrap()
+    slicelet().args(args).output().await.unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -107,7 +114,7 @@ async fn plan_json_has_the_documented_shape() {
 }
 
 fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
-    let mut cmd = Command::new(bin());
+    let mut cmd = slicelet();
     cmd.args([
         "run",
         "--config",
@@ -240,7 +247,7 @@ async fn nvml_init_failure_exits_1_unless_fail_on_init_error_is_false() {
         serde_json::json!({"initError": 9, "gpus": []}),
     );
     let lib = fake_nvml();
-    let out = Command::new(bin())
+    let out = slicelet()
         .args([
             "run",
             "--config",

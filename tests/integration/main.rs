@@ -5,4 +5,5 @@ mod binary;
 mod common;
 mod daemon;
 mod fixtures;
+mod live;
 mod manifests;
