@@ -26,6 +26,10 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let entries = policy.time_slicing.resources.len();
     let mut out = String::new();
     let node = daemon::discover(settings);
+    // A node file the user named must be usable; only a missing NVML is "no node here".
+    if let (Some(_), Err(e)) = (&settings.simulate, &node) {
+        return Err(CommandError(e.to_string()));
+    }
     match &node {
         Ok((inv, source)) => {
             let built = plan::build(&policy, inv)
@@ -38,9 +42,10 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
                 .collect();
             let _ = writeln!(
                 out,
-                "valid: {path} ({entries} time-slicing entries, migStrategy {}); on {source} ({} GPUs): {}",
+                "valid: {path} ({}, migStrategy {}); on {source} ({}): {}",
+                plural(entries, "time-slicing entry", "time-slicing entries"),
                 policy.mig_strategy.as_str(),
-                inv.gpus.len(),
+                plural(inv.gpus.len(), "GPU", "GPUs"),
                 if resources.is_empty() { "nothing advertised".to_string() } else { resources.join(", ") }
             );
             for w in &built.warnings {
@@ -50,7 +55,8 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
         Err(e) => {
             let _ = writeln!(
                 out,
-                "valid: {path} ({entries} time-slicing entries, migStrategy {}); node checks skipped: {e}",
+                "valid: {path} ({}, migStrategy {}); node checks skipped: {e}",
+                plural(entries, "time-slicing entry", "time-slicing entries"),
                 policy.mig_strategy.as_str()
             );
         }
@@ -73,9 +79,11 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
 /// [`CommandError`] for an invalid policy, a node that cannot be discovered, or a plan that
 /// cannot be built.
 pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
+    let path = settings.config.display().to_string();
     let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
     let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
-    let built = plan::build(&policy, &inv).map_err(|e| CommandError(e.to_string()))?;
+    let built = plan::build(&policy, &inv)
+        .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
     let view = built.plan.view();
     if json {
         return serde_json::to_string_pretty(&view)
@@ -83,7 +91,7 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             .map_err(|e| CommandError(e.to_string()));
     }
     let mut out = String::new();
-    let _ = writeln!(out, "# {source}: {} GPUs", inv.gpus.len());
+    let _ = writeln!(out, "# {source}: {}", plural(inv.gpus.len(), "GPU", "GPUs"));
     for w in &built.warnings {
         let _ = writeln!(out, "# warning: {w}");
     }
@@ -103,9 +111,16 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             r.replicas,
             r.devices.len()
         );
+        if !r.devices.is_empty() {
+            let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
+        }
         for d in &r.devices {
             let _ = writeln!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
         }
     }
     Ok(out)
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
