@@ -371,4 +371,6 @@ fn validate_replicated(
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
