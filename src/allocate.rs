@@ -81,6 +81,14 @@ pub enum AllocateError {
         /// The resource.
         resource: String,
     },
+    /// MPS replicas of two GPUs in one container request.
+    #[error("resource {resource}: the container asks for MPS replicas of {uuids}; an MPS client uses one GPU's control daemon (one pipe directory), so request replicas of one GPU")]
+    MpsSpansDevices {
+        /// The resource.
+        resource: String,
+        /// The GPU (or MIG) UUIDs, comma-separated.
+        uuids: String,
+    },
 }
 
 /// The allocation for one container request.
@@ -109,6 +117,9 @@ pub fn allocate(
         })?;
         distinct_ids.insert(id.as_str());
         gpus.entry(dev.gpu_index).or_insert(dev);
+    }
+    if res.strategy == Strategy::Mps {
+        mps::check_request(res, ids)?;
     }
     if res.fail_requests_greater_than_one
         && res.strategy == Strategy::TimeSlicing
@@ -144,6 +155,9 @@ pub fn allocate(
             out.device_nodes.push(node(name));
         }
     }
+    if let Some(m) = &res.mps {
+        mps::add_client(&mut out, res, m, ids);
+    }
     Ok(out)
 }
 
@@ -165,6 +179,9 @@ pub fn preferred(
     must_include: &[String],
     size: usize,
 ) -> Vec<String> {
+    if res.strategy == Strategy::Mps {
+        return mps::preferred(res, available, must_include, size);
+    }
     // Position of each chosen device in res.devices.
     let mut chosen: BTreeSet<usize> = BTreeSet::new();
     let position = |id: &str| res.position(id);
@@ -235,6 +252,11 @@ pub fn preferred(
         .map(|p| res.devices[p].id.clone())
         .collect()
 }
+
+mod mps;
+pub use mps::{
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_PIPE_DIRECTORY,
+};
 
 #[cfg(test)]
 mod tests;

@@ -46,7 +46,11 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
                 plural(entries, "time-slicing entry", "time-slicing entries"),
                 policy.mig_strategy.as_str(),
                 plural(inv.gpus.len(), "GPU", "GPUs"),
-                if resources.is_empty() { "nothing advertised".to_string() } else { resources.join(", ") }
+                if resources.is_empty() {
+                    "nothing advertised".to_string()
+                } else {
+                    resources.join(", ")
+                }
             );
             for w in &built.warnings {
                 let _ = writeln!(out, "warning: {w}");

@@ -36,6 +36,9 @@ pub enum Strategy {
     /// Time-sliced replicas: no memory or fault isolation.
     #[serde(rename = "time-slicing")]
     TimeSlicing,
+    /// CUDA MPS clients of a supervised control daemon, with enforced per-client limits.
+    #[serde(rename = "mps")]
+    Mps,
 }
 
 /// One device the kubelet sees.
@@ -72,6 +75,8 @@ pub struct ResourcePlan {
     pub pass_device_specs: bool,
     /// Devices ordered by GPU index, then replica.
     pub devices: Vec<VirtualDevice>,
+    /// MPS resources: the control daemons behind the devices and their limits.
+    pub mps: Option<MpsResource>,
     by_id: HashMap<String, usize>,
 }
 
@@ -97,6 +102,7 @@ impl ResourcePlan {
             fail_requests_greater_than_one,
             pass_device_specs,
             devices,
+            mps: None,
             by_id,
         }
     }
@@ -143,6 +149,7 @@ impl Plan {
                     name: r.name.to_string(),
                     strategy: r.strategy,
                     replicas: r.replicas,
+                    mps: r.mps.as_ref().map(MpsResource::view),
                     devices: r
                         .devices
                         .iter()
@@ -174,6 +181,9 @@ pub struct ResourceView {
     pub strategy: Strategy,
     /// Replicas per GPU.
     pub replicas: u32,
+    /// MPS resources: each control daemon and its per-client limits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps: Option<Vec<MpsDaemonView>>,
     /// Devices in ListAndWatch order.
     pub devices: Vec<DeviceView>,
 }
@@ -237,6 +247,38 @@ pub enum PlanError {
         /// The limit, bytes.
         limit: usize,
     },
+    /// An MPS entry's clients do not fit a GPU's memory.
+    #[error("{entry}.pinnedDeviceMemoryLimit: {replicas} replicas × {limit_mib} MiB = {total_mib} MiB do not fit GPU {gpu} ({uuid}), which has {memory_mib} MiB; lower pinnedDeviceMemoryLimit or replicas")]
+    MpsMemory {
+        /// The entry.
+        entry: String,
+        /// Its replicas.
+        replicas: u32,
+        /// The per-client limit, MiB.
+        limit_mib: u64,
+        /// replicas × limit, MiB.
+        total_mib: u64,
+        /// GPU index.
+        gpu: u32,
+        /// GPU or MIG UUID.
+        uuid: String,
+        /// The device's memory, MiB.
+        memory_mib: u64,
+    },
+    /// An MPS entry has more replicas than a control daemon serves clients on a GPU.
+    #[error("{entry}.replicas: {replicas} replicas exceed the {limit} clients an MPS control daemon serves on GPU {gpu} ({uuid}); use at most {limit}")]
+    MpsClientLimit {
+        /// The entry.
+        entry: String,
+        /// Its replicas.
+        replicas: u32,
+        /// Clients per daemon on this GPU (16 before compute capability 7.0, else 48).
+        limit: u32,
+        /// GPU index.
+        gpu: u32,
+        /// GPU or MIG UUID.
+        uuid: String,
+    },
 }
 
 /// A plan and the node-dependent warnings found while building it.
@@ -294,6 +336,7 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
         }
         shared.push((entry, gpus));
     }
+    let mps_claimed = mps::claim(policy, inventory, &mut claimed, &mut warnings)?;
 
     let whole: Vec<&Gpu> = inventory
         .gpus
@@ -324,6 +367,7 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
         )?;
         resources.insert(entry.advertised.to_string(), Arc::new(res));
     }
+    mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
     if !whole.is_empty() {
         let name = ResourceName::parse(WHOLE_GPU_RESOURCE).expect("valid constant");
         let res = resource(
@@ -503,6 +547,12 @@ pub fn device_encoded_len(id_len: usize, healthy: bool, numa: Option<i64>) -> u6
     }
     len
 }
+
+mod mps;
+pub use mps::{
+    container_pipe_dir, mps_dirs, mps_resource, MpsDaemon, MpsDaemonView, MpsDirs, MpsLimits,
+    MpsObserved, MpsResource, MpsTarget, MpsWanted,
+};
 
 #[cfg(test)]
 mod tests;

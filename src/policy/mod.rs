@@ -5,13 +5,16 @@
 //! Validation here is node-independent; rules that depend on the GPUs present (a GPU claimed
 //! twice, a rename colliding with whole GPUs) are checked by [`crate::plan::build`].
 
+pub mod mps;
 pub mod names;
+pub mod quantity;
 pub mod schema;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
 pub use schema::{DeviceRef, DeviceSelector, MigStrategy};
 
@@ -117,6 +120,11 @@ pub struct Policy {
     pub time_slicing: TimeSlicing,
     /// `health` (slicelet extension).
     pub health: HealthPolicy,
+    /// `sharing.mps`.
+    pub mps: Mps,
+    /// `flags.mpsRoot` (default `/run/nvidia/mps`): each GPU under MPS gets
+    /// `<mpsRoot>/<uuid>/{pipe,log,shm}`.
+    pub mps_root: PathBuf,
     /// Keys of NVIDIA's schema that are set but that slicelet does not act on yet; one warning
     /// each, by field path.
     pub ignored_keys: Vec<String>,
@@ -132,6 +140,8 @@ impl Default for Policy {
             pass_device_specs: false,
             time_slicing: TimeSlicing::default(),
             health: HealthPolicy::default(),
+            mps: Mps::default(),
+            mps_root: PathBuf::from(mps::DEFAULT_MPS_ROOT),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
         }
@@ -223,14 +233,14 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     if let Some(flags) = &file.flags {
         policy.mig_strategy = flags.mig_strategy.unwrap_or_default();
         policy.fail_on_init_error = flags.fail_on_init_error.unwrap_or(true);
-        let not_acted: [(&str, bool); 10] = [
+        policy.mps_root = mps::validate_root(flags.mps_root.as_deref())?;
+        let not_acted: [(&str, bool); 9] = [
             (
                 "restartOnDeviceUnhealthy",
                 flags.restart_on_device_unhealthy.is_some(),
             ),
             ("nvidiaDriverRoot", flags.nvidia_driver_root.is_some()),
             ("nvidiaDevRoot", flags.nvidia_dev_root.is_some()),
-            ("mpsRoot", flags.mps_root.is_some()),
             ("gdrcopyEnabled", flags.gdrcopy_enabled.is_some()),
             ("gdsEnabled", flags.gds_enabled.is_some()),
             ("mofedEnabled", flags.mofed_enabled.is_some()),
@@ -309,12 +319,12 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     }
 
     if let Some(sharing) = file.sharing {
-        if sharing.mps.is_some() {
-            ignored.push("sharing.mps".to_string());
-        }
         if let Some(ts) = sharing.time_slicing {
             policy.time_slicing =
                 validate_replicated(ts, "sharing.timeSlicing", &mut policy.notices)?;
+        }
+        if let Some(m) = sharing.mps {
+            policy.mps = mps::validate_mps(m, &policy.time_slicing, &mut policy.notices)?;
         }
     }
     policy.ignored_keys = ignored;

@@ -48,6 +48,23 @@ prop_compose! {
     }
 }
 
+prop_compose! {
+    fn mps_policy()(ts in policy(),
+                    entries in proptest::collection::vec((entry(), proptest::option::of(0u32..120), proptest::option::of(prop_oneof![Just("10Gi"), Just("20000Mi"), Just("1.5Gi"), Just("8G"), Just("0"), Just("-1Gi"), Just("99999Ti")])), 0..3),
+                    exclusive in any::<bool>(),
+                    fail in proptest::option::of(any::<bool>())) -> String {
+        let mut s = format!("{ts}  mps:\n    exclusiveProcess: {exclusive}\n");
+        if let Some(f) = fail { s.push_str(&format!("    failRequestsGreaterThanOne: {f}\n")); }
+        s.push_str("    resources:\n");
+        for (e, pct, mem) in entries {
+            s.push_str(&e);
+            if let Some(p) = pct { s.push_str(&format!("        activeThreadPercentage: {p}\n")); }
+            if let Some(m) = mem { s.push_str(&format!("        pinnedDeviceMemoryLimit: {m}\n")); }
+        }
+        s
+    }
+}
+
 fn mutate(text: &str, line: usize, how: u8, value: &str) -> String {
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     let i = line % lines.len().max(1);
@@ -99,6 +116,12 @@ proptest! {
 
     #[test]
     fn mutated_policies_never_panic_and_errors_have_paths(text in policy(), line in 0usize..40, how in any::<u8>(), value in scalar()) {
+        check(&mutate(&text, line, how, &value));
+    }
+
+    #[test]
+    fn mps_policies_never_panic_and_errors_have_paths(text in mps_policy(), line in 0usize..60, how in any::<u8>(), value in scalar()) {
+        check(&text);
         check(&mutate(&text, line, how, &value));
     }
 

@@ -124,8 +124,8 @@ pub struct Flags {
     pub nvidia_driver_root: Option<String>,
     /// Recognised, not acted on.
     pub nvidia_dev_root: Option<String>,
-    /// Root of the MPS pipe and log directories (default `/run/nvidia/mps`). Recognised, not
-    /// acted on until MPS support lands.
+    /// Root of the MPS pipe, log and shm directories (default `/run/nvidia/mps`): one
+    /// `<mpsRoot>/<uuid>/` directory per GPU (or MIG device) under MPS.
     pub mps_root: Option<String>,
     /// Recognised, not acted on.
     pub gdrcopy_enabled: Option<bool>,
@@ -230,11 +230,123 @@ pub struct PatternResource {
 pub struct Sharing {
     /// Time-slicing: replicas with no isolation.
     pub time_slicing: Option<ReplicatedResources>,
-    /// CUDA MPS. Recognised, not acted on until MPS support lands.
-    pub mps: Option<ReplicatedResources>,
+    /// CUDA MPS: one supervised control daemon per GPU, limits enforced by the daemon.
+    pub mps: Option<MpsSharing>,
 }
 
-/// `sharing.timeSlicing` / `sharing.mps`.
+/// `sharing.mps`: the keys of `sharing.timeSlicing` plus slicelet's extensions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MpsSharing {
+    /// Advertise shared resources as `<name>.shared` unless an entry has `rename`.
+    pub rename_by_default: Option<bool>,
+    /// Refuse container requests for more than one replica (default **true** for MPS, as
+    /// NVIDIA's plugin: extra replicas cannot raise a limit the daemon enforces).
+    pub fail_requests_greater_than_one: Option<bool>,
+    /// slicelet extension: set the GPUs under MPS to compute mode EXCLUSIVE_PROCESS through
+    /// NVML while their daemons run (default false), restored on stop.
+    pub exclusive_process: Option<bool>,
+    /// The entries.
+    pub resources: Option<Vec<MpsResource>>,
+}
+
+/// One `sharing.mps.resources[]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct MpsResource {
+    /// The resource whose devices are shared, e.g. `nvidia.com/gpu`.
+    pub name: ResourceName,
+    /// The name the shared devices are advertised under.
+    pub rename: Option<ResourceName>,
+    /// Which GPUs: `all` (default), a count N, or a list of GPU indices / UUIDs.
+    pub devices: Option<DeviceSelector>,
+    /// Clients per GPU (one per replica), an integer of at least 1.
+    pub replicas: Replicas,
+    /// slicelet extension: each client's share of the GPU's threads, 1–100 (default
+    /// `100 / replicas`, rounded down).
+    pub active_thread_percentage: Option<Percentage>,
+    /// slicelet extension: each client's pinned device memory, a Kubernetes quantity such as
+    /// `10Gi` (default: the GPU's memory / replicas, rounded down to MiB).
+    pub pinned_device_memory_limit: Option<MemoryQuantity>,
+}
+
+/// An integer percentage from 1 to 100, checked while parsing (so errors carry the line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Percentage(pub u32);
+
+impl<'de> Deserialize<'de> for Percentage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Percentage;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole percentage from 1 to 100")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Percentage, E> {
+                match u32::try_from(v) {
+                    Ok(n) if (1..=100).contains(&n) => Ok(Percentage(n)),
+                    _ => Err(E::invalid_value(Unexpected::Unsigned(v), &self)),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Percentage, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(Unexpected::Signed(v), &self)),
+                }
+            }
+        }
+        d.deserialize_u32(V)
+    }
+}
+
+/// A memory size written as a Kubernetes quantity (`10Gi`, `20000Mi`, `8G`) or a plain number
+/// of bytes; at least 1 MiB. Checked while parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryQuantity {
+    /// As written.
+    pub text: String,
+    /// The size in MiB, rounded down.
+    pub mib: u64,
+}
+
+impl MemoryQuantity {
+    fn from_bytes<E: de::Error>(text: String, bytes: u128) -> Result<Self, E> {
+        let mib = bytes / super::quantity::MIB;
+        if mib == 0 {
+            return Err(E::custom(format!("`{text}` is less than 1 MiB")));
+        }
+        let mib = u64::try_from(mib).map_err(|_| E::custom(format!("`{text}` is too large")))?;
+        Ok(MemoryQuantity { text, mib })
+    }
+}
+
+impl<'de> Deserialize<'de> for MemoryQuantity {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = MemoryQuantity;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a Kubernetes quantity such as 10Gi or 20000Mi")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<MemoryQuantity, E> {
+                MemoryQuantity::from_bytes(v.to_string(), u128::from(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<MemoryQuantity, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(Unexpected::Signed(v), &self)),
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<MemoryQuantity, E> {
+                let bytes = super::quantity::parse_bytes(v).map_err(E::custom)?;
+                MemoryQuantity::from_bytes(v.to_string(), bytes)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `sharing.timeSlicing`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ReplicatedResources {

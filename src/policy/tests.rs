@@ -108,7 +108,6 @@ imex:
         "flags.restartOnDeviceUnhealthy",
         "flags.nvidiaDriverRoot",
         "flags.nvidiaDevRoot",
-        "flags.mpsRoot",
         "flags.gdrcopyEnabled",
         "flags.gdsEnabled",
         "flags.mofedEnabled",
@@ -122,7 +121,6 @@ imex:
         "flags.plugin.sharedDevicesAllocationPolicy",
         "resources",
         "imex",
-        "sharing.mps",
     ];
     let mut got = p.ignored_keys.clone();
     got.sort();

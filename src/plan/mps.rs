@@ -1,0 +1,453 @@
+//! MPS resources in the plan: which GPUs (or MIG devices) get a control daemon, the limits
+//! each of their clients gets, and how daemon health folds into device health.
+//!
+//! Rules (issue 4, README "MPS"):
+//! - An MPS entry claims GPUs like a time-slicing entry; one GPU claimed by both, or by two MPS
+//!   entries, is [`PlanError::GpuClaimedTwice`] naming both entries.
+//! - Each GPU under MPS gets `replicas` devices `<uuid>::<n>` (the plain UUID for 1 replica), and
+//!   one control daemon whose defaults are one replica's share: `activeThreadPercentage` and
+//!   `pinnedDeviceMemoryLimit` (default the GPU's memory / replicas, rounded down to MiB).
+//! - `replicas × pinnedDeviceMemoryLimit` above the GPU's memory is [`PlanError::MpsMemory`]
+//!   with the numbers; replicas above the clients a daemon serves on that GPU (48, or 16 before
+//!   compute capability 7.0) is [`PlanError::MpsClientLimit`].
+//! - A daemon's devices are Healthy only while the supervisor reports it ready
+//!   ([`Plan::apply_mps_observations`]); devices of other GPUs are never touched.
+//!
+//! MIG: [`MpsTarget::mig`] describes a MIG device as an MPS target (one daemon per MIG device,
+//! its memory the slice's); the plan feeds MIG targets once MIG resources are planned.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::{
+    device_encoded_len, framed, id_len, replica_id, select, Plan, PlanError, ResourcePlan,
+    Strategy, VirtualDevice, MAX_LIST_BYTES, WHOLE_GPU_RESOURCE,
+};
+use crate::inventory::{Gpu, Inventory, MigDevice};
+use crate::policy::mps::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
+use crate::policy::{MpsEntry, Policy, ResourceName};
+
+/// The limits one MPS client gets, enforced by its GPU's control daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsLimits {
+    /// `set_default_active_thread_percentage` / `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
+    pub active_thread_percentage: u32,
+    /// `set_default_device_pinned_mem_limit 0 <MiB>M` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`.
+    #[serde(rename = "pinnedDeviceMemoryLimitMiB")]
+    pub pinned_memory_mib: u64,
+}
+
+/// One control daemon: a GPU or MIG device under MPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDaemon {
+    /// The GPU or MIG UUID: the daemon's `CUDA_VISIBLE_DEVICES` and its directory name.
+    pub uuid: String,
+    /// Index of the physical GPU.
+    pub gpu_index: u32,
+    /// UUID of the physical GPU (compute mode is set on it).
+    pub gpu_uuid: String,
+    /// The target is a MIG device.
+    pub mig: bool,
+    /// Clients (replicas) of this daemon.
+    pub replicas: u32,
+    /// Each client's limits.
+    pub limits: MpsLimits,
+    /// The policy entry, for logs (`sharing.mps.resources[0]`).
+    pub entry: String,
+}
+
+/// The MPS facts of one resource: where its daemons' directories are and their limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsResource {
+    /// `flags.mpsRoot`.
+    pub root: PathBuf,
+    /// `sharing.mps.exclusiveProcess`.
+    pub exclusive_process: bool,
+    /// Daemons by GPU/MIG UUID.
+    pub daemons: BTreeMap<String, MpsDaemon>,
+}
+
+/// Every daemon the plan wants, for the MPS supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MpsWanted {
+    /// `flags.mpsRoot`.
+    pub root: PathBuf,
+    /// `sharing.mps.exclusiveProcess`.
+    pub exclusive_process: bool,
+    /// Daemons by GPU/MIG UUID.
+    pub daemons: BTreeMap<String, MpsDaemon>,
+}
+
+/// The directories of one daemon under the MPS root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDirs {
+    /// `<root>/<uuid>`: removed when the daemon stops.
+    pub base: PathBuf,
+    /// `<root>/<uuid>/pipe`: `CUDA_MPS_PIPE_DIRECTORY` (mode 0755), mounted into clients at
+    /// `/mps/<uuid>/pipe`.
+    pub pipe: PathBuf,
+    /// `<root>/<uuid>/log`: `CUDA_MPS_LOG_DIRECTORY`.
+    pub log: PathBuf,
+    /// `<root>/<uuid>/shm`: mounted into clients at `/dev/shm`.
+    pub shm: PathBuf,
+}
+
+/// The directories of the daemon for `uuid` under `root`.
+pub fn mps_dirs(root: &Path, uuid: &str) -> MpsDirs {
+    let base = root.join(uuid);
+    MpsDirs {
+        pipe: base.join("pipe"),
+        log: base.join("log"),
+        shm: base.join("shm"),
+        base,
+    }
+}
+
+/// Where a client container sees a daemon's pipe directory.
+pub fn container_pipe_dir(uuid: &str) -> String {
+    format!("/mps/{uuid}/pipe")
+}
+
+/// What the MPS supervisor last observed of one daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MpsObserved {
+    /// Running, answering `get_server_list`, defaults set.
+    pub ready: bool,
+    /// The limits the daemon enforces now (None: unknown, e.g. a daemon run by `slicelet mps`).
+    pub applied: Option<MpsLimits>,
+}
+
+/// A GPU or MIG device that can get an MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsTarget {
+    /// GPU or MIG UUID.
+    pub uuid: String,
+    /// Index of the physical GPU.
+    pub gpu_index: u32,
+    /// UUID of the physical GPU.
+    pub gpu_uuid: String,
+    /// Minor number of the physical GPU.
+    pub minor: Option<u32>,
+    /// NUMA node of the physical GPU.
+    pub numa_node: Option<i64>,
+    /// Memory of the target (the whole GPU's, or the MIG slice's), MiB.
+    pub memory_mib: u64,
+    /// Compute capability of the physical GPU.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Healthy as discovered.
+    pub healthy: bool,
+    /// A MIG device.
+    pub mig: bool,
+}
+
+impl MpsTarget {
+    /// A whole GPU.
+    pub fn gpu(g: &Gpu) -> Self {
+        MpsTarget {
+            uuid: g.uuid.clone(),
+            gpu_index: g.index,
+            gpu_uuid: g.uuid.clone(),
+            minor: g.minor,
+            numa_node: g.numa_node,
+            memory_mib: g.memory_mib,
+            compute_capability: g.compute_capability,
+            healthy: g.healthy,
+            mig: false,
+        }
+    }
+
+    /// A MIG device of `g`: one control daemon per MIG device.
+    pub fn mig(g: &Gpu, m: &MigDevice) -> Self {
+        MpsTarget {
+            uuid: m.uuid.clone(),
+            memory_mib: m.memory_mib,
+            mig: true,
+            ..MpsTarget::gpu(g)
+        }
+    }
+
+    /// Clients one control daemon serves on this target.
+    pub fn max_clients(&self) -> u32 {
+        match self.compute_capability {
+            Some((major, _)) if major < 7 => MAX_CLIENTS_PRE_VOLTA,
+            _ => MAX_CLIENTS,
+        }
+    }
+}
+
+/// The GPUs each MPS entry claims on this node, recording claims in `claimed` (shared with
+/// time-slicing, so one GPU claimed by both is an error naming both entries).
+pub(super) fn claim<'a>(
+    policy: &'a Policy,
+    inventory: &Inventory,
+    claimed: &mut BTreeMap<u32, &'a str>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<(&'a MpsEntry, Vec<MpsTarget>)>, PlanError> {
+    let mut out = Vec::new();
+    for entry in &policy.mps.resources {
+        let shared = &entry.shared;
+        if shared.source.as_str() != WHOLE_GPU_RESOURCE {
+            warnings.push(format!(
+                "{}.name: {} is not a resource of this node (only {WHOLE_GPU_RESOURCE}); entry ignored here",
+                shared.path, shared.source
+            ));
+            continue;
+        }
+        let gpus = select(shared, inventory, warnings);
+        if gpus.is_empty() {
+            warnings.push(format!(
+                "{}: matches no GPU on this node; nothing advertised as {}",
+                shared.path, shared.advertised
+            ));
+            continue;
+        }
+        for g in &gpus {
+            if let Some(first) = claimed.insert(g.index, &shared.path) {
+                return Err(PlanError::GpuClaimedTwice {
+                    gpu: g.index,
+                    uuid: g.uuid.clone(),
+                    first: first.to_string(),
+                    second: shared.path.clone(),
+                });
+            }
+        }
+        out.push((entry, gpus.into_iter().map(MpsTarget::gpu).collect()));
+    }
+    Ok(out)
+}
+
+/// Adds one resource per MPS entry to `resources`. `whole` are the GPUs advertised whole.
+pub(super) fn insert_resources(
+    policy: &Policy,
+    claimed: Vec<(&MpsEntry, Vec<MpsTarget>)>,
+    whole: &[&Gpu],
+    resources: &mut BTreeMap<String, Arc<ResourcePlan>>,
+) -> Result<(), PlanError> {
+    for (entry, targets) in claimed {
+        let shared = &entry.shared;
+        if !whole.is_empty() && shared.advertised.as_str() == WHOLE_GPU_RESOURCE {
+            return Err(PlanError::NameCollision {
+                name: WHOLE_GPU_RESOURCE.to_string(),
+                entry: shared.path.clone(),
+                unclaimed: whole
+                    .iter()
+                    .map(|g| g.index.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            });
+        }
+        let res = mps_resource(&shared.advertised, entry, &targets, policy)?;
+        resources.insert(shared.advertised.to_string(), Arc::new(res));
+    }
+    Ok(())
+}
+
+/// The resource for one MPS entry over `targets` (GPUs or MIG devices, ordered by index).
+///
+/// # Errors
+/// [`PlanError::MpsClientLimit`], [`PlanError::MpsMemory`], [`PlanError::MessageTooLarge`].
+pub fn mps_resource(
+    name: &ResourceName,
+    entry: &MpsEntry,
+    targets: &[MpsTarget],
+    policy: &Policy,
+) -> Result<ResourcePlan, PlanError> {
+    let shared = &entry.shared;
+    let replicas = shared.replicas;
+    let mut daemons = BTreeMap::new();
+    let mut bytes: u64 = 0;
+    for t in targets {
+        if replicas > t.max_clients() {
+            return Err(PlanError::MpsClientLimit {
+                entry: shared.path.clone(),
+                replicas,
+                limit: t.max_clients(),
+                gpu: t.gpu_index,
+                uuid: t.uuid.clone(),
+            });
+        }
+        let memory = match entry.pinned_device_memory_limit_mib {
+            Some(m) => m,
+            None => t.memory_mib / u64::from(replicas),
+        };
+        if memory == 0 || u64::from(replicas) * memory > t.memory_mib {
+            return Err(PlanError::MpsMemory {
+                entry: shared.path.clone(),
+                replicas,
+                limit_mib: memory,
+                total_mib: u64::from(replicas) * memory,
+                gpu: t.gpu_index,
+                uuid: t.uuid.clone(),
+                memory_mib: t.memory_mib,
+            });
+        }
+        for n in 0..replicas {
+            bytes += framed(device_encoded_len(
+                id_len(&t.uuid, replicas, n),
+                t.healthy,
+                t.numa_node,
+            ));
+        }
+        if bytes > MAX_LIST_BYTES as u64 {
+            return Err(PlanError::MessageTooLarge {
+                resource: name.to_string(),
+                devices: targets.len() as u64 * u64::from(replicas),
+                bytes,
+                limit: MAX_LIST_BYTES,
+            });
+        }
+        daemons.insert(
+            t.uuid.clone(),
+            MpsDaemon {
+                uuid: t.uuid.clone(),
+                gpu_index: t.gpu_index,
+                gpu_uuid: t.gpu_uuid.clone(),
+                mig: t.mig,
+                replicas,
+                limits: MpsLimits {
+                    active_thread_percentage: entry.active_thread_percentage,
+                    pinned_memory_mib: memory,
+                },
+                entry: shared.path.clone(),
+            },
+        );
+    }
+    let mut devices = Vec::with_capacity(targets.len() * replicas as usize);
+    for t in targets {
+        for n in 0..replicas {
+            let (id, replica) = if replicas > 1 {
+                (replica_id(&t.uuid, n), Some(n))
+            } else {
+                (t.uuid.clone(), None)
+            };
+            devices.push(VirtualDevice {
+                id,
+                gpu_index: t.gpu_index,
+                gpu_uuid: t.gpu_uuid.clone(),
+                gpu_minor: t.minor,
+                replica,
+                healthy: t.healthy,
+                numa_node: t.numa_node,
+            });
+        }
+    }
+    Ok(ResourcePlan::new(
+        name.clone(),
+        Strategy::Mps,
+        replicas,
+        policy.mps.fail_requests_greater_than_one,
+        policy.pass_device_specs,
+        devices,
+    )
+    .with_mps(MpsResource {
+        root: policy.mps_root.clone(),
+        exclusive_process: policy.mps.exclusive_process,
+        daemons,
+    }))
+}
+
+impl ResourcePlan {
+    /// Attaches the MPS facts of an MPS resource.
+    pub fn with_mps(mut self, mps: MpsResource) -> Self {
+        self.mps = Some(mps);
+        self
+    }
+
+    /// The MPS daemon behind a device ID of this resource, for MPS resources.
+    pub fn mps_daemon(&self, id: &str) -> Option<&MpsDaemon> {
+        self.mps.as_ref()?.daemons.get(super::physical_uuid(id))
+    }
+}
+
+impl Plan {
+    /// Every control daemon this plan wants, across its MPS resources.
+    pub fn mps_wanted(&self) -> MpsWanted {
+        let mut out = MpsWanted::default();
+        for mps in self.resources.values().filter_map(|r| r.mps.as_ref()) {
+            out.root.clone_from(&mps.root);
+            out.exclusive_process = mps.exclusive_process;
+            out.daemons
+                .extend(mps.daemons.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        out
+    }
+
+    /// Folds the MPS supervisor's observations into the plan: a daemon's devices are Unhealthy
+    /// unless it is ready (a daemon not observed yet is not ready), and while a limit change is
+    /// pending the limits the daemon enforces now are the ones advertised. Devices of other
+    /// GPUs and of other strategies are untouched.
+    pub fn apply_mps_observations(&mut self, observed: &BTreeMap<String, MpsObserved>) {
+        for res in self.resources.values_mut() {
+            let Some(mps) = &res.mps else { continue };
+            let unready: Vec<&str> = mps
+                .daemons
+                .keys()
+                .filter(|u| !observed.get(*u).is_some_and(|o| o.ready))
+                .map(String::as_str)
+                .collect();
+            let stale: Vec<(String, MpsLimits)> = mps
+                .daemons
+                .iter()
+                .filter_map(|(u, d)| {
+                    let applied = observed.get(u)?.applied?;
+                    (applied != d.limits).then(|| (u.clone(), applied))
+                })
+                .collect();
+            let sick: Vec<usize> = res
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.healthy && unready.contains(&super::physical_uuid(&d.id)))
+                .map(|(i, _)| i)
+                .collect();
+            if sick.is_empty() && stale.is_empty() {
+                continue;
+            }
+            let r = Arc::make_mut(res);
+            for i in sick {
+                r.devices[i].healthy = false;
+            }
+            if let Some(mps) = r.mps.as_mut() {
+                for (u, applied) in stale {
+                    if let Some(d) = mps.daemons.get_mut(&u) {
+                        d.limits = applied;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One daemon in `slicelet plan`'s view.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemonView {
+    /// GPU or MIG UUID.
+    pub uuid: String,
+    /// Clients.
+    pub replicas: u32,
+    /// Per-client limits.
+    #[serde(flatten)]
+    pub limits: MpsLimits,
+}
+
+impl MpsResource {
+    /// The view of this resource's daemons.
+    pub fn view(&self) -> Vec<MpsDaemonView> {
+        self.daemons
+            .values()
+            .map(|d| MpsDaemonView {
+                uuid: d.uuid.clone(),
+                replicas: d.replicas,
+                limits: d.limits,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,159 @@
+//! Kubernetes resource quantities (`10Gi`, `20000Mi`, `8G`, `1.5Gi`, `1e9`), as
+//! `pinnedDeviceMemoryLimit` is written.
+//!
+//! Written here rather than taken from a crate: the Rust crates that parse quantities
+//! (`kube_quantity`, `k8s-quantity-parser`) depend on `k8s-openapi`, a large generated crate,
+//! for one small grammar. This follows Kubernetes' `resource.Quantity` grammar exactly:
+//!
+//! ```text
+//! <quantity>        ::= <signedNumber><suffix>
+//! <number>          ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
+//! <suffix>          ::= <binarySI> | <decimalExponent> | <decimalSI>
+//! <binarySI>        ::= Ki | Mi | Gi | Ti | Pi | Ei
+//! <decimalSI>       ::= m | "" | k | M | G | T | P | E
+//! <decimalExponent> ::= e <signedNumber> | E <signedNumber>
+//! ```
+//!
+//! A memory size cannot be negative, so a `-` sign is rejected. Arithmetic is exact (`u128`
+//! rationals); the byte count is rounded down.
+
+/// Parses a quantity of bytes. Returns the byte count, rounded down.
+///
+/// # Errors
+/// A sentence naming what is wrong with `text`.
+pub fn parse_bytes(text: &str) -> Result<u128, String> {
+    let bad = || {
+        format!("`{text}` is not a Kubernetes quantity (for example 10Gi, 20000Mi, 8G or 1.5Gi)")
+    };
+    let s = text.strip_prefix('+').unwrap_or(text);
+    if s.starts_with('-') {
+        return Err(format!(
+            "`{text}` is negative; a memory limit must be positive"
+        ));
+    }
+    let digits_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(digits_end);
+    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+    if int_part.is_empty() && frac_part.is_empty() || frac_part.contains('.') {
+        return Err(bad());
+    }
+    // mantissa = int_part.frac_part as an integer, scaled by 10^-frac_len.
+    let mut mantissa: u128 = 0;
+    for c in int_part.chars().chain(frac_part.chars()) {
+        mantissa = mantissa
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(u128::from(c.to_digit(10).expect("digit"))))
+            .ok_or_else(|| format!("`{text}` is too large"))?;
+    }
+    let frac_len = i32::try_from(frac_part.len()).map_err(|_| bad())?;
+    let (binary, exp10): (u32, i32) = match suffix {
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        "m" => (0, -3),
+        "" => (0, 0),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        _ => match suffix.strip_prefix(['e', 'E']) {
+            Some(exp) => {
+                let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+                if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                let e: i32 = exp.parse().map_err(|_| format!("`{text}` is too large"))?;
+                (0, e)
+            }
+            None => return Err(bad()),
+        },
+    };
+    let exp = exp10 - frac_len;
+    let pow = |e: i32| -> Result<u128, String> {
+        10u128
+            .checked_pow(e.unsigned_abs())
+            .ok_or_else(|| format!("`{text}` is too large"))
+    };
+    let numerator = mantissa
+        .checked_shl(binary)
+        .filter(|v| v >> binary == mantissa)
+        .ok_or_else(|| format!("`{text}` is too large"))?;
+    if exp >= 0 {
+        numerator
+            .checked_mul(pow(exp)?)
+            .ok_or_else(|| format!("`{text}` is too large"))
+    } else {
+        // A huge negative exponent just means "less than one byte".
+        Ok(pow(exp).map_or(0, |d| numerator / d))
+    }
+}
+
+/// Bytes in a MiB.
+pub const MIB: u128 = 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_suffixes() {
+        let gi = 1u128 << 30;
+        let cases: &[(&str, u128)] = &[
+            ("10Gi", 10 * gi),
+            ("20000Mi", 20000 * MIB),
+            ("512Ki", 512 * 1024),
+            ("1Ti", 1 << 40),
+            ("8G", 8_000_000_000),
+            ("8M", 8_000_000),
+            ("5k", 5000),
+            ("1.5Gi", 3 * gi / 2),
+            ("0.5Mi", MIB / 2),
+            (".5Mi", MIB / 2),
+            ("2.Mi", 2 * MIB),
+            ("1e9", 1_000_000_000),
+            ("1E3", 1000),
+            ("12e+2", 1200),
+            ("15e-1", 1),
+            ("1500m", 1),
+            ("+4Gi", 4 * gi),
+            ("1073741824", gi),
+            ("0", 0),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(parse_bytes(text), Ok(*bytes), "{text}");
+        }
+    }
+
+    #[test]
+    fn not_quantities() {
+        for bad in [
+            "",
+            "Gi",
+            "10GB",
+            "10gi",
+            "10 Gi",
+            "1.2.3Gi",
+            "-1Gi",
+            "ten",
+            "1e",
+            "1e+",
+            "1ee3",
+            "0x10",
+            "10Gi ",
+            "1e99999999999",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_bytes("-1Gi").unwrap_err().contains("negative"));
+        assert!(parse_bytes("99999999999999999999999999999999999999999Ei")
+            .unwrap_err()
+            .contains("too large"));
+    }
+}
