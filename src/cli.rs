@@ -44,6 +44,54 @@ pub enum Command {
     Plan(PlanArgs),
     /// Check a policy file (and, with a node, what it means there). Exit 1 when invalid.
     Validate(NodeArgs),
+    /// Run only the MPS control daemons the policy wants (a DaemonSet of its own, next to
+    /// `run --mps-external`).
+    Mps(MpsArgs),
+}
+
+/// How MPS control daemons are run.
+#[derive(Debug, Clone, Args)]
+pub struct MpsDaemonArgs {
+    /// The MPS control binary (`nvidia-cuda-mps-control`, from PATH by default).
+    #[arg(long, env = "SLICELET_MPS_CONTROL_BINARY", default_value = crate::mps::DEFAULT_CONTROL_BINARY)]
+    pub mps_control_binary: PathBuf,
+    /// Seconds between `get_server_list` health checks of each MPS control daemon.
+    #[arg(long, env = "SLICELET_MPS_CHECK_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub mps_check_seconds: u64,
+}
+
+impl MpsDaemonArgs {
+    fn config(&self) -> crate::mps::Config {
+        crate::mps::Config {
+            control_binary: self.mps_control_binary.clone(),
+            check_interval: Duration::from_secs(self.mps_check_seconds),
+            ..crate::mps::Config::default()
+        }
+    }
+}
+
+/// `slicelet mps`.
+#[derive(Debug, Clone, Args)]
+pub struct MpsArgs {
+    /// Policy and GPU source.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Control daemon settings.
+    #[command(flatten)]
+    pub daemons: MpsDaemonArgs,
+    /// Seconds between policy re-reads without a file event (safety net).
+    #[arg(long, env = "SLICELET_POLICY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub policy_resync_seconds: u64,
+}
+
+impl MpsArgs {
+    /// The supervisor's settings.
+    pub fn settings(&self) -> Settings {
+        let mut s = self.node.settings();
+        s.mps = self.daemons.config();
+        s.policy_resync_interval = Duration::from_secs(self.policy_resync_seconds);
+        s
+    }
 }
 
 /// Where the policy and the GPUs come from.
@@ -96,6 +144,13 @@ pub struct RunArgs {
     /// Xids that are always critical (comma list), or `all` (NVIDIA's variable).
     #[arg(long, env = "DP_ENABLE_HEALTHCHECKS", hide = true)]
     pub enable_healthchecks: Option<String>,
+    /// MPS control daemon settings.
+    #[command(flatten)]
+    pub mps: MpsDaemonArgs,
+    /// MPS control daemons are run by `slicelet mps` (another DaemonSet): only check their
+    /// health, never start, configure or stop them.
+    #[arg(long, env = "SLICELET_MPS_EXTERNAL")]
+    pub mps_external: bool,
 }
 
 /// A parsed `--status-address` (None = disabled).
@@ -149,6 +204,10 @@ impl RunArgs {
         s.status_address = self.status_address.0;
         s.disable_healthchecks = self.disable_healthchecks.clone();
         s.enable_healthchecks = self.enable_healthchecks.clone();
+        s.mps = crate::mps::Config {
+            external: self.mps_external,
+            ..self.mps.config()
+        };
         s
     }
 }

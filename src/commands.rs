@@ -24,6 +24,13 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
     let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
     let entries = policy.time_slicing.resources.len();
+    let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
+    if !policy.mps.resources.is_empty() {
+        sections.push_str(&format!(
+            ", {}",
+            plural(policy.mps.resources.len(), "MPS entry", "MPS entries")
+        ));
+    }
     let mut out = String::new();
     let node = daemon::discover(settings);
     // A node file the user named must be usable; only a missing NVML is "no node here".
@@ -43,7 +50,7 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
             let _ = writeln!(
                 out,
                 "valid: {path} ({}, migStrategy {}); on {source} ({}): {}",
-                plural(entries, "time-slicing entry", "time-slicing entries"),
+                sections,
                 policy.mig_strategy.as_str(),
                 plural(inv.gpus.len(), "GPU", "GPUs"),
                 if resources.is_empty() {
@@ -60,7 +67,7 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
             let _ = writeln!(
                 out,
                 "valid: {path} ({}, migStrategy {}); node checks skipped: {e}",
-                plural(entries, "time-slicing entry", "time-slicing entries"),
+                sections,
                 policy.mig_strategy.as_str()
             );
         }
@@ -115,6 +122,13 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             r.replicas,
             r.devices.len()
         );
+        for d in r.mps.iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  MPS daemon {}: {} clients, each {} % of the threads and {} MiB pinned memory",
+                d.uuid, d.replicas, d.limits.active_thread_percentage, d.limits.pinned_memory_mib
+            );
+        }
         if !r.devices.is_empty() {
             let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
         }

@@ -12,6 +12,9 @@
 //!   an error and staying up advertising nothing while retrying NVML periodically.
 //! - A critical Xid marks the device Unhealthy in every resource built on it; it recovers after
 //!   the quiet period if NVML still answers for it.
+//! - MPS: the supervisor runs (or, with `--mps-external`, only checks) one control daemon per
+//!   GPU under MPS ([`crate::mps`]); a GPU's MPS devices are Healthy only while its daemon is
+//!   ready, folded into every plan the way Xid health is folded into the inventory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +32,8 @@ use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
 use crate::inventory::{GpuSource, Inventory, InventoryError, XidEvent};
-use crate::plan::{self, Plan};
+use crate::mps;
+use crate::plan::{self, MpsObserved, Plan};
 use crate::plugin::{self, StreamLost};
 use crate::policy::{self, Policy};
 pub use crate::status::Status;
@@ -40,6 +44,8 @@ use crate::watch::{self as fswatch, Event, WatchError};
 pub const POLICY_DEBOUNCE: Duration = Duration::from_millis(100);
 /// How long shutdown waits for servers to stop before aborting them.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(4);
+/// How long shutdown waits for MPS control daemons to quit before killing them.
+pub const MPS_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
 /// How long a restart waits for the previous server of a resource before aborting it.
 const RESTART_DEADLINE: Duration = Duration::from_millis(200);
 
@@ -70,6 +76,8 @@ pub struct Settings {
     pub disable_healthchecks: Option<String>,
     /// `DP_ENABLE_HEALTHCHECKS`, as NVIDIA's plugin reads it.
     pub enable_healthchecks: Option<String>,
+    /// MPS control daemons: the binary, in-process or external, check interval, backoff.
+    pub mps: mps::Config,
 }
 
 impl Settings {
@@ -88,6 +96,7 @@ impl Settings {
             status_address: None,
             disable_healthchecks: None,
             enable_healthchecks: None,
+            mps: mps::Config::default(),
         }
     }
 }
@@ -154,9 +163,15 @@ struct Supervisor {
     xid_policy: XidPolicy,
     epoch: u64,
     lost_tx: mpsc::UnboundedSender<StreamLost>,
+    /// The MPS daemons' supervisor (None once shut down).
+    mps: Option<mps::Supervisor>,
+    /// What it last reported per GPU/MIG UUID.
+    mps_observed: BTreeMap<String, MpsObserved>,
+    /// GPUs set to EXCLUSIVE_PROCESS for MPS, to restore.
+    compute: mps::ComputeModes,
 }
 
-fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
+pub(crate) fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
     match &settings.simulate {
         Some(path) => Ok(Box::new(SimulatedSource::new(path))),
         None => Ok(Box::new(NvmlSource::new(
@@ -233,6 +248,8 @@ pub async fn run_with_status(
         None => None,
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+    let (mps_tx, mut mps_rx) = mpsc::unbounded_channel();
+    let mps = mps::Supervisor::spawn(settings.mps.clone(), mps_tx);
     let (plans, _) = watch::channel(Arc::new(Plan::default()));
     let mut sup = Supervisor {
         source: None,
@@ -250,6 +267,9 @@ pub async fn run_with_status(
         xid_policy: xid_env,
         epoch: 0,
         lost_tx,
+        mps: Some(mps),
+        mps_observed: BTreeMap::new(),
+        compute: mps::ComputeModes::default(),
         settings,
     };
     // The policy decides failOnInitError, so read it first (an invalid one means the default).
@@ -297,6 +317,14 @@ pub async fn run_with_status(
                 }
             }
             Some(lost) = lost_rx.recv() => sup.stream_lost(lost).await,
+            Some(ev) = mps_rx.recv() => {
+                let mut next = Some(ev);
+                while let Some(ev) = next {
+                    sup.note_mps(ev);
+                    next = mps_rx.try_recv().ok();
+                }
+                sup.replan();
+            }
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
                 sup.reload_policy(false);
@@ -318,7 +346,16 @@ pub async fn run_with_status(
             _ = nvml_retry.tick(), if sup.source.is_none() => sup.retry_inventory(),
         }
     }
-    sup.stop_all(SHUTDOWN_DEADLINE).await;
+    // Stop serving and stop the MPS daemons together (each has its own deadline).
+    let mps = sup.mps.take();
+    tokio::join!(sup.stop_all(SHUTDOWN_DEADLINE), async {
+        if let Some(m) = mps {
+            m.shutdown(MPS_SHUTDOWN_DEADLINE).await;
+        }
+    });
+    if let Some(source) = sup.source.as_mut() {
+        sup.compute.restore_all(source.as_mut());
+    }
     if let Some(h) = status_server {
         let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
     }
@@ -448,6 +485,48 @@ impl Supervisor {
         inv
     }
 
+    /// Tells the MPS supervisor which daemons the plan wants (and, with `exclusiveProcess`,
+    /// sets the compute mode of their GPUs first). With `--mps-external` the daemons belong to
+    /// `slicelet mps`, which also owns the compute mode.
+    fn want_mps(&mut self, plan: &Plan) {
+        let wanted = plan.mps_wanted();
+        if !self.settings.mps.external {
+            if let Some(source) = self.source.as_mut() {
+                self.compute.sync(source.as_mut(), &wanted.exclusive_gpus());
+            }
+        }
+        if let Some(m) = &self.mps {
+            m.want(wanted);
+        }
+    }
+
+    /// Records what the MPS supervisor reported about one daemon.
+    fn note_mps(&mut self, ev: mps::Event) {
+        if ev.removed {
+            self.mps_observed.remove(&ev.uuid);
+        } else {
+            self.mps_observed.insert(
+                ev.uuid.clone(),
+                MpsObserved {
+                    ready: ev.ready,
+                    applied: ev.applied,
+                },
+            );
+        }
+        self.status.send_modify(|s| {
+            if ev.ready && !ev.removed {
+                s.mps_ready.insert(ev.uuid.clone());
+            } else {
+                s.mps_ready.remove(&ev.uuid);
+            }
+            if ev.pending.is_some() && !ev.removed {
+                s.mps_pending.insert(ev.uuid.clone());
+            } else {
+                s.mps_pending.remove(&ev.uuid);
+            }
+        });
+    }
+
     /// Re-reads the policy; applies it when valid and changed (or `force`).
     fn reload_policy(&mut self, force: bool) {
         let path = self.settings.config.clone();
@@ -543,6 +622,8 @@ impl Supervisor {
     /// Publishes `plan` and starts/stops servers for resources that appeared/disappeared.
     /// Unchanged resources keep their `Arc`, so their streams see no change.
     fn apply(&mut self, mut plan: Plan) {
+        self.want_mps(&plan);
+        plan.apply_mps_observations(&self.mps_observed);
         let old = Arc::clone(&self.plans.borrow());
         plan.reuse_unchanged(&old);
         for (name, res) in &plan.resources {

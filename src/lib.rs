@@ -22,6 +22,7 @@ pub mod emulator;
 pub mod health;
 pub mod inventory;
 pub mod kubelet;
+pub mod mps;
 pub mod plan;
 pub mod plugin;
 pub mod policy;

@@ -53,6 +53,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 result.context("slicelet run")
             })
         }
+        Command::Mps(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            runtime.block_on(async {
+                let token = CancellationToken::new();
+                let signals = cancel_on_signal(token.clone())?;
+                let result = slicelet::mps::standalone::run(args.settings(), token).await;
+                signals.abort();
+                result.context("slicelet mps")
+            })
+        }
         Command::Plan(args) => {
             let out =
                 slicelet::commands::plan(&args.node.settings(), args.output == OutputFormat::Json)?;
@@ -86,7 +100,7 @@ fn describe(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let daemon = matches!(cli.command, Command::Run(_));
+    let daemon = matches!(cli.command, Command::Run(_) | Command::Mps(_));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if daemon => {

@@ -41,6 +41,10 @@ pub struct Status {
     pub address: Option<SocketAddr>,
     /// Xid events processed since start (critical or not).
     pub xid_events: u64,
+    /// GPUs (or MIG devices) whose MPS control daemon is ready.
+    pub mps_ready: BTreeSet<String>,
+    /// GPUs with an MPS limit change pending until their clients are gone.
+    pub mps_pending: BTreeSet<String>,
 }
 
 impl Status {

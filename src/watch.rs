@@ -82,6 +82,38 @@ pub fn start(
     node_file: Option<&Path>,
     tx: UnboundedSender<Event>,
 ) -> Result<Watches, WatchError> {
+    let mut watches = start_policy(policy_file, node_file, tx.clone())?;
+    watches
+        ._watchers
+        .push(watch_dir(device_plugin_dir, move |ev| {
+            for path in &ev.paths {
+                let Some(name) = path.file_name() else {
+                    continue;
+                };
+                match ev.kind {
+                    EventKind::Create(_) if name == KUBELET_SOCKET => {
+                        let _ = tx.send(Event::KubeletSocketCreated);
+                    }
+                    EventKind::Remove(_) if name.to_string_lossy().starts_with("slicelet-") => {
+                        let _ = tx.send(Event::PluginSocketRemoved(name.to_os_string()));
+                    }
+                    _ => {}
+                }
+            }
+        })?);
+    Ok(watches)
+}
+
+/// Watches the policy file's parent directory and, for a simulated node, the node file's
+/// directory (`slicelet mps`, which has no kubelet).
+///
+/// # Errors
+/// [`WatchError`] when a directory cannot be watched.
+pub fn start_policy(
+    policy_file: &Path,
+    node_file: Option<&Path>,
+    tx: UnboundedSender<Event>,
+) -> Result<Watches, WatchError> {
     let mut watchers = Vec::new();
     let ptx = tx.clone();
     watchers.push(watch_dir(&parent(policy_file), move |ev| {
@@ -97,22 +129,6 @@ pub fn start(
             }
         })?);
     }
-    watchers.push(watch_dir(device_plugin_dir, move |ev| {
-        for path in &ev.paths {
-            let Some(name) = path.file_name() else {
-                continue;
-            };
-            match ev.kind {
-                EventKind::Create(_) if name == KUBELET_SOCKET => {
-                    let _ = tx.send(Event::KubeletSocketCreated);
-                }
-                EventKind::Remove(_) if name.to_string_lossy().starts_with("slicelet-") => {
-                    let _ = tx.send(Event::PluginSocketRemoved(name.to_os_string()));
-                }
-                _ => {}
-            }
-        }
-    })?);
     Ok(Watches {
         _watchers: watchers,
     })

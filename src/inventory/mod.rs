@@ -91,6 +91,16 @@ pub enum InventoryError {
         /// NVML's error.
         reason: String,
     },
+    /// An NVML query or setting for the device with this UUID failed.
+    #[error("NVML {query} for {uuid}: {reason}")]
+    NvmlDevice {
+        /// The call, e.g. `nvmlDeviceSetComputeMode`.
+        query: &'static str,
+        /// The GPU UUID.
+        uuid: String,
+        /// NVML's error.
+        reason: String,
+    },
     /// NVML could not count the GPUs.
     #[error("NVML device count: {0}")]
     NvmlCount(String),
@@ -115,6 +125,19 @@ pub enum InventoryError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// A GPU's compute mode (NVML's `nvmlComputeMode_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    /// Any number of processes may use the GPU.
+    Default,
+    /// Deprecated by NVIDIA; reported only.
+    ExclusiveThread,
+    /// No process may create a context.
+    Prohibited,
+    /// One process at a time holds a context (with MPS: the MPS server).
+    ExclusiveProcess,
 }
 
 /// An Xid (GPU error) reported for a device.
@@ -143,6 +166,20 @@ pub trait GpuSource: Send {
     /// Xid events found since the last call (a simulated node's `xid:` entries).
     fn take_events(&mut self) -> Vec<XidEvent> {
         Vec::new()
+    }
+
+    /// Sets the compute mode of the GPU `uuid` and returns the mode it had, or `None` when the
+    /// source has no compute modes (the default: a simulated node). Used for MPS with
+    /// `sharing.mps.exclusiveProcess`.
+    ///
+    /// # Errors
+    /// [`InventoryError`] naming the query that failed.
+    fn set_compute_mode(
+        &mut self,
+        _uuid: &str,
+        _mode: ComputeMode,
+    ) -> Result<Option<ComputeMode>, InventoryError> {
+        Ok(None)
     }
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use super::{Gpu, GpuSource, Inventory, InventoryError};
+use super::{ComputeMode, Gpu, GpuSource, Inventory, InventoryError};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -124,6 +124,40 @@ impl GpuSource for NvmlSource {
             .device_by_uuid(uuid)
             .and_then(|d| d.memory_info())
             .is_ok()
+    }
+
+    fn set_compute_mode(
+        &mut self,
+        uuid: &str,
+        mode: ComputeMode,
+    ) -> Result<Option<ComputeMode>, InventoryError> {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+        let err = |query: &'static str, e: NvmlError| InventoryError::NvmlDevice {
+            query,
+            uuid: uuid.to_string(),
+            reason: e.to_string(),
+        };
+        let mut dev = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(|e| err("nvmlDeviceGetHandleByUUID", e))?;
+        let previous = dev
+            .compute_mode()
+            .map_err(|e| err("nvmlDeviceGetComputeMode", e))?;
+        let target = match mode {
+            ComputeMode::Default => Nvml::Default,
+            ComputeMode::ExclusiveThread => Nvml::ExclusiveThread,
+            ComputeMode::Prohibited => Nvml::Prohibited,
+            ComputeMode::ExclusiveProcess => Nvml::ExclusiveProcess,
+        };
+        dev.set_compute_mode(target)
+            .map_err(|e| err("nvmlDeviceSetComputeMode", e))?;
+        Ok(Some(match previous {
+            Nvml::Default => ComputeMode::Default,
+            Nvml::ExclusiveThread => ComputeMode::ExclusiveThread,
+            Nvml::Prohibited => ComputeMode::Prohibited,
+            Nvml::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+        }))
     }
 
     fn describe(&self) -> String {

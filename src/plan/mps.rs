@@ -82,6 +82,22 @@ pub struct MpsWanted {
     pub daemons: BTreeMap<String, MpsDaemon>,
 }
 
+impl MpsWanted {
+    /// The physical GPUs to set to EXCLUSIVE_PROCESS (`sharing.mps.exclusiveProcess`): those
+    /// under MPS as whole GPUs (compute mode belongs to the whole GPU, so MIG devices are left
+    /// alone).
+    pub fn exclusive_gpus(&self) -> std::collections::BTreeSet<String> {
+        if !self.exclusive_process {
+            return Default::default();
+        }
+        self.daemons
+            .values()
+            .filter(|d| !d.mig)
+            .map(|d| d.gpu_uuid.clone())
+            .collect()
+    }
+}
+
 /// The directories of one daemon under the MPS root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsDirs {
@@ -438,8 +454,10 @@ pub struct MpsDaemonView {
 impl MpsResource {
     /// The view of this resource's daemons.
     pub fn view(&self) -> Vec<MpsDaemonView> {
-        self.daemons
-            .values()
+        let mut daemons: Vec<&MpsDaemon> = self.daemons.values().collect();
+        daemons.sort_by(|a, b| (a.gpu_index, &a.uuid).cmp(&(b.gpu_index, &b.uuid)));
+        daemons
+            .into_iter()
             .map(|d| MpsDaemonView {
                 uuid: d.uuid.clone(),
                 replicas: d.replicas,
