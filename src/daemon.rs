@@ -167,6 +167,8 @@ struct Supervisor {
     mps: Option<mps::Supervisor>,
     /// What it last reported per GPU/MIG UUID.
     mps_observed: BTreeMap<String, MpsObserved>,
+    /// Daemons with a limit change pending.
+    mps_pending: std::collections::BTreeSet<String>,
     /// GPUs set to EXCLUSIVE_PROCESS for MPS, to restore.
     compute: mps::ComputeModes,
 }
@@ -269,6 +271,7 @@ pub async fn run_with_status(
         lost_tx,
         mps: Some(mps),
         mps_observed: BTreeMap::new(),
+        mps_pending: Default::default(),
         compute: mps::ComputeModes::default(),
         settings,
     };
@@ -324,6 +327,7 @@ pub async fn run_with_status(
                     next = mps_rx.try_recv().ok();
                 }
                 sup.replan();
+                sup.publish_mps_status();
             }
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
@@ -513,17 +517,32 @@ impl Supervisor {
                 },
             );
         }
+        if ev.pending.is_some() && !ev.removed {
+            self.mps_pending.insert(ev.uuid);
+        } else {
+            self.mps_pending.remove(&ev.uuid);
+        }
+    }
+
+    /// Publishes the MPS daemons' state in [`Status`] (after the plan that reflects it).
+    fn publish_mps_status(&self) {
+        let ready = self
+            .mps_observed
+            .iter()
+            .filter(|(_, o)| o.ready)
+            .map(|(u, _)| u.clone())
+            .collect();
+        let pending = self.mps_pending.clone();
+        let applied = self
+            .mps_observed
+            .iter()
+            .filter(|(_, o)| o.ready)
+            .filter_map(|(u, o)| Some((u.clone(), o.applied?)))
+            .collect();
         self.status.send_modify(|s| {
-            if ev.ready && !ev.removed {
-                s.mps_ready.insert(ev.uuid.clone());
-            } else {
-                s.mps_ready.remove(&ev.uuid);
-            }
-            if ev.pending.is_some() && !ev.removed {
-                s.mps_pending.insert(ev.uuid.clone());
-            } else {
-                s.mps_pending.remove(&ev.uuid);
-            }
+            s.mps_ready = ready;
+            s.mps_pending = pending;
+            s.mps_applied = applied;
         });
     }
 

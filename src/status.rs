@@ -45,6 +45,8 @@ pub struct Status {
     pub mps_ready: BTreeSet<String>,
     /// GPUs with an MPS limit change pending until their clients are gone.
     pub mps_pending: BTreeSet<String>,
+    /// The limits each ready MPS control daemon enforces (when known).
+    pub mps_applied: std::collections::BTreeMap<String, crate::plan::MpsLimits>,
 }
 
 impl Status {

@@ -325,3 +325,136 @@ async fn missing_nvml_library_is_a_clear_error() {
     let err = text(&out.stderr);
     assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
 }
+
+/// Reads the child's log until `needle` appeared `n` times; returns what it read.
+async fn wait_for_log_count(child: &mut Child, needle: &str, n: usize) -> String {
+    use tokio::io::AsyncReadExt;
+    let stderr = child.stderr.as_mut().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while seen.matches(needle).count() < n {
+            let k = stderr.read(&mut buf).await.unwrap();
+            assert!(k > 0, "exited before logging {needle:?} {n} times: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..k]));
+        }
+    };
+    tokio::time::timeout(WAIT, read)
+        .await
+        .unwrap_or_else(|_| panic!("{needle:?} not logged {n} times"));
+    seen
+}
+
+/// Every daemon the journal saw start got `quit` and exited; none runs; directories removed.
+fn assert_daemons_quit(root: &Path, gpus: &[String]) {
+    let journal = fake_mps_control::read_journal(root);
+    let pids: std::collections::BTreeSet<u32> = journal.iter().map(|l| l.pid).collect();
+    assert!(!pids.is_empty());
+    for pid in pids {
+        let events: Vec<&str> = journal
+            .iter()
+            .filter(|l| l.pid == pid)
+            .map(|l| l.event.as_str())
+            .collect();
+        assert!(
+            events.contains(&"quit") && events.last() == Some(&"exit"),
+            "daemon {pid}: {events:?}"
+        );
+    }
+    for g in gpus {
+        assert!(!slicelet::plan::mps_dirs(root, g).base.exists(), "{g}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_supervises_mps_daemons_and_quits_them_on_sigterm() {
+    let node = Node::new("");
+    let root = crate::mps::mps_root(&node);
+    node.write_policy(&crate::mps::mps_policy(&root, 4));
+    let sim = crate::mps::h100s(&node, 2);
+    let gpus = uuids(&sim);
+    let fake = fake_mps_control::binary();
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let child = spawn_run(
+        &node,
+        &[
+            "--simulate",
+            sim.to_str().unwrap(),
+            "--mps-control-binary",
+            fake.to_str().unwrap(),
+        ],
+        &[],
+    );
+    emu.wait_for(WAIT, |s| s.healthy_count("nvidia.com/gpu-mps") == Some(8))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_daemons_quit(&root, &gpus);
+}
+
+/// The split deployment: `slicelet mps` runs the daemons, `slicelet run --mps-external` only
+/// checks them; stopping `run` leaves them running, stopping `mps` quits them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mps_subcommand_with_run_mps_external() {
+    let node = Node::new("");
+    let root = crate::mps::mps_root(&node);
+    node.write_policy(&crate::mps::mps_policy(&root, 4));
+    let sim = crate::mps::h100s(&node, 2);
+    let gpus = uuids(&sim);
+    let fake = fake_mps_control::binary();
+    let mut mps = slicelet()
+        .args([
+            "mps",
+            "--config",
+            node.policy().to_str().unwrap(),
+            "--simulate",
+            sim.to_str().unwrap(),
+            "--mps-control-binary",
+            fake.to_str().unwrap(),
+        ])
+        .env("SLICELET_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for_log_count(&mut mps, "MPS control daemon ready", 2).await;
+    for g in &gpus {
+        let cmds = fake_mps_control::commands(&slicelet::plan::mps_dirs(&root, g).log);
+        assert!(
+            cmds.contains(&"set_default_active_thread_percentage 25".to_string()),
+            "{g}: {cmds:?}"
+        );
+    }
+
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let run = spawn_run(
+        &node,
+        &[
+            "--simulate",
+            sim.to_str().unwrap(),
+            "--mps-control-binary",
+            fake.to_str().unwrap(),
+            "--mps-external",
+            "--mps-check-seconds",
+            "1",
+        ],
+        &[],
+    );
+    emu.wait_for(WAIT, |s| s.healthy_count("nvidia.com/gpu-mps") == Some(8))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (code, log) = sigterm_and_wait(run).await;
+    assert_eq!(code, Some(0), "{log}");
+    let journal = fake_mps_control::read_journal(&root);
+    assert!(
+        journal.iter().all(|l| l.event != "quit"),
+        "run --mps-external must not stop the daemons: {journal:?}"
+    );
+    assert_eq!(journal.iter().filter(|l| l.event == "start").count(), 2);
+
+    let (code, log) = sigterm_and_wait(mps).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_daemons_quit(&root, &gpus);
+}

@@ -7,3 +7,4 @@ mod daemon;
 mod fixtures;
 mod live;
 mod manifests;
+pub mod mps;
