@@ -8,3 +8,4 @@ mod fixtures;
 mod live;
 mod manifests;
 pub mod mps;
+mod mps_gpu;
