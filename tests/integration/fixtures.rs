@@ -60,8 +60,20 @@ fn shared_policies_are_judged_as_their_headers_say() {
                 let p = result.unwrap_or_else(|e| panic!("{name}: {e}"));
                 let built = plan::build(&p, &node).unwrap_or_else(|e| panic!("{name}: {e}"));
                 assert!(!built.plan.resources.is_empty(), "{name}");
-                // MIG slices (issue 3) and MPS (issue 4) are pending: those files are accepted
-                // and, on a node without MIG, advertise whole GPUs.
+                // MIG slices (issue 3) are pending: those files are accepted and, on a node
+                // without MIG, advertise whole GPUs. MPS files plan MPS resources.
+                if p.mps.resources.is_empty() {
+                    assert!(built.plan.mps_wanted().daemons.is_empty(), "{name}");
+                } else {
+                    assert!(
+                        built
+                            .plan
+                            .resources
+                            .values()
+                            .any(|r| r.strategy == plan::Strategy::Mps),
+                        "{name}"
+                    );
+                }
             }
             other => panic!("{name}: header has no accept/reject verdict ({other})"),
         }

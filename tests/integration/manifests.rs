@@ -103,3 +103,58 @@ fn simulated_overlay_node_is_a_shipped_node() {
         8
     );
 }
+
+#[test]
+fn mps_overlay_splits_the_daemons_into_their_own_daemonset() {
+    let dir = repo().join("manifests/overlays/mps");
+    let k = yaml(&dir.join("kustomization.yaml"));
+    let patches = k["patches"].as_array().unwrap();
+    let plugin_patch = patches
+        .iter()
+        .find(|p| p["target"]["kind"] == "DaemonSet" && p["target"]["name"] == "slicelet")
+        .unwrap();
+    assert!(plugin_patch["patch"]
+        .as_str()
+        .unwrap()
+        .contains("--mps-external"));
+    let policy_text = patches
+        .iter()
+        .find(|p| p["target"]["kind"] == "ConfigMap")
+        .map(|p| {
+            let ops: serde_json::Value =
+                yaml_serde::from_str(p["patch"].as_str().unwrap()).unwrap();
+            ops[0]["value"].as_str().unwrap().to_string()
+        })
+        .unwrap();
+    let p = policy::parse(&policy_text).unwrap();
+    let built = plan::build(&p, &h100()).unwrap();
+    assert_eq!(built.plan.resources["nvidia.com/gpu-mps"].devices.len(), 32);
+
+    let ds = yaml(&dir.join("mps-daemonset.yaml"));
+    let spec = &ds["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args, ["mps", "--config", "/etc/slicelet/config.yaml"]);
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert!(mounts
+        .iter()
+        .any(|m| m["mountPath"] == p.mps_root.to_str().unwrap()));
+    assert!(mounts
+        .iter()
+        .any(|m| m["mountPath"] == "/etc/slicelet" && m.get("subPath").is_none()));
+    assert_eq!(spec["hostPID"], true);
+    // The base DaemonSet mounts the same MPS root (the pipe directories Allocate mounts).
+    let base = yaml(&repo().join("manifests/base/daemonset.yaml"));
+    assert!(
+        base["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == p.mps_root.to_str().unwrap())
+    );
+}
