@@ -154,9 +154,9 @@ pub fn allocate(
 /// - IDs this resource does not know are skipped: another device being absent or unhealthy
 ///   never fails the pod (any error here is an UnexpectedAdmissionError at the kubelet).
 /// - Then, one at a time: a GPU this container has the fewest devices of (distinct GPUs first),
-///   then one on the NUMA node of the devices chosen so far, then the least-loaded GPU (load =
-///   devices of that GPU not in `available`, i.e. in use), then the lowest GPU index, then the
-///   lowest replica.
+///   then the least-loaded GPU (load = devices of that GPU not in `available`, i.e. in use),
+///   then one on the NUMA node of the devices chosen so far, then the lowest GPU index, then
+///   the lowest replica.
 ///
 /// The answer is ordered as the resource lists its devices.
 pub fn preferred(
@@ -217,7 +217,7 @@ pub fn preferred(
                     Some(h) => numa_of(list[0]) != Some(h),
                     None => false,
                 };
-                (picked.get(g).copied().unwrap_or(0), numa_far, load[g], **g)
+                (picked.get(g).copied().unwrap_or(0), load[g], numa_far, **g)
             })
             .map(|(g, _)| *g);
         let Some(g) = best else { break };

@@ -235,3 +235,15 @@ fn preferred_for_whole_gpus_stays_on_one_numa_node() {
     let got = preferred(r, &avail, &[uuid(5)], 3);
     assert_eq!(gpus_of(r, &got), [4, 5, 6]);
 }
+
+#[test]
+fn preferred_ranks_load_before_numa() {
+    // GPU 0 (NUMA 0) has 2 replicas in use; GPU 4 (NUMA 1) is idle; the container already has
+    // a replica of GPU 1 (NUMA 0). The idle GPU wins over the nearer, busier one.
+    let r = shared(4, 8);
+    let mut avail = vec![format!("{}::0", uuid(1))];
+    avail.extend((2..4).map(|n| format!("{}::{n}", uuid(0))));
+    avail.extend((0..4).map(|n| format!("{}::{n}", uuid(4))));
+    let got = preferred(&r, &avail, &[format!("{}::0", uuid(1))], 2);
+    assert_eq!(got, [format!("{}::0", uuid(1)), format!("{}::0", uuid(4))]);
+}
