@@ -58,6 +58,9 @@ pub struct Settings {
     pub sysfs_root: PathBuf,
     /// The host root holding `/dev`, for device specs, default `/`.
     pub dev_root: String,
+    /// The host root holding `/proc` (MIG nvidia-caps minors in
+    /// `proc/driver/nvidia-caps/mig-minors`), default `/`.
+    pub proc_root: PathBuf,
     /// How often to retry NVML when it failed at start with `failOnInitError: false`.
     pub nvml_retry_interval: Duration,
     /// How often to re-read the policy even without a file event (safety net).
@@ -82,6 +85,7 @@ impl Settings {
             nvml_library: None,
             sysfs_root: PathBuf::from("/sys"),
             dev_root: "/".to_string(),
+            proc_root: PathBuf::from("/"),
             nvml_retry_interval: Duration::from_secs(30),
             policy_resync_interval: Duration::from_secs(60),
             inventory_resync_interval: Duration::from_secs(60),
@@ -158,11 +162,13 @@ struct Supervisor {
 
 fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
     match &settings.simulate {
-        Some(path) => Ok(Box::new(SimulatedSource::new(path))),
-        None => Ok(Box::new(NvmlSource::new(
-            settings.nvml_library.as_deref(),
-            Some(&settings.sysfs_root),
-        )?)),
+        Some(path) => Ok(Box::new(
+            SimulatedSource::new(path).with_proc_root(&settings.proc_root),
+        )),
+        None => Ok(Box::new(
+            NvmlSource::new(settings.nvml_library.as_deref(), Some(&settings.sysfs_root))?
+                .with_proc_root(&settings.proc_root),
+        )),
     }
 }
 

@@ -3,14 +3,28 @@
 //! NVML is loaded with `dlopen` (`libnvidia-ml.so.1` by default, or `--nvml-library PATH` for
 //! custom driver roots and the fake library used in tests). The NUMA node comes from sysfs
 //! (`<sysfs>/bus/pci/devices/<bus id>/numa_node`), best effort.
+//!
+//! # MIG
+//!
+//! For each GPU, `nvmlDeviceGetMigMode` (current mode): `NotSupported` is a GPU without MIG.
+//! On a MIG-enabled GPU, `nvmlDeviceGetMaxMigDeviceCount` is a capacity (7 on an A100/H100),
+//! not a count: every slot below it is asked with `nvmlDeviceGetMigDeviceHandleByIndex`, and a
+//! slot answering `NotFound` is empty and skipped. For each MIG device: UUID, name, attributes
+//! (`nvmlDeviceGetAttributes_v2`: slice counts, memory), and the GPU-instance and
+//! compute-instance ids through the raw `nvmlDeviceGetGpuInstanceId` /
+//! `nvmlDeviceGetComputeInstanceId` (nvml-wrapper has no wrapper for them). The profile is the
+//! word after ` MIG ` in the device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`), or, when the
+//! name lacks it, rebuilt from the attributes (see [`super::mig`]).
 
 use std::ffi::OsStr;
+use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::{Device, Nvml};
 
-use super::{Gpu, GpuSource, Inventory, InventoryError};
+use super::mig::{self, Profile};
+use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -24,6 +38,7 @@ pub struct NvmlSource {
     /// GPUs of the last successful discovery, by index: a GPU that stops answering is reported
     /// from here as Unhealthy (fail closed) instead of failing the whole node.
     last: std::collections::BTreeMap<u32, Gpu>,
+    proc_root: PathBuf,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -56,9 +71,130 @@ impl NvmlSource {
             library,
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
             last: Default::default(),
+            proc_root: PathBuf::from("/"),
         })
     }
+    /// Reads the nvidia-caps MIG minors under `root` instead of `/`
+    /// (`<root>/proc/driver/nvidia-caps/mig-minors`; see [`mig::resolve_caps`]).
+    pub fn with_proc_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.proc_root = root.into();
+        self
+    }
+
+    /// Every MIG device of the MIG-enabled GPU `index`, skipping empty slots.
+    fn mig_devices(
+        &self,
+        dev: &Device<'_>,
+        index: u32,
+        parent_mib: u64,
+    ) -> Result<Vec<MigDevice>, InventoryError> {
+        let capacity = query(
+            index,
+            "nvmlDeviceGetMaxMigDeviceCount",
+            dev.mig_device_count(),
+        )?;
+        let mut out = Vec::new();
+        for slot in 0..capacity {
+            let q = |query: &'static str, e: NvmlError| InventoryError::NvmlMigQuery {
+                query,
+                gpu: index,
+                slot,
+                reason: e.to_string(),
+            };
+            let m = match dev.mig_device_by_index(slot) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound) => continue,
+                Err(e) => return Err(q("nvmlDeviceGetMigDeviceHandleByIndex", e)),
+            };
+            let uuid = m.uuid().map_err(|e| q("nvmlDeviceGetUUID", e))?;
+            let name = m.name().map_err(|e| q("nvmlDeviceGetName", e))?;
+            let gi_id = self
+                .instance_id(&m, InstanceId::Gpu)
+                .map_err(|e| q("nvmlDeviceGetGpuInstanceId", e))?;
+            let ci_id = self
+                .instance_id(&m, InstanceId::Compute)
+                .map_err(|e| q("nvmlDeviceGetComputeInstanceId", e))?;
+            let attrs = m.attributes().ok();
+            let memory_mib = match &attrs {
+                Some(a) if a.memory_size_mb > 0 => a.memory_size_mb,
+                _ => {
+                    m.memory_info()
+                        .map_err(|e| q("nvmlDeviceGetMemoryInfo_v2", e))?
+                        .total
+                        / (1024 * 1024)
+                }
+            };
+            let profile = match (mig::profile_from_device_name(&name), &attrs) {
+                (Some(p), _) => p,
+                (None, Some(a)) if a.gpu_instance_slice_count > 0 => Profile::name_for(
+                    a.gpu_instance_slice_count,
+                    a.compute_instance_slice_count
+                        .clamp(1, a.gpu_instance_slice_count),
+                    mig::memory_gb(parent_mib, memory_mib),
+                ),
+                (None, _) => {
+                    return Err(InventoryError::NvmlMigQuery {
+                        query: "nvmlDeviceGetAttributes_v2",
+                        gpu: index,
+                        slot,
+                        reason: format!(
+                            "no profile in the name {name:?} and no slice counts to derive one"
+                        ),
+                    })
+                }
+            };
+            let parsed = Profile::parse(&profile);
+            let (gpu_slices, compute_slices) = match (&attrs, &parsed) {
+                (Some(a), _) if a.gpu_instance_slice_count > 0 => (
+                    a.gpu_instance_slice_count,
+                    a.compute_instance_slice_count
+                        .clamp(1, a.gpu_instance_slice_count),
+                ),
+                (_, Some(p)) => (p.gpu_slices, p.compute_slices),
+                _ => (0, 0),
+            };
+            out.push(MigDevice {
+                index: slot,
+                uuid,
+                profile,
+                memory_mib,
+                gi_id,
+                ci_id,
+                gpu_slices,
+                compute_slices,
+                caps: None,
+                healthy: true,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle,
+    /// called through nvml-wrapper's loaded symbol table (it has no safe wrapper for them).
+    fn instance_id(&self, mig: &Device<'_>, which: InstanceId) -> Result<u32, NvmlError> {
+        let lib = self.nvml.lib();
+        let sym = match which {
+            InstanceId::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+            InstanceId::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+        }
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut id: c_uint = 0;
+        // SAFETY: the symbol has NVML's signature `(nvmlDevice_t, unsigned int *)`; the handle
+        // comes from nvml-wrapper and lives as long as `self.nvml`, and `id` is a valid
+        // `unsigned int` to write to.
+        let rc = unsafe { sym(mig.handle(), &mut id) };
+        nvml_try(rc)?;
+        Ok(id)
+    }
 }
+
+#[derive(Clone, Copy)]
+enum InstanceId {
+    Gpu,
+    Compute,
+}
+
+
 
 fn query<T>(index: u32, query: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
     r.map_err(|e| InventoryError::NvmlQuery {
@@ -116,7 +252,9 @@ impl GpuSource for NvmlSource {
         for g in gpus.iter().filter(|g| g.healthy) {
             self.last.insert(g.index, g.clone());
         }
-        Ok(Inventory::new(gpus))
+        let mut inv = Inventory::new(gpus);
+        mig::resolve_caps(&mut inv, &self.proc_root);
+        Ok(inv)
     }
 
     fn probe(&mut self, uuid: &str) -> bool {
@@ -150,19 +288,34 @@ impl NvmlSource {
             .pci_info()
             .ok()
             .and_then(|p| numa_node(&self.sysfs_root, &p.bus_id));
-        // NotSupported: a GPU without MIG. Any other error: report MIG as off; the
-        // MIG strategies decide what that means.
-        let mig_enabled = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+        // NotSupported: a GPU without MIG. Any other error: report MIG as off, so the GPU is
+        // advertised whole.
+        let mig_enabled = match dev.mig_mode() {
+            Ok(m) => m.current == 1,
+            Err(NvmlError::NotSupported) => false,
+            Err(e) => {
+                tracing::warn!(gpu = i, error = %e, "nvmlDeviceGetMigMode failed; treating MIG as disabled");
+                false
+            }
+        };
+        let memory_mib = memory.total / (1024 * 1024);
+        // A MIG device that fails a query fails its GPU (reported Unhealthy when it was known
+        // before, see discover).
+        let mig_devices = if mig_enabled {
+            self.mig_devices(&dev, i, memory_mib)?
+        } else {
+            Vec::new()
+        };
         Ok(Gpu {
             index: i,
             uuid,
             model,
-            memory_mib: memory.total / (1024 * 1024),
+            memory_mib,
             minor,
             compute_capability: cc,
             numa_node: numa,
             mig_enabled,
-            mig_devices: Vec::new(),
+            mig_devices,
             healthy: true,
         })
     }
