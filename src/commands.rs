@@ -46,7 +46,11 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
                 plural(entries, "time-slicing entry", "time-slicing entries"),
                 policy.mig_strategy.as_str(),
                 plural(inv.gpus.len(), "GPU", "GPUs"),
-                if resources.is_empty() { "nothing advertised".to_string() } else { resources.join(", ") }
+                if resources.is_empty() {
+                    "nothing advertised".to_string()
+                } else {
+                    resources.join(", ")
+                }
             );
             for w in &built.warnings {
                 let _ = writeln!(out, "warning: {w}");
@@ -115,7 +119,11 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
         }
         for d in &r.devices {
-            let _ = writeln!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+            let _ = write!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+            if let (Some(parent), Some(profile)) = (&d.parent, &d.profile) {
+                let _ = write!(out, "  MIG {profile} of {parent}");
+            }
+            out.push('\n');
         }
     }
     Ok(out)

@@ -194,8 +194,6 @@ enum InstanceId {
     Compute,
 }
 
-
-
 fn query<T>(index: u32, query: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
     r.map_err(|e| InventoryError::NvmlQuery {
         query,
