@@ -245,7 +245,7 @@ pub struct DeviceView {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// `migStrategy: single` on a node where some GPUs have MIG enabled and others do not.
-    #[error("flags.migStrategy: single needs every GPU in the same MIG mode, but GPUs {enabled} have MIG enabled and GPUs {disabled} do not; use mixed, or change the GPUs' MIG mode")]
+    #[error("flags.migStrategy: single needs every GPU in the same MIG mode, but MIG is enabled on {} and disabled on {}; use mixed, or change the GPUs' MIG mode", gpus_phrase(.enabled), gpus_phrase(.disabled))]
     MigSingleModesDiffer {
         /// Indices of the MIG-enabled GPUs, comma-separated.
         enabled: String,
@@ -489,6 +489,15 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
         plan: Plan { resources },
         warnings,
     })
+}
+
+/// `GPU 3` or `GPUs 0,1,2` for a comma-separated list of indices.
+fn gpus_phrase(list: &str) -> String {
+    if list.contains(',') {
+        format!("GPUs {list}")
+    } else {
+        format!("GPU {list}")
+    }
 }
 
 fn join_indices<'a>(gpus: impl IntoIterator<Item = &'a Gpu>) -> String {

@@ -453,7 +453,7 @@ mod tests {
             ),
             (
                 "        - profile: 1g.10gb\n          slots: 2\n",
-                Err("gpus[0].mig.devices[0]: unknown field `slots`"),
+                Err("gpus[0].mig.devices[0].slots: unknown field `slots`"),
             ),
         ];
         for (devices, want) in cases {

@@ -302,7 +302,7 @@ fn table_of_mig_strategies_on_the_shipped_nodes() {
             &h100,
             "single",
             "",
-            Err("flags.migStrategy: single needs every GPU in the same MIG mode, but GPUs 0,1,2 have MIG enabled and GPUs 3,4,5,6,7 do not"),
+            Err("flags.migStrategy: single needs every GPU in the same MIG mode, but MIG is enabled on GPUs 0,1,2 and disabled on GPUs 3,4,5,6,7;"),
         ),
         (
             "h100 mixed",
@@ -421,6 +421,11 @@ fn single_errors_name_the_gpus() {
             enabled: "0,1,3,4,5,6,7".into(),
             disabled: "2".into()
         }
+    );
+    assert!(
+        e.to_string()
+            .contains("enabled on GPUs 0,1,3,4,5,6,7 and disabled on GPU 2;"),
+        "{e}"
     );
 }
 
