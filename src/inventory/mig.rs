@@ -237,7 +237,8 @@ mod tests {
         let p = |s| {
             Profile::parse(s).map(|p| (p.compute_slices, p.gpu_slices, p.memory_gb, p.attributes))
         };
-        let cases: &[(&str, Option<(u32, u32, u64, &str)>)] = &[
+        type Parts<'a> = Option<(u32, u32, u64, &'a str)>;
+        let cases: &[(&str, Parts)] = &[
             ("1g.10gb", Some((1, 1, 10, ""))),
             ("3g.40gb", Some((3, 3, 40, ""))),
             ("7g.141gb", Some((7, 7, 141, ""))),
