@@ -444,12 +444,16 @@ impl Supervisor {
         self.replan();
     }
 
-    /// The inventory with event-driven health applied: a GPU is healthy when discovery says so
-    /// and no critical event holds it Unhealthy.
+    /// The inventory with event-driven health applied: a GPU (or MIG device) is healthy when
+    /// discovery says so and no critical event on its UUID holds it Unhealthy. A MIG device is
+    /// advertised healthy only when its parent GPU is too (see `plan`).
     fn effective_inventory(&self) -> Inventory {
         let mut inv = self.inventory.clone();
         for g in &mut inv.gpus {
             g.healthy = g.healthy && self.tracker.is_healthy(&g.uuid);
+            for m in &mut g.mig_devices {
+                m.healthy = m.healthy && self.tracker.is_healthy(&m.uuid);
+            }
         }
         inv
     }

@@ -33,9 +33,9 @@ pub struct MigDevice {
     /// The nvidia-caps minors granting access to its GPU and compute instance, when the
     /// driver's `mig-minors` file was read (see [`mig::resolve_caps`]).
     pub caps: Option<MigCaps>,
-    /// False when this MIG device is known to be unusable. Discovery sets true; per-device
-    /// health events (Xid) will clear it. A MIG device is advertised healthy only when it and
-    /// its parent GPU ([`Gpu::healthy`]) both are.
+    /// False when this MIG device is known to be unusable. Discovery sets true; the
+    /// supervisor clears it while a critical Xid on its UUID holds it Unhealthy. A MIG device is
+    /// advertised healthy only when it and its parent GPU ([`Gpu::healthy`]) both are.
     pub healthy: bool,
 }
 
