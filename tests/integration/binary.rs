@@ -68,9 +68,20 @@ async fn validate_accepts_and_rejects_with_field_paths() {
 
     // A node file the user named must exist and be valid (regression: it was "skipped").
     for bad in ["/nonexistent/node.yaml", node.policy().to_str().unwrap()] {
-        let out = output(&["validate", "--config", node.policy().to_str().unwrap(), "--simulate", bad]).await;
+        let out = output(&[
+            "validate",
+            "--config",
+            node.policy().to_str().unwrap(),
+            "--simulate",
+            bad,
+        ])
+        .await;
         assert_eq!(out.status.code(), Some(1), "{bad}: {}", text(&out.stdout));
-        assert!(text(&out.stderr).contains("simulated node"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("simulated node"),
+            "{}",
+            text(&out.stderr)
+        );
     }
 
     let cases: &[(&str, &str)] = &[
