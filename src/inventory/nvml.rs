@@ -330,6 +330,39 @@ mod tests {
         assert_eq!(sysfs_bus_id("0000:17:00.0"), "0000:17:00.0");
     }
 
+    /// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "needs an NVIDIA driver"]
+    fn real_gpu_enumeration_is_consistent() {
+        let mut source = NvmlSource::new(None, None).expect("NVML");
+        let inv = source.discover().expect("discovery");
+        assert!(!inv.gpus.is_empty());
+        for g in &inv.gpus {
+            eprintln!(
+                "GPU {} {} {} MiB mig={} ({} MIG devices)",
+                g.index,
+                g.model,
+                g.memory_mib,
+                g.mig_enabled,
+                g.mig_devices.len()
+            );
+            assert!(g.uuid.starts_with("GPU-"), "{}", g.uuid);
+            if !g.mig_enabled {
+                assert!(g.mig_devices.is_empty());
+            }
+            for m in &g.mig_devices {
+                eprintln!(
+                    "  MIG {}:{} {} {} GI {} CI {} {} MiB caps {:?}",
+                    g.index, m.index, m.uuid, m.profile, m.gi_id, m.ci_id, m.memory_mib, m.caps
+                );
+                assert!(m.uuid.starts_with("MIG-"), "{}", m.uuid);
+                assert!(Profile::parse(&m.profile).is_some(), "{}", m.profile);
+                assert!(m.memory_mib > 0 && m.memory_mib <= g.memory_mib);
+                assert!(m.gpu_slices >= 1 && m.compute_slices <= m.gpu_slices);
+            }
+        }
+    }
+
     #[test]
     fn numa_from_sysfs() {
         let dir = tempfile::tempdir().unwrap();
