@@ -28,7 +28,7 @@ use crate::api::KUBELET_SOCKET;
 use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
-use crate::inventory::{GpuSource, Inventory, InventoryError, XidEvent};
+use crate::inventory::{DeviceEvent, EventSink, GpuSource, Inventory, InventoryError, XidEvent};
 use crate::plan::{self, Plan};
 use crate::plugin::{self, StreamLost};
 use crate::policy::{self, Policy};
@@ -158,6 +158,7 @@ struct Supervisor {
     xid_policy: XidPolicy,
     epoch: u64,
     lost_tx: mpsc::UnboundedSender<StreamLost>,
+    events: EventSink,
 }
 
 fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
@@ -239,6 +240,10 @@ pub async fn run_with_status(
         None => None,
     };
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
+    let (event_tx, mut event_rx) = mpsc::unbounded_channel::<DeviceEvent>();
+    let events: EventSink = Arc::new(move |e| {
+        let _ = event_tx.send(e);
+    });
     let (plans, _) = watch::channel(Arc::new(Plan::default()));
     let mut sup = Supervisor {
         source: None,
@@ -256,6 +261,7 @@ pub async fn run_with_status(
         xid_policy: xid_env,
         epoch: 0,
         lost_tx,
+        events,
         settings,
     };
     // The policy decides failOnInitError, so read it first (an invalid one means the default).
@@ -303,6 +309,7 @@ pub async fn run_with_status(
                 }
             }
             Some(lost) = lost_rx.recv() => sup.stream_lost(lost).await,
+            Some(ev) = event_rx.recv() => sup.device_event(ev),
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
                 sup.reload_policy(false);
@@ -359,6 +366,9 @@ impl Supervisor {
                 }
                 self.source = Some(source);
                 self.inventory = inv;
+                if let Some(s) = self.source.as_mut() {
+                    s.watch_events(Arc::clone(&self.events));
+                }
                 Ok(())
             }
             Err(e) if simulated => Err(DaemonError::Simulated(e)),
@@ -389,6 +399,7 @@ impl Supervisor {
                 if inv != self.inventory {
                     tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
                     self.inventory = inv;
+                    source.watch_events(Arc::clone(&self.events));
                     self.replan();
                 }
             }
@@ -419,6 +430,19 @@ impl Supervisor {
         let now = Instant::now().into_std();
         if let Some(t) = self.tracker.on_xid(&self.xid_policy, &ev.uuid, ev.xid, now) {
             self.transitions(vec![t]);
+        }
+    }
+
+    /// An event from the GPU source's watcher.
+    fn device_event(&mut self, ev: DeviceEvent) {
+        match ev {
+            DeviceEvent::Xid(x) => self.on_xid(x),
+            DeviceEvent::Failed { uuid, reason } => {
+                let now = Instant::now().into_std();
+                if let Some(t) = self.tracker.fail(&uuid, reason, now) {
+                    self.transitions(vec![t]);
+                }
+            }
         }
     }
 

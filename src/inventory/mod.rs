@@ -193,6 +193,23 @@ pub struct XidEvent {
     pub xid: u64,
 }
 
+/// Something the GPU source observed about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// An Xid error.
+    Xid(XidEvent),
+    /// The device cannot be watched or stopped answering: fail closed (Unhealthy).
+    Failed {
+        /// UUID of the GPU or MIG device.
+        uuid: String,
+        /// What failed, for the log.
+        reason: String,
+    },
+}
+
+/// Where a source's background event watcher delivers [`DeviceEvent`]s.
+pub type EventSink = std::sync::Arc<dyn Fn(DeviceEvent) + Send + Sync>;
+
 /// A source of GPUs: NVML on a real node, a file for a simulated one.
 pub trait GpuSource: Send {
     /// Discovers every GPU now.
@@ -211,6 +228,10 @@ pub trait GpuSource: Send {
     fn take_events(&mut self) -> Vec<XidEvent> {
         Vec::new()
     }
+
+    /// (Re)starts watching the GPUs of the last discovery for events (NVML: Xid critical
+    /// errors on a dedicated thread), delivering them to `sink`. The default watches nothing.
+    fn watch_events(&mut self, _sink: EventSink) {}
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;

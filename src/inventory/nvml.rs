@@ -24,7 +24,9 @@ use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
 use super::mig::{self, Profile};
-use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice};
+use super::{
+    DeviceEvent, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent,
+};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -32,7 +34,12 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// GPUs discovered through NVML. Holds NVML initialised for its lifetime
 /// (`nvmlShutdown` runs on drop).
 pub struct NvmlSource {
-    nvml: Nvml,
+    nvml: std::sync::Arc<Nvml>,
+    /// The Xid event thread, stopped and joined on drop or restart.
+    events: Option<EventWatch>,
+    /// GPUs whose event registration failed: they may not recover (fail closed) until a
+    /// registration succeeds.
+    unwatched: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     library: String,
     sysfs_root: PathBuf,
     /// GPUs of the last successful discovery, by index: a GPU that stops answering is reported
@@ -67,7 +74,9 @@ impl NvmlSource {
                 reason: e.to_string(),
             })?;
         Ok(NvmlSource {
-            nvml,
+            nvml: std::sync::Arc::new(nvml),
+            events: None,
+            unwatched: Default::default(),
             library,
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
             last: Default::default(),
@@ -256,14 +265,254 @@ impl GpuSource for NvmlSource {
     }
 
     fn probe(&mut self, uuid: &str) -> bool {
-        self.nvml
-            .device_by_uuid(uuid)
-            .and_then(|d| d.memory_info())
-            .is_ok()
+        let unwatched = self
+            .unwatched
+            .lock()
+            .map(|u| u.contains(uuid))
+            .unwrap_or(true);
+        !unwatched
+            && self
+                .nvml
+                .device_by_uuid(uuid)
+                .and_then(|d| d.memory_info())
+                .is_ok()
     }
 
     fn describe(&self) -> String {
         format!("NVML ({})", self.library)
+    }
+
+    fn watch_events(&mut self, sink: EventSink) {
+        self.events = None; // stops and joins the previous thread
+        let targets = self
+            .last
+            .values()
+            .map(|g| EventTarget {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                migs: g
+                    .mig_devices
+                    .iter()
+                    .map(|m| (m.gi_id, m.ci_id, m.uuid.clone()))
+                    .collect(),
+            })
+            .collect();
+        self.events = Some(EventWatch::start(
+            std::sync::Arc::clone(&self.nvml),
+            targets,
+            sink,
+            std::sync::Arc::clone(&self.unwatched),
+        ));
+    }
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_CRITICAL_ERROR: u64 = 8;
+/// GPU-/compute-instance id of an event that concerns the whole GPU.
+const WHOLE_GPU: u32 = 0xFFFF_FFFF;
+/// How long one `nvmlEventSetWait_v2` blocks, so the thread notices a stop request, ms.
+const EVENT_WAIT_MS: c_uint = 500;
+
+/// A GPU the event thread watches, with its MIG devices as (GI id, CI id, UUID).
+struct EventTarget {
+    index: u32,
+    uuid: String,
+    migs: Vec<(u32, u32, String)>,
+}
+
+impl EventTarget {
+    /// The device an event with these instance ids concerns: a MIG device, or the GPU.
+    fn uuid_for(&self, gi: u32, ci: u32) -> &str {
+        if gi == WHOLE_GPU {
+            return &self.uuid;
+        }
+        self.migs
+            .iter()
+            .find(|(g, c, _)| *g == gi && (ci == WHOLE_GPU || *c == ci))
+            .map_or(&self.uuid, |(_, _, u)| u)
+    }
+}
+
+/// The one thread per process that reads NVML Xid events (blocking waits with a timeout, so it
+/// can stop). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
+/// `nvmlEventSetWait_v2` is called through its symbol table.
+struct EventWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EventWatch {
+    fn start(
+        nvml: std::sync::Arc<Nvml>,
+        targets: Vec<EventTarget>,
+        sink: EventSink,
+        unwatched: Unwatched,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || event_loop(&nvml, &targets, &sink, &flag, &unwatched))
+            .ok();
+        EventWatch { stop, thread }
+    }
+}
+
+impl Drop for EventWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type Unwatched = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
+
+fn event_loop(
+    nvml: &Nvml,
+    targets: &[EventTarget],
+    sink: &EventSink,
+    stop: &std::sync::atomic::AtomicBool,
+    unwatched: &Unwatched,
+) {
+    let mark = |uuid: &str, failed: bool| {
+        if let Ok(mut u) = unwatched.lock() {
+            if failed {
+                u.insert(uuid.to_string());
+            } else {
+                u.remove(uuid);
+            }
+        }
+    };
+    use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
+    use std::sync::atomic::Ordering;
+    let lib = nvml.lib();
+    let (Ok(create), Ok(register), Ok(wait), Ok(free)) = (
+        lib.nvmlEventSetCreate.as_ref(),
+        lib.nvmlDeviceRegisterEvents.as_ref(),
+        lib.nvmlEventSetWait_v2.as_ref(),
+        lib.nvmlEventSetFree.as_ref(),
+    ) else {
+        tracing::warn!(
+            "this NVML has no event API; GPUs are watched by periodic NVML queries only"
+        );
+        return;
+    };
+    let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok();
+    let fail_all = |reason: &str| {
+        for t in targets {
+            sink(DeviceEvent::Failed {
+                uuid: t.uuid.clone(),
+                reason: reason.to_string(),
+            });
+        }
+    };
+    let mut delays = backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(100))
+            .with_max_delay(std::time::Duration::from_secs(30))
+            .without_max_times(),
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: NVML's `nvmlEventSetCreate(nvmlEventSet_t *)`; `set` is a valid out pointer.
+        if let Err(e) = nvml_try(unsafe { create(&mut set) }) {
+            fail_all(&format!("nvmlEventSetCreate: {e}"));
+            let pause = delays.next().unwrap_or(std::time::Duration::from_secs(30));
+            // Sleep in slices so a stop request is honoured within EVENT_WAIT_MS.
+            let until = std::time::Instant::now() + pause;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                std::thread::sleep(
+                    std::time::Duration::from_millis(u64::from(EVENT_WAIT_MS)).min(pause),
+                );
+            }
+            continue;
+        }
+        // Register every GPU (again, after a failed wait: re-check all before marking any).
+        let mut handles = Vec::new();
+        for t in targets {
+            let device = match nvml.device_by_index(t.index) {
+                Ok(d) => d,
+                Err(e) => {
+                    mark(&t.uuid, true);
+                    sink(DeviceEvent::Failed {
+                        uuid: t.uuid.clone(),
+                        reason: format!("nvmlDeviceGetHandleByIndex: {e}"),
+                    });
+                    continue;
+                }
+            };
+            // SAFETY: the handle is valid while `nvml` lives.
+            let handle = unsafe { device.handle() };
+            let mut types: u64 = XID_CRITICAL_ERROR;
+            if let Some(f) = supported {
+                // SAFETY: `(nvmlDevice_t, unsigned long long *)`; `types` is a valid out pointer.
+                if nvml_try(unsafe { f(handle, &mut types) }).is_err() {
+                    types = 0;
+                }
+            }
+            // SAFETY: `(nvmlDevice_t, unsigned long long, nvmlEventSet_t)` with a live set.
+            let rc = if types & XID_CRITICAL_ERROR == 0 {
+                Err(NvmlError::NotSupported)
+            } else {
+                nvml_try(unsafe { register(handle, XID_CRITICAL_ERROR, set) })
+            };
+            match rc {
+                Ok(()) => {
+                    mark(&t.uuid, false);
+                    handles.push((handle as usize, t));
+                }
+                Err(NvmlError::NotSupported) => {
+                    mark(&t.uuid, false);
+                    tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
+                }
+                Err(e) => {
+                    mark(&t.uuid, true);
+                    sink(DeviceEvent::Failed {
+                        uuid: t.uuid.clone(),
+                        reason: format!("Xid event registration failed: {e}"),
+                    });
+                }
+            }
+        }
+        delays = backon::BackoffBuilder::build(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(100))
+                .with_max_delay(std::time::Duration::from_secs(30))
+                .without_max_times(),
+        );
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                // SAFETY: the set was created above and is freed once.
+                unsafe { free(set) };
+                return;
+            }
+            // SAFETY: all-zero is a valid `nvmlEventData_t` (a null handle and integers).
+            let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `(nvmlEventSet_t, nvmlEventData_t *, unsigned int)` with a live set.
+            match nvml_try(unsafe { wait(set, &mut data, EVENT_WAIT_MS) }) {
+                Ok(()) if data.eventType & XID_CRITICAL_ERROR != 0 => {
+                    let Some((_, t)) = handles.iter().find(|(h, _)| *h == data.device as usize)
+                    else {
+                        continue;
+                    };
+                    sink(DeviceEvent::Xid(XidEvent {
+                        uuid: t
+                            .uuid_for(data.gpuInstanceId, data.computeInstanceId)
+                            .to_string(),
+                        xid: data.eventData,
+                    }));
+                }
+                Ok(()) | Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "NVML event wait failed; re-creating the event set and re-checking every GPU");
+                    // SAFETY: the set was created above and is freed once.
+                    unsafe { free(set) };
+                    break;
+                }
+            }
+        }
     }
 }
 

@@ -558,3 +558,99 @@ async fn run_with_nvml_mig_allocates_mig_uuids_and_caps_device_specs() {
     let (code, log) = sigterm_and_wait(child).await;
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// Appends an injected event line to the fake NVML's events file.
+fn inject(events: &Path, line: &str) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(events)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+fn unhealthy(state: &slicelet::emulator::State, resource: &str) -> Vec<String> {
+    state.resources[resource]
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
+    // GPU 0: MIG (3g.40gb GI 2, 1g.10gb GI 9 and GI 10), GPU 1: whole, GPU 2: whole, but its Xid
+    // event registration fails, so it is Unhealthy from the start and never recovers (fail
+    // closed).
+    let mut inv = mig_gpus();
+    inv["gpus"][2]["eventRegisterError"] = serde_json::json!(999);
+    let node =
+        Node::new("version: v1\nflags:\n  migStrategy: mixed\nhealth:\n  recoverySeconds: 0.5\n");
+    let inventory = write_inventory(node.tmp.path(), inv);
+    let events = node.tmp.path().join("events");
+    std::fs::write(&events, "").unwrap();
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_INVENTORY", &inventory),
+            ("FAKE_NVML_EVENTS", &events),
+        ],
+    );
+    let l4 = "GPU-cccccccc-0000-0000-0000-000000000000";
+    emu.wait_for(WAIT, |s| {
+        s.device_count("nvidia.com/mig-1g.10gb") == Some(2)
+            && s.device_count("nvidia.com/gpu") == Some(2)
+            && s.healthy_count("nvidia.com/gpu") == Some(1)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&emu.state(), "nvidia.com/gpu"), [l4]);
+
+    // An Xid on MIG device GI 9 / CI 0: only that slice.
+    inject(&events, "0 79 9 0");
+    let state = emu
+        .wait_for(WAIT, |s| {
+            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(1)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&state, "nvidia.com/mig-1g.10gb"), [mig_uuid(2)]);
+    assert_eq!(state.healthy_count("nvidia.com/mig-3g.40gb"), Some(1));
+    // Back after the quiet period; the L4 stays Unhealthy (its events are not watched).
+    let state = emu
+        .wait_for(WAIT, |s| {
+            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(2)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&state, "nvidia.com/gpu"), [l4]);
+
+    // An Xid for the whole of GPU 0 marks every slice of it; an application Xid (13) on GPU 1
+    // changes nothing, a critical one marks GPU 1.
+    inject(&events, "1 13");
+    inject(&events, "0 48");
+    emu.wait_for(WAIT, |s| {
+        s.healthy_count("nvidia.com/mig-1g.10gb") == Some(0)
+            && s.healthy_count("nvidia.com/mig-3g.40gb") == Some(0)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        emu.state().healthy_count("nvidia.com/gpu"),
+        Some(1),
+        "xid 13 is ignored"
+    );
+    inject(&events, "1 79");
+    emu.wait_for(WAIT, |s| s.healthy_count("nvidia.com/gpu") == Some(0))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+}
