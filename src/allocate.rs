@@ -4,9 +4,15 @@
 //! Allocate rules (kubelet v1beta1 and NVIDIA's plugin):
 //! - Every requested ID must be a device of this resource, else [`AllocateError::UnknownDevice`]
 //!   naming the ID (the kubelet turns it into a failed pod start).
-//! - `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` are the distinct physical GPU UUIDs
-//!   behind the IDs, comma-joined, ordered by GPU index: the kubelet passes IDs in random order,
-//!   and three replicas of one GPU are still one GPU.
+//! - `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` are the distinct physical units behind
+//!   the IDs — GPU UUIDs, or `MIG-…` UUIDs for MIG devices — comma-joined, ordered by GPU index
+//!   and then MIG index: the kubelet passes IDs in random order, and three replicas of one GPU
+//!   are still one GPU. (CUDA uses only one MIG device per process: a container given two MIG
+//!   devices sees both, but one process can use only the first.)
+//! - With `flags.plugin.passDeviceSpecs`: `/dev/nvidia<minor>` of every GPU involved (a MIG
+//!   device's parent), `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`, and for
+//!   each MIG device the GPU-instance and compute-instance access nodes
+//!   `/dev/nvidia-caps/nvidia-cap<N>`, whose minors discovery resolved (so this stays pure).
 //! - Stateless: the kubelet may call Allocate twice with overlapping IDs for one pod (init
 //!   container, then app container); the kubelet is the book of record for allocations.
 
@@ -108,7 +114,8 @@ pub fn allocate(
             resource: res.name.to_string(),
         });
     }
-    let mut gpus: BTreeMap<u32, &VirtualDevice> = BTreeMap::new();
+    // One entry per physical unit (GPU or MIG device), in (GPU index, MIG index) order.
+    let mut units: BTreeMap<(u32, Option<u32>), &VirtualDevice> = BTreeMap::new();
     let mut distinct_ids = BTreeSet::new();
     for id in ids {
         let dev = res.device(id).ok_or_else(|| AllocateError::UnknownDevice {
@@ -116,7 +123,7 @@ pub fn allocate(
             id: id.clone(),
         })?;
         distinct_ids.insert(id.as_str());
-        gpus.entry(dev.gpu_index).or_insert(dev);
+        units.entry(dev.unit_order()).or_insert(dev);
     }
     if res.strategy == Strategy::Mps {
         mps::check_request(res, ids)?;
@@ -130,7 +137,7 @@ pub fn allocate(
             count: distinct_ids.len(),
         });
     }
-    let uuids = gpus
+    let uuids = units
         .values()
         .map(|d| d.gpu_uuid.as_str())
         .collect::<Vec<_>>()
@@ -146,13 +153,25 @@ pub fn allocate(
             host_path: format!("{root}/dev/{name}"),
             permissions: "rw".to_string(),
         };
-        for d in gpus.values() {
+        let mut minors = BTreeSet::new();
+        for d in units.values() {
             if let Some(minor) = d.gpu_minor {
-                out.device_nodes.push(node(&format!("nvidia{minor}")));
+                if minors.insert(minor) {
+                    out.device_nodes.push(node(&format!("nvidia{minor}")));
+                }
             }
         }
         for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
             out.device_nodes.push(node(name));
+        }
+        let mut caps = BTreeSet::new();
+        for c in units.values().filter_map(|d| d.mig.as_ref()?.caps) {
+            for n in [c.gi_access, c.ci_access] {
+                if caps.insert(n) {
+                    out.device_nodes
+                        .push(node(&format!("nvidia-caps/nvidia-cap{n}")));
+                }
+            }
         }
     }
     if let Some(m) = &res.mps {
@@ -167,10 +186,13 @@ pub fn allocate(
 /// - Every ID of `must_include` (devices an init container already got) comes first.
 /// - IDs this resource does not know are skipped: another device being absent or unhealthy
 ///   never fails the pod (any error here is an UnexpectedAdmissionError at the kubelet).
-/// - Then, one at a time: a GPU this container has the fewest devices of (distinct GPUs first),
-///   then one on the NUMA node of the devices chosen so far, then the least-loaded GPU (load =
-///   devices of that GPU not in `available`, i.e. in use), then the lowest GPU index, then the
-///   lowest replica.
+/// - Then, one at a time: a physical unit this container has the fewest devices of (distinct
+///   units first), then the least-loaded unit (load = devices of that unit not in `available`,
+///   i.e. in use), then one on the NUMA node of the devices chosen so far, then the unit listed
+///   first (lowest GPU index, then MIG index), then the lowest replica.
+///
+/// A unit is what `gpu_uuid` names: a whole GPU, or one MIG device (replicas of two MIG devices
+/// on one GPU are two units).
 ///
 /// The answer is ordered as the resource lists its devices.
 pub fn preferred(
@@ -193,56 +215,61 @@ pub fn preferred(
             chosen.insert(p);
         }
     }
-    // Candidates grouped by physical GPU, each list ascending by position (= replica order).
-    let mut per_gpu: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    // Units are keyed by the position of their first device in res.devices, which orders them
+    // by (GPU index, MIG index).
+    let mut first_of: HashMap<&str, usize> = HashMap::new();
+    let mut total: HashMap<usize, usize> = HashMap::new();
+    for (p, d) in res.devices.iter().enumerate() {
+        let u = *first_of.entry(d.gpu_uuid.as_str()).or_insert(p);
+        *total.entry(u).or_default() += 1;
+    }
+    let unit = |p: usize| first_of[res.devices[p].gpu_uuid.as_str()];
+    // Candidates grouped by unit, each list ascending by position (= replica order).
+    let mut per_unit: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for id in available {
         if let Some(p) = position(id) {
             if !chosen.contains(&p) {
-                per_gpu.entry(res.devices[p].gpu_index).or_default().push(p);
+                per_unit.entry(unit(p)).or_default().push(p);
             }
         }
     }
-    for list in per_gpu.values_mut() {
+    for list in per_unit.values_mut() {
         list.sort_unstable();
         list.dedup();
     }
-    let mut total: HashMap<u32, usize> = HashMap::new();
-    for d in &res.devices {
-        *total.entry(d.gpu_index).or_default() += 1;
-    }
-    let mut picked: HashMap<u32, usize> = HashMap::new();
+    let mut picked: HashMap<usize, usize> = HashMap::new();
     for &p in &chosen {
-        *picked.entry(res.devices[p].gpu_index).or_default() += 1;
+        *picked.entry(unit(p)).or_default() += 1;
     }
     // Load counts must_include devices as free: they are this container's own.
-    let load: HashMap<u32, usize> = per_gpu
+    let load: HashMap<usize, usize> = per_unit
         .iter()
-        .map(|(&g, list)| {
-            let mine = picked.get(&g).copied().unwrap_or(0);
-            (g, total[&g].saturating_sub(list.len() + mine))
+        .map(|(&u, list)| {
+            let mine = picked.get(&u).copied().unwrap_or(0);
+            (u, total[&u].saturating_sub(list.len() + mine))
         })
         .collect();
     let numa_of = |p: usize| res.devices[p].numa_node;
     let mut home_numa = chosen.iter().next().and_then(|&p| numa_of(p));
-    let mut next: BTreeMap<u32, usize> = per_gpu.keys().map(|&g| (g, 0)).collect();
+    let mut next: BTreeMap<usize, usize> = per_unit.keys().map(|&u| (u, 0)).collect();
     while chosen.len() < size {
-        let best = per_gpu
+        let best = per_unit
             .iter()
-            .filter(|(g, list)| next[g] < list.len())
-            .min_by_key(|(g, list)| {
+            .filter(|(u, list)| next[u] < list.len())
+            .min_by_key(|(u, list)| {
                 let numa_far = match home_numa {
                     Some(h) => numa_of(list[0]) != Some(h),
                     None => false,
                 };
-                (picked.get(g).copied().unwrap_or(0), numa_far, load[g], **g)
+                (picked.get(u).copied().unwrap_or(0), load[u], numa_far, **u)
             })
-            .map(|(g, _)| *g);
-        let Some(g) = best else { break };
-        let i = next.get_mut(&g).expect("key from per_gpu");
-        let p = per_gpu[&g][*i];
+            .map(|(u, _)| *u);
+        let Some(u) = best else { break };
+        let i = next.get_mut(&u).expect("key from per_unit");
+        let p = per_unit[&u][*i];
         *i += 1;
         chosen.insert(p);
-        *picked.entry(g).or_default() += 1;
+        *picked.entry(u).or_default() += 1;
         if home_numa.is_none() {
             home_numa = numa_of(p);
         }

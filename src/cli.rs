@@ -109,6 +109,10 @@ pub struct NodeArgs {
     /// Where sysfs is mounted (NUMA node lookup).
     #[arg(long, env = "SLICELET_SYSFS_ROOT", default_value = "/sys")]
     pub sysfs_root: PathBuf,
+    /// Host root under which /proc is found (MIG device specs read
+    /// proc/driver/nvidia-caps/mig-minors there).
+    #[arg(long, env = "SLICELET_PROC_ROOT", default_value = "/")]
+    pub proc_root: PathBuf,
 }
 
 /// `slicelet run`.
@@ -188,6 +192,7 @@ impl NodeArgs {
         s.simulate = self.simulate.clone();
         s.nvml_library = self.nvml_library.clone();
         s.sysfs_root = self.sysfs_root.clone();
+        s.proc_root = self.proc_root.clone();
         s
     }
 }

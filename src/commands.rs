@@ -133,7 +133,11 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
         }
         for d in &r.devices {
-            let _ = writeln!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+            let _ = write!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+            if let (Some(parent), Some(profile)) = (&d.parent, &d.profile) {
+                let _ = write!(out, "  MIG {profile} of {parent}");
+            }
+            out.push('\n');
         }
     }
     Ok(out)

@@ -31,7 +31,7 @@ use crate::api::KUBELET_SOCKET;
 use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
-use crate::inventory::{GpuSource, Inventory, InventoryError, XidEvent};
+use crate::inventory::{DeviceEvent, EventSink, GpuSource, Inventory, InventoryError, XidEvent};
 use crate::mps;
 use crate::plan::{self, MpsObserved, Plan};
 use crate::plugin::{self, StreamLost};
@@ -64,6 +64,9 @@ pub struct Settings {
     pub sysfs_root: PathBuf,
     /// The host root holding `/dev`, for device specs, default `/`.
     pub dev_root: String,
+    /// The host root holding `/proc` (MIG nvidia-caps minors in
+    /// `proc/driver/nvidia-caps/mig-minors`), default `/`.
+    pub proc_root: PathBuf,
     /// How often to retry NVML when it failed at start with `failOnInitError: false`.
     pub nvml_retry_interval: Duration,
     /// How often to re-read the policy even without a file event (safety net).
@@ -90,6 +93,7 @@ impl Settings {
             nvml_library: None,
             sysfs_root: PathBuf::from("/sys"),
             dev_root: "/".to_string(),
+            proc_root: PathBuf::from("/"),
             nvml_retry_interval: Duration::from_secs(30),
             policy_resync_interval: Duration::from_secs(60),
             inventory_resync_interval: Duration::from_secs(60),
@@ -171,15 +175,18 @@ struct Supervisor {
     mps_pending: std::collections::BTreeSet<String>,
     /// GPUs set to EXCLUSIVE_PROCESS for MPS, to restore.
     compute: mps::ComputeModes,
+    events: EventSink,
 }
 
 pub(crate) fn open_source(settings: &Settings) -> Result<Box<dyn GpuSource>, InventoryError> {
     match &settings.simulate {
-        Some(path) => Ok(Box::new(SimulatedSource::new(path))),
-        None => Ok(Box::new(NvmlSource::new(
-            settings.nvml_library.as_deref(),
-            Some(&settings.sysfs_root),
-        )?)),
+        Some(path) => Ok(Box::new(
+            SimulatedSource::new(path).with_proc_root(&settings.proc_root),
+        )),
+        None => Ok(Box::new(
+            NvmlSource::new(settings.nvml_library.as_deref(), Some(&settings.sysfs_root))?
+                .with_proc_root(&settings.proc_root),
+        )),
     }
 }
 
@@ -252,6 +259,10 @@ pub async fn run_with_status(
     let (lost_tx, mut lost_rx) = mpsc::unbounded_channel();
     let (mps_tx, mut mps_rx) = mpsc::unbounded_channel();
     let mps = mps::Supervisor::spawn(settings.mps.clone(), mps_tx);
+    let (event_tx, mut event_rx) = mpsc::unbounded_channel::<DeviceEvent>();
+    let events: EventSink = Arc::new(move |e| {
+        let _ = event_tx.send(e);
+    });
     let (plans, _) = watch::channel(Arc::new(Plan::default()));
     let mut sup = Supervisor {
         source: None,
@@ -273,6 +284,7 @@ pub async fn run_with_status(
         mps_observed: BTreeMap::new(),
         mps_pending: Default::default(),
         compute: mps::ComputeModes::default(),
+        events,
         settings,
     };
     // The policy decides failOnInitError, so read it first (an invalid one means the default).
@@ -329,6 +341,7 @@ pub async fn run_with_status(
                 sup.replan();
                 sup.publish_mps_status();
             }
+            Some(ev) = event_rx.recv() => sup.device_event(ev),
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
                 sup.reload_policy(false);
@@ -394,6 +407,9 @@ impl Supervisor {
                 }
                 self.source = Some(source);
                 self.inventory = inv;
+                if let Some(s) = self.source.as_mut() {
+                    s.watch_events(Arc::clone(&self.events));
+                }
                 Ok(())
             }
             Err(e) if simulated => Err(DaemonError::Simulated(e)),
@@ -424,6 +440,7 @@ impl Supervisor {
                 if inv != self.inventory {
                     tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
                     self.inventory = inv;
+                    source.watch_events(Arc::clone(&self.events));
                     self.replan();
                 }
             }
@@ -457,6 +474,19 @@ impl Supervisor {
         }
     }
 
+    /// An event from the GPU source's watcher.
+    fn device_event(&mut self, ev: DeviceEvent) {
+        match ev {
+            DeviceEvent::Xid(x) => self.on_xid(x),
+            DeviceEvent::Failed { uuid, reason } => {
+                let now = Instant::now().into_std();
+                if let Some(t) = self.tracker.fail(&uuid, reason, now) {
+                    self.transitions(vec![t]);
+                }
+            }
+        }
+    }
+
     /// Devices whose quiet period has passed come back if the GPU source still answers.
     fn recover(&mut self) {
         let now = Instant::now().into_std();
@@ -479,12 +509,16 @@ impl Supervisor {
         self.replan();
     }
 
-    /// The inventory with event-driven health applied: a GPU is healthy when discovery says so
-    /// and no critical event holds it Unhealthy.
+    /// The inventory with event-driven health applied: a GPU (or MIG device) is healthy when
+    /// discovery says so and no critical event on its UUID holds it Unhealthy. A MIG device is
+    /// advertised healthy only when its parent GPU is too (see `plan`).
     fn effective_inventory(&self) -> Inventory {
         let mut inv = self.inventory.clone();
         for g in &mut inv.gpus {
             g.healthy = g.healthy && self.tracker.is_healthy(&g.uuid);
+            for m in &mut g.mig_devices {
+                m.healthy = m.healthy && self.tracker.is_healthy(&m.uuid);
+            }
         }
         inv
     }

@@ -208,8 +208,16 @@ impl KubeletEmulator {
         self.shutdown().await;
         for entry in std::fs::read_dir(&self.shared.dir)? {
             let entry = entry?;
-            if !entry.file_type()?.is_dir() {
-                std::fs::remove_file(entry.path())?;
+            // A plugin may remove its own socket at the same moment: gone is fine.
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+                Ok(_) => {}
+            }
+            match std::fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
             }
         }
         self.shared.update(|s| {

@@ -1,27 +1,39 @@
 //! The pure core that turns a [`Policy`] and an [`Inventory`] into a [`Plan`]: which resources
-//! are advertised, with which virtual device IDs, and which physical GPU backs each one.
+//! are advertised, with which virtual device IDs, and which physical unit (a whole GPU or a MIG
+//! device) backs each one.
 //!
 //! Rules (from the policy reference in README.md):
-//! - A GPU that no sharing entry claims is advertised whole under `nvidia.com/gpu`.
-//! - A time-sliced GPU gets `replicas` devices `<gpu-uuid>::<n>`, n = 0..replicas-1 (the form
-//!   NVIDIA's plugin and dcgm-exporter use); with `replicas: 1` the ID is the plain UUID.
-//! - An entry whose `devices` name GPUs this node lacks, or that matches nothing, is a warning
-//!   (one ConfigMap serves a mixed fleet). A GPU claimed by two entries, or a shared resource
-//!   advertised under the name whole GPUs still use, is an error naming both.
+//! - `flags.migStrategy` decides the node's resources before any sharing:
+//!   - `none`: every GPU whole as `nvidia.com/gpu`, MIG-enabled or not (a warning names each
+//!     MIG-enabled GPU).
+//!   - `single`: every MIG device as `nvidia.com/gpu`; a node without MIG-enabled GPUs falls
+//!     back to whole GPUs. Errors naming the GPUs: MIG-enabled and MIG-disabled GPUs mixed, a
+//!     MIG-enabled GPU without MIG devices, MIG devices of more than one profile.
+//!   - `mixed`: MIG-disabled GPUs whole as `nvidia.com/gpu`, each MIG profile as
+//!     `nvidia.com/mig-<profile>` (`+` → `.`). A MIG-enabled GPU without MIG devices is a
+//!     warning; everything else is still advertised.
+//! - A device that no sharing entry claims is advertised whole under its resource.
+//! - A time-sliced device gets `replicas` devices `<uuid>::<n>`, n = 0..replicas-1 (the form
+//!   NVIDIA's plugin and dcgm-exporter use; a MIG device's UUID is its `MIG-…` UUID); with
+//!   `replicas: 1` the ID is the plain UUID.
+//! - An entry naming a resource this node does not have, whose `devices` name devices this node
+//!   lacks, or that matches nothing, is a warning (one ConfigMap serves a mixed fleet). A device
+//!   claimed by two entries, or a shared resource advertised under a name that unshared devices
+//!   still use, is an error naming both.
 //! - A resource whose ListAndWatch message would exceed the kubelet's 4 MiB receive limit is an
 //!   error: over the limit the kubelet drops the stream silently and reads the resource as 0.
 //!
 //! No I/O, no async.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::inventory::{Gpu, Inventory};
+use crate::inventory::{mig, Gpu, Inventory, MigCaps, MigDevice};
 use crate::policy::{DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedResource};
 
-/// The resource whole GPUs are advertised under.
+/// The resource whole GPUs are advertised under (and MIG devices under `migStrategy: single`).
 pub const WHOLE_GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// The kubelet's gRPC receive limit for one ListAndWatch message, bytes (4 MiB).
@@ -41,23 +53,54 @@ pub enum Strategy {
     Mps,
 }
 
+/// What a device backed by a MIG device knows about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInfo {
+    /// NVML's MIG device index on the parent GPU (the `m` of `"<gpu>:<m>"`).
+    pub index: u32,
+    /// UUID of the parent GPU.
+    pub parent_uuid: String,
+    /// Profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// GPU-instance id.
+    pub gi_id: u32,
+    /// Compute-instance id.
+    pub ci_id: u32,
+    /// nvidia-caps minors for its device specs, when known.
+    pub caps: Option<MigCaps>,
+}
+
 /// One device the kubelet sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualDevice {
-    /// The ID in ListAndWatch and Allocate: a GPU UUID or `<uuid>::<n>`.
+    /// The ID in ListAndWatch and Allocate: a GPU or MIG UUID, or `<uuid>::<n>`.
     pub id: String,
-    /// Index of the physical GPU behind it.
+    /// Index of the physical GPU behind it (the parent GPU of a MIG device).
     pub gpu_index: u32,
-    /// UUID of the physical GPU behind it.
+    /// The UUID that goes into `NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`: the GPU's
+    /// UUID, or the MIG device's `MIG-…` UUID. One per physical unit.
     pub gpu_uuid: String,
-    /// Minor number of the physical GPU (`/dev/nvidia<minor>`), when known.
+    /// Minor number of the physical GPU (`/dev/nvidia<minor>`; the parent's for a MIG
+    /// device), when known.
     pub gpu_minor: Option<u32>,
     /// Replica number, for time-sliced devices.
     pub replica: Option<u32>,
-    /// Healthy or not (every replica of a GPU shares its GPU's health).
+    /// Healthy or not (every replica shares its unit's health; a MIG device is healthy when it
+    /// and its parent GPU are).
     pub healthy: bool,
     /// NUMA node of the physical GPU, when known.
     pub numa_node: Option<i64>,
+    /// The MIG device behind it; `None` for a whole GPU.
+    pub mig: Option<MigInfo>,
+}
+
+impl VirtualDevice {
+    /// The physical unit behind it as `(GPU index, MIG index)`: the order devices are listed and
+    /// environment variables are joined in (a whole GPU sorts before MIG devices; a GPU is
+    /// never both).
+    pub fn unit_order(&self) -> (u32, Option<u32>) {
+        (self.gpu_index, self.mig.as_ref().map(|m| m.index))
+    }
 }
 
 /// One advertised extended resource and its devices.
@@ -67,13 +110,13 @@ pub struct ResourcePlan {
     pub name: ResourceName,
     /// Whole or time-sliced.
     pub strategy: Strategy,
-    /// Replicas per GPU (1 for whole GPUs).
+    /// Replicas per device (1 for whole devices).
     pub replicas: u32,
     /// Allocate refuses container requests for more than one replica.
     pub fail_requests_greater_than_one: bool,
     /// Allocate returns `/dev/nvidia*` device specs (`flags.plugin.passDeviceSpecs`).
     pub pass_device_specs: bool,
-    /// Devices ordered by GPU index, then replica.
+    /// Devices ordered by GPU index, then MIG index, then replica.
     pub devices: Vec<VirtualDevice>,
     /// MPS resources: the control daemons behind the devices and their limits.
     pub mps: Option<MpsResource>,
@@ -81,7 +124,8 @@ pub struct ResourcePlan {
 }
 
 impl ResourcePlan {
-    /// Builds a resource plan; `devices` must be ordered by GPU index, then replica.
+    /// Builds a resource plan; `devices` must be ordered by GPU index, then MIG index, then
+    /// replica.
     pub fn new(
         name: ResourceName,
         strategy: Strategy,
@@ -157,6 +201,8 @@ impl Plan {
                             id: d.id.clone(),
                             gpu: d.gpu_uuid.clone(),
                             health: if d.healthy { "Healthy" } else { "Unhealthy" },
+                            parent: d.mig.as_ref().map(|m| m.parent_uuid.clone()),
+                            profile: d.mig.as_ref().map(|m| m.profile.clone()),
                         })
                         .collect(),
                 })
@@ -179,7 +225,7 @@ pub struct ResourceView {
     pub name: String,
     /// `none` or `time-slicing`.
     pub strategy: Strategy,
-    /// Replicas per GPU.
+    /// Replicas per device.
     pub replicas: u32,
     /// MPS resources: each control daemon and its per-client limits.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -193,25 +239,42 @@ pub struct ResourceView {
 pub struct DeviceView {
     /// Device ID.
     pub id: String,
-    /// Physical GPU UUID.
+    /// The UUID the container gets: the GPU's, or the MIG device's.
     pub gpu: String,
     /// `Healthy` or `Unhealthy`.
     pub health: &'static str,
+    /// The parent GPU's UUID, for a MIG device (absent for a whole GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The MIG profile, for a MIG device (absent for a whole GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// A plan that cannot be built for this node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    /// A MIG strategy other than `none` on a node with MIG-enabled GPUs (MIG slices are not
-    /// advertised yet).
-    #[error("flags.migStrategy: `{strategy}` is not supported yet, and GPU {gpu} ({uuid}) has MIG enabled; use `none` to advertise MIG GPUs whole")]
-    MigUnsupported {
-        /// The strategy asked for.
-        strategy: String,
-        /// Index of a MIG-enabled GPU.
+    /// `migStrategy: single` on a node where some GPUs have MIG enabled and others do not.
+    #[error("flags.migStrategy: single needs every GPU in the same MIG mode, but MIG is enabled on {} and disabled on {}; use mixed, or change the GPUs' MIG mode", gpus_phrase(.enabled), gpus_phrase(.disabled))]
+    MigSingleModesDiffer {
+        /// Indices of the MIG-enabled GPUs, comma-separated.
+        enabled: String,
+        /// Indices of the MIG-disabled GPUs, comma-separated.
+        disabled: String,
+    },
+    /// `migStrategy: single` and a MIG-enabled GPU without MIG devices.
+    #[error("flags.migStrategy: single, but GPU {gpu} ({uuid}) has MIG enabled and no MIG devices; create its MIG devices, or use mixed")]
+    MigSingleNoDevices {
+        /// GPU index.
         gpu: u32,
-        /// Its UUID.
+        /// GPU UUID.
         uuid: String,
+    },
+    /// `migStrategy: single` and MIG devices of more than one profile.
+    #[error("flags.migStrategy: single needs MIG devices of one profile, but this node has {profiles}; use mixed")]
+    MigSingleProfiles {
+        /// Each profile and the GPUs that have it, e.g. `1g.10gb on GPUs 0,1; 2g.20gb on GPU 2`.
+        profiles: String,
     },
     /// Two sharing entries claim one GPU.
     #[error("{second}: GPU {gpu} ({uuid}) is already claimed by {first}; a GPU can be shared by one entry only")]
@@ -225,14 +288,28 @@ pub enum PlanError {
         /// The entry that claimed it again.
         second: String,
     },
-    /// A shared resource is advertised under a name that whole GPUs still use.
-    #[error("{entry}: advertises {name}, but GPUs {unclaimed} are not shared and are advertised whole as {name}; rename the entry or share every GPU")]
+    /// Two sharing entries claim one MIG device.
+    #[error("{second}: MIG device {gpu}:{mig} ({uuid}) is already claimed by {first}; a MIG device can be shared by one entry only")]
+    MigClaimedTwice {
+        /// Parent GPU index.
+        gpu: u32,
+        /// MIG device index on that GPU.
+        mig: u32,
+        /// MIG UUID.
+        uuid: String,
+        /// The entry that claimed it first.
+        first: String,
+        /// The entry that claimed it again.
+        second: String,
+    },
+    /// A shared resource is advertised under a name that unshared devices still use.
+    #[error("{entry}: advertises {name}, but devices {unclaimed} are not shared and are advertised whole as {name}; rename the entry or share every device")]
     NameCollision {
         /// The colliding name.
         name: String,
         /// The entry.
         entry: String,
-        /// Indices of the GPUs advertised whole.
+        /// The unshared devices: GPU indices (`1,2`) or MIG indices (`0:1,0:2`).
         unclaimed: String,
     },
     /// The resource's ListAndWatch message would exceed the kubelet's 4 MiB limit.
@@ -286,75 +363,128 @@ pub enum PlanError {
 pub struct Built {
     /// The plan.
     pub plan: Plan,
-    /// Entries that match nothing here, devices this node lacks, …
+    /// Entries that match nothing here, devices this node lacks, empty MIG GPUs, …
     pub warnings: Vec<String>,
 }
+
+/// One physical unit that can be advertised: a whole GPU or one MIG device of it.
+#[derive(Debug, Clone, Copy)]
+struct Unit<'a> {
+    gpu: &'a Gpu,
+    mig: Option<&'a MigDevice>,
+}
+
+impl<'a> Unit<'a> {
+    fn uuid(&self) -> &'a str {
+        self.mig.map_or(&self.gpu.uuid, |m| &m.uuid)
+    }
+
+    fn healthy(&self) -> bool {
+        self.gpu.healthy && self.mig.is_none_or(|m| m.healthy)
+    }
+
+    fn order(&self) -> (u32, Option<u32>) {
+        (self.gpu.index, self.mig.map(|m| m.index))
+    }
+
+    /// `3` for GPU 3, `0:2` for MIG device 2 of GPU 0.
+    fn label(&self) -> String {
+        match self.mig {
+            None => self.gpu.index.to_string(),
+            Some(m) => format!("{}:{}", self.gpu.index, m.index),
+        }
+    }
+}
+
+/// The node's resources before sharing, by name; each list in (GPU index, MIG index) order.
+type Units<'a> = BTreeMap<String, Vec<Unit<'a>>>;
 
 /// Builds the plan for `policy` on `inventory`.
 ///
 /// # Errors
-/// [`PlanError`] naming the entries or resource at fault.
+/// [`PlanError`] naming the GPUs, entries or resource at fault.
 pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
-    if policy.mig_strategy != MigStrategy::None {
-        if let Some(g) = inventory.gpus.iter().find(|g| g.mig_enabled) {
-            return Err(PlanError::MigUnsupported {
-                strategy: policy.mig_strategy.as_str().to_string(),
-                gpu: g.index,
-                uuid: g.uuid.clone(),
-            });
-        }
-    }
     let mut warnings = Vec::new();
-    // gpu index -> entry path that claimed it
-    let mut claimed: BTreeMap<u32, &str> = BTreeMap::new();
-    let mut shared: Vec<(&SharedResource, Vec<&Gpu>)> = Vec::new();
+    let base = node_resources(policy.mig_strategy, inventory, &mut warnings)?;
+
+    // unit uuid -> entry path that claimed it
+    let mut claimed: HashMap<&str, &str> = HashMap::new();
+    let mut shared: Vec<(&SharedResource, Vec<Unit<'_>>)> = Vec::new();
     for entry in &policy.time_slicing.resources {
-        if entry.source.as_str() != WHOLE_GPU_RESOURCE {
+        let Some(units) = base.get(entry.source.as_str()) else {
+            let have = if base.is_empty() {
+                "none".to_string()
+            } else {
+                base.keys().cloned().collect::<Vec<_>>().join(", ")
+            };
+            let hint = if entry.source.as_str().starts_with("nvidia.com/mig-")
+                && policy.mig_strategy != MigStrategy::Mixed
+            {
+                format!(
+                    "; MIG profiles are resources only under migStrategy mixed (this policy: {})",
+                    policy.mig_strategy.as_str()
+                )
+            } else {
+                String::new()
+            };
             warnings.push(format!(
-                "{}.name: {} is not a resource of this node (only {WHOLE_GPU_RESOURCE}); entry ignored here",
+                "{}.name: {} is not a resource of this node (here: {have}){hint}; entry ignored here",
                 entry.path, entry.source
             ));
             continue;
-        }
-        let gpus = select(entry, inventory, &mut warnings);
-        if gpus.is_empty() {
+        };
+        let picked = select(entry, units, &mut warnings);
+        if picked.is_empty() {
             warnings.push(format!(
-                "{}: matches no GPU on this node; nothing advertised as {}",
+                "{}: matches no device on this node; nothing advertised as {}",
                 entry.path, entry.advertised
             ));
             continue;
         }
-        for g in &gpus {
-            if let Some(first) = claimed.insert(g.index, &entry.path) {
-                return Err(PlanError::GpuClaimedTwice {
-                    gpu: g.index,
-                    uuid: g.uuid.clone(),
-                    first: first.to_string(),
-                    second: entry.path.clone(),
+        for u in &picked {
+            if let Some(first) = claimed.insert(u.uuid(), &entry.path) {
+                return Err(match u.mig {
+                    None => PlanError::GpuClaimedTwice {
+                        gpu: u.gpu.index,
+                        uuid: u.gpu.uuid.clone(),
+                        first: first.to_string(),
+                        second: entry.path.clone(),
+                    },
+                    Some(m) => PlanError::MigClaimedTwice {
+                        gpu: u.gpu.index,
+                        mig: m.index,
+                        uuid: m.uuid.clone(),
+                        first: first.to_string(),
+                        second: entry.path.clone(),
+                    },
                 });
             }
         }
-        shared.push((entry, gpus));
+        shared.push((entry, picked));
     }
-    let mps_claimed = mps::claim(policy, inventory, &mut claimed, &mut warnings)?;
+    let mps_claimed = mps::claim(policy, &base, &mut claimed, &mut warnings)?;
 
-    let whole: Vec<&Gpu> = inventory
-        .gpus
+    // What each node resource still advertises whole.
+    let whole: BTreeMap<&str, Vec<Unit<'_>>> = base
         .iter()
-        .filter(|g| !claimed.contains_key(&g.index))
+        .map(|(name, units)| {
+            let rest: Vec<Unit<'_>> = units
+                .iter()
+                .filter(|u| !claimed.contains_key(u.uuid()))
+                .copied()
+                .collect();
+            (name.as_str(), rest)
+        })
+        .filter(|(_, rest)| !rest.is_empty())
         .collect();
     let mut resources = BTreeMap::new();
     let fail_gt_one = policy.time_slicing.fail_requests_greater_than_one;
-    for (entry, gpus) in shared {
-        if !whole.is_empty() && entry.advertised.as_str() == WHOLE_GPU_RESOURCE {
+    for (entry, units) in &shared {
+        if let Some(rest) = whole.get(entry.advertised.as_str()) {
             return Err(PlanError::NameCollision {
-                name: WHOLE_GPU_RESOURCE.to_string(),
+                name: entry.advertised.to_string(),
                 entry: entry.path.clone(),
-                unclaimed: whole
-                    .iter()
-                    .map(|g| g.index.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                unclaimed: rest.iter().map(Unit::label).collect::<Vec<_>>().join(","),
             });
         }
         let res = resource(
@@ -363,22 +493,41 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
             entry.replicas,
             fail_gt_one,
             policy.pass_device_specs,
-            &gpus,
+            units,
         )?;
         resources.insert(entry.advertised.to_string(), Arc::new(res));
     }
     mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
-    if !whole.is_empty() {
-        let name = ResourceName::parse(WHOLE_GPU_RESOURCE).expect("valid constant");
+    for (name, units) in &whole {
+        let name = ResourceName::parse(name).expect("validated in node_resources");
         let res = resource(
             &name,
             Strategy::None,
             1,
             false,
             policy.pass_device_specs,
-            &whole,
+            units,
         )?;
         resources.insert(name.to_string(), Arc::new(res));
+    }
+    if policy.pass_device_specs {
+        let missing: Vec<String> = resources
+            .values()
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| match &d.mig {
+                Some(m) if m.caps.is_none() => Some(format!("{}:{}", d.gpu_index, m.index)),
+                _ => None,
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "flags.plugin.passDeviceSpecs: the nvidia-caps minors of MIG devices {} are unknown ({} is missing or lacks them); Allocate returns no /dev/nvidia-caps nodes for them",
+                missing.join(","),
+                mig::MIG_MINORS_PATH
+            ));
+        }
     }
     Ok(Built {
         plan: Plan { resources },
@@ -386,40 +535,191 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
     })
 }
 
-/// The GPUs an entry's `devices` selects on this node, by index, warning about names this node
-/// lacks.
-fn select<'a>(
-    entry: &SharedResource,
+/// `GPU 3` or `GPUs 0,1,2` for a comma-separated list of indices.
+fn gpus_phrase(list: &str) -> String {
+    if list.contains(',') {
+        format!("GPUs {list}")
+    } else {
+        format!("GPU {list}")
+    }
+}
+
+fn join_indices<'a>(gpus: impl IntoIterator<Item = &'a Gpu>) -> String {
+    gpus.into_iter()
+        .map(|g| g.index.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The node's resources under `strategy`, before any sharing.
+fn node_resources<'a>(
+    strategy: MigStrategy,
     inv: &'a Inventory,
     warnings: &mut Vec<String>,
-) -> Vec<&'a Gpu> {
-    let path = format!("{}.devices", entry.path);
-    match &entry.devices {
-        DeviceSelector::All => inv.gpus.iter().collect(),
-        DeviceSelector::Count(n) => {
-            if *n as usize > inv.gpus.len() {
-                warnings.push(format!(
-                    "{path}: asks for the first {n} GPUs, this node has {}",
-                    inv.gpus.len()
-                ));
+) -> Result<Units<'a>, PlanError> {
+    let whole = |g: &'a Gpu| Unit { gpu: g, mig: None };
+    let mut out: Units<'a> = BTreeMap::new();
+    let mut add = |name: String, u: Unit<'a>| out.entry(name).or_default().push(u);
+    let any_mig = inv.gpus.iter().any(|g| g.mig_enabled);
+    match strategy {
+        MigStrategy::Single if any_mig => {
+            let (enabled, disabled): (Vec<&Gpu>, Vec<&Gpu>) =
+                inv.gpus.iter().partition(|g| g.mig_enabled);
+            if !disabled.is_empty() {
+                return Err(PlanError::MigSingleModesDiffer {
+                    enabled: join_indices(enabled),
+                    disabled: join_indices(disabled),
+                });
             }
-            inv.gpus.iter().take(*n as usize).collect()
-        }
-        DeviceSelector::List(refs) => {
-            let mut out: Vec<&Gpu> = Vec::new();
-            for r in refs {
-                let found = match r {
-                    DeviceRef::Index(i) => inv.by_index(*i),
-                    DeviceRef::Uuid(u) => inv.by_uuid(u),
-                    DeviceRef::MigIndex(..) => None,
-                };
-                match found {
-                    Some(g) if !out.iter().any(|o| o.index == g.index) => out.push(g),
-                    Some(_) => warnings.push(format!("{path}: {r} names a GPU listed already")),
-                    None => warnings.push(format!("{path}: this node has no GPU {r}")),
+            if let Some(g) = inv.gpus.iter().find(|g| g.mig_devices.is_empty()) {
+                return Err(PlanError::MigSingleNoDevices {
+                    gpu: g.index,
+                    uuid: g.uuid.clone(),
+                });
+            }
+            let mut profiles: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+            for g in &inv.gpus {
+                for m in &g.mig_devices {
+                    profiles.entry(&m.profile).or_default().insert(g.index);
                 }
             }
-            out.sort_by_key(|g| g.index);
+            if profiles.len() > 1 {
+                let profiles = profiles
+                    .iter()
+                    .map(|(p, gpus)| {
+                        let list = gpus.iter().map(u32::to_string).collect::<Vec<_>>();
+                        let noun = if list.len() == 1 { "GPU" } else { "GPUs" };
+                        format!("{p} on {noun} {}", list.join(","))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(PlanError::MigSingleProfiles { profiles });
+            }
+            for g in &inv.gpus {
+                for m in &g.mig_devices {
+                    add(
+                        WHOLE_GPU_RESOURCE.to_string(),
+                        Unit {
+                            gpu: g,
+                            mig: Some(m),
+                        },
+                    );
+                }
+            }
+        }
+        MigStrategy::Mixed if any_mig => {
+            for g in &inv.gpus {
+                if !g.mig_enabled {
+                    add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
+                    continue;
+                }
+                if g.mig_devices.is_empty() {
+                    warnings.push(format!(
+                        "flags.migStrategy: GPU {} ({}) has MIG enabled and no MIG devices; nothing is advertised for it",
+                        g.index, g.uuid
+                    ));
+                }
+                for m in &g.mig_devices {
+                    let name = mig::resource_name(&m.profile);
+                    if ResourceName::parse(&name).is_err() {
+                        warnings.push(format!(
+                            "flags.migStrategy: MIG device {}:{} ({}) has profile `{}`, which makes no valid resource name; not advertised",
+                            g.index, m.index, m.uuid, m.profile
+                        ));
+                        continue;
+                    }
+                    add(
+                        name,
+                        Unit {
+                            gpu: g,
+                            mig: Some(m),
+                        },
+                    );
+                }
+            }
+        }
+        // none, or single/mixed on a node without MIG-enabled GPUs (NVIDIA's fallback).
+        _ => {
+            for g in &inv.gpus {
+                if g.mig_enabled {
+                    warnings.push(format!(
+                        "flags.migStrategy: GPU {} ({}) has MIG enabled, but migStrategy is none: it is advertised whole as {WHOLE_GPU_RESOURCE} and containers get none of its MIG devices; use single or mixed",
+                        g.index, g.uuid
+                    ));
+                }
+                add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
+            }
+        }
+    }
+    for units in out.values_mut() {
+        units.sort_by_key(Unit::order);
+    }
+    Ok(out)
+}
+
+/// The devices of one node resource an entry's `devices` selects, in (GPU index, MIG index)
+/// order, warning about names this node lacks.
+///
+/// On a resource of MIG devices, a GPU index or GPU UUID selects every MIG device of that GPU
+/// in the resource; `"<gpu>:<mig>"` and a MIG UUID select one.
+fn select<'a>(
+    entry: &SharedResource,
+    units: &[Unit<'a>],
+    warnings: &mut Vec<String>,
+) -> Vec<Unit<'a>> {
+    let path = format!("{}.devices", entry.path);
+    let gpus_only = units.iter().all(|u| u.mig.is_none());
+    let noun = if gpus_only { "GPUs" } else { "MIG devices" };
+    match &entry.devices {
+        DeviceSelector::All => units.to_vec(),
+        DeviceSelector::Count(n) => {
+            if *n as usize > units.len() {
+                warnings.push(format!(
+                    "{path}: asks for the first {n} {noun} of {}, this node has {}",
+                    entry.source,
+                    units.len()
+                ));
+            }
+            units.iter().take(*n as usize).copied().collect()
+        }
+        DeviceSelector::List(refs) => {
+            let mut out: Vec<Unit<'a>> = Vec::new();
+            for r in refs {
+                let matches: Vec<Unit<'a>> = units
+                    .iter()
+                    .filter(|u| match r {
+                        DeviceRef::Index(i) => u.gpu.index == *i,
+                        DeviceRef::Uuid(id) => u.uuid() == id || u.gpu.uuid == *id,
+                        DeviceRef::MigIndex(g, m) => {
+                            u.gpu.index == *g && u.mig.is_some_and(|d| d.index == *m)
+                        }
+                    })
+                    .copied()
+                    .collect();
+                if matches.is_empty() {
+                    let msg = if gpus_only && !matches!(r, DeviceRef::MigIndex(..)) {
+                        format!("{path}: this node has no GPU {r}")
+                    } else {
+                        format!(
+                            "{path}: {r} matches no device of {} on this node",
+                            entry.source
+                        )
+                    };
+                    warnings.push(msg);
+                    continue;
+                }
+                let before = out.len();
+                for u in matches {
+                    if !out.iter().any(|o| o.uuid() == u.uuid()) {
+                        out.push(u);
+                    }
+                }
+                if out.len() == before {
+                    let what = if gpus_only { "a GPU" } else { "devices" };
+                    warnings.push(format!("{path}: {r} names {what} listed already"));
+                }
+            }
+            out.sort_by_key(Unit::order);
             out
         }
     }
@@ -431,41 +731,50 @@ fn resource(
     replicas: u32,
     fail_requests_greater_than_one: bool,
     pass_device_specs: bool,
-    gpus: &[&Gpu],
+    units: &[Unit<'_>],
 ) -> Result<ResourcePlan, PlanError> {
     // Size the ListAndWatch message before allocating anything: a typo like
     // `replicas: 40000000` must be an error, not an out-of-memory kill.
     let mut bytes: u64 = 0;
-    for g in gpus {
+    for u in units {
         for n in 0..replicas {
-            let id_len = id_len(&g.uuid, replicas, n);
-            bytes += framed(device_encoded_len(id_len, g.healthy, g.numa_node));
+            let id_len = id_len(u.uuid(), replicas, n);
+            bytes += framed(device_encoded_len(id_len, u.healthy(), u.gpu.numa_node));
             if bytes > MAX_LIST_BYTES as u64 {
                 return Err(PlanError::MessageTooLarge {
                     resource: name.to_string(),
-                    devices: gpus.len() as u64 * u64::from(replicas),
-                    bytes: estimate_total(gpus, replicas),
+                    devices: units.len() as u64 * u64::from(replicas),
+                    bytes: estimate_total(units, replicas),
                     limit: MAX_LIST_BYTES,
                 });
             }
         }
     }
-    let mut devices = Vec::with_capacity(gpus.len() * replicas as usize);
-    for g in gpus {
+    let mut devices = Vec::with_capacity(units.len() * replicas as usize);
+    for u in units {
+        let mig = u.mig.map(|m| MigInfo {
+            index: m.index,
+            parent_uuid: u.gpu.uuid.clone(),
+            profile: m.profile.clone(),
+            gi_id: m.gi_id,
+            ci_id: m.ci_id,
+            caps: m.caps,
+        });
         for n in 0..replicas {
             let (id, replica) = if strategy == Strategy::TimeSlicing && replicas > 1 {
-                (replica_id(&g.uuid, n), Some(n))
+                (replica_id(u.uuid(), n), Some(n))
             } else {
-                (g.uuid.clone(), None)
+                (u.uuid().to_string(), None)
             };
             devices.push(VirtualDevice {
                 id,
-                gpu_index: g.index,
-                gpu_uuid: g.uuid.clone(),
-                gpu_minor: g.minor,
+                gpu_index: u.gpu.index,
+                gpu_uuid: u.uuid().to_string(),
+                gpu_minor: u.gpu.minor,
                 replica,
-                healthy: g.healthy,
-                numa_node: g.numa_node,
+                healthy: u.healthy(),
+                numa_node: u.gpu.numa_node,
+                mig: mig.clone(),
             });
         }
     }
@@ -497,14 +806,15 @@ fn id_len(uuid: &str, replicas: u32, n: u32) -> usize {
     }
 }
 
-fn estimate_total(gpus: &[&Gpu], replicas: u32) -> u64 {
-    gpus.iter()
-        .flat_map(|g| {
+fn estimate_total(units: &[Unit<'_>], replicas: u32) -> u64 {
+    units
+        .iter()
+        .flat_map(|u| {
             (0..replicas).map(move |n| {
                 framed(device_encoded_len(
-                    id_len(&g.uuid, replicas, n),
-                    g.healthy,
-                    g.numa_node,
+                    id_len(u.uuid(), replicas, n),
+                    u.healthy(),
+                    u.gpu.numa_node,
                 ))
             })
         })

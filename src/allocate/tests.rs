@@ -235,3 +235,216 @@ fn preferred_for_whole_gpus_stays_on_one_numa_node() {
     let got = preferred(r, &avail, &[uuid(5)], 3);
     assert_eq!(gpus_of(r, &got), [4, 5, 6]);
 }
+
+#[test]
+fn preferred_ranks_load_before_numa() {
+    // GPU 0 (NUMA 0) has 2 replicas in use; GPU 4 (NUMA 1) is idle; the container already has
+    // a replica of GPU 1 (NUMA 0). The idle GPU wins over the nearer, busier one.
+    let r = shared(4, 8);
+    let mut avail = vec![format!("{}::0", uuid(1))];
+    avail.extend((2..4).map(|n| format!("{}::{n}", uuid(0))));
+    avail.extend((0..4).map(|n| format!("{}::{n}", uuid(4))));
+    let got = preferred(&r, &avail, &[format!("{}::0", uuid(1))], 2);
+    assert_eq!(got, [format!("{}::0", uuid(1)), format!("{}::0", uuid(4))]);
+}
+
+// ---- MIG ----
+
+/// GPU 0: 3x 2g.20gb; GPU 1: 2x 1g.10gb + 1x 2g.20gb; GPUs 2-3 whole. caps: GI access
+/// 100 + 10 * gpu + gi, CI access 200 + 10 * gpu + gi.
+fn mig_node() -> crate::inventory::Inventory {
+    use crate::inventory::{test_mig, MigCaps};
+    let mut node = test_node(4);
+    node.gpus[0].mig_enabled = true;
+    node.gpus[0].mig_devices = test_mig(0, &[("2g.20gb", 3)]);
+    node.gpus[1].mig_enabled = true;
+    node.gpus[1].mig_devices = test_mig(1, &[("1g.10gb", 2), ("2g.20gb", 1)]);
+    for g in &mut node.gpus {
+        let gi = g.index;
+        for m in &mut g.mig_devices {
+            m.caps = Some(MigCaps {
+                gi_access: 100 + 10 * gi + m.gi_id,
+                ci_access: 200 + 10 * gi + m.gi_id,
+            });
+        }
+    }
+    node
+}
+
+fn mig_uuid(gpu: u32, m: u32) -> String {
+    format!("MIG-{gpu:04}{m:04}-0000-0000-0000-000000000000")
+}
+
+fn mig_resource(flags: &str, ts: &str, name: &str) -> std::sync::Arc<ResourcePlan> {
+    let sharing = if ts.is_empty() {
+        String::new()
+    } else {
+        format!("sharing:\n  timeSlicing:\n{ts}")
+    };
+    let p = parse(&format!("flags:\n  migStrategy: mixed\n{flags}{sharing}")).unwrap();
+    build(&p, &mig_node()).unwrap().plan.resources[name].clone()
+}
+
+#[test]
+fn mig_allocation_env_carries_mig_uuids_in_gpu_then_mig_order() {
+    let r = mig_resource("", "", "nvidia.com/mig-2g.20gb");
+    let cases: &[(&[String], String)] = &[
+        (&[mig_uuid(0, 1)], mig_uuid(0, 1)),
+        (
+            &[mig_uuid(1, 2), mig_uuid(0, 2), mig_uuid(0, 0)],
+            format!("{},{},{}", mig_uuid(0, 0), mig_uuid(0, 2), mig_uuid(1, 2)),
+        ),
+    ];
+    for (req, want) in cases {
+        let a = allocate(&r, req, "/").unwrap();
+        assert_eq!(&a.envs[NVIDIA_VISIBLE_DEVICES], want);
+        assert_eq!(&a.envs[CUDA_VISIBLE_DEVICES], want);
+        assert!(a.device_nodes.is_empty());
+    }
+    // A GPU UUID is not a device of a MIG resource.
+    assert!(matches!(
+        allocate(&r, &[uuid(0)], "/"),
+        Err(AllocateError::UnknownDevice { .. })
+    ));
+}
+
+#[test]
+fn time_sliced_mig_replicas_of_two_slices_on_one_gpu_are_two_uuids() {
+    let r = mig_resource(
+        "",
+        "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 3\n",
+        "nvidia.com/mig-1g.10gb",
+    );
+    let req = vec![
+        format!("{}::2", mig_uuid(1, 1)),
+        format!("{}::0", mig_uuid(1, 0)),
+        format!("{}::1", mig_uuid(1, 1)),
+    ];
+    let a = allocate(&r, &req, "/").unwrap();
+    let want = format!("{},{}", mig_uuid(1, 0), mig_uuid(1, 1));
+    assert_eq!(a.envs[NVIDIA_VISIBLE_DEVICES], want);
+    assert_eq!(a.envs[CUDA_VISIBLE_DEVICES], want);
+}
+
+#[test]
+fn mig_device_specs_include_the_parent_and_the_caps_nodes() {
+    let r = mig_resource(
+        "  plugin:\n    passDeviceSpecs: true\n",
+        "",
+        "nvidia.com/mig-2g.20gb",
+    );
+    // Two MIG devices of GPU 0 and one of GPU 1: /dev/nvidia0 and /dev/nvidia1 once each.
+    let a = allocate(
+        &r,
+        &[mig_uuid(1, 2), mig_uuid(0, 2), mig_uuid(0, 0)],
+        "/host",
+    )
+    .unwrap();
+    let paths: Vec<(&str, &str)> = a
+        .device_nodes
+        .iter()
+        .map(|d| (d.container_path.as_str(), d.host_path.as_str()))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            ("/dev/nvidia0", "/host/dev/nvidia0"),
+            ("/dev/nvidia1", "/host/dev/nvidia1"),
+            ("/dev/nvidiactl", "/host/dev/nvidiactl"),
+            ("/dev/nvidia-uvm", "/host/dev/nvidia-uvm"),
+            ("/dev/nvidia-uvm-tools", "/host/dev/nvidia-uvm-tools"),
+            // GPU 0, MIG 0: GI 1; GPU 0, MIG 2: GI 3; GPU 1, MIG 2: GI 3.
+            (
+                "/dev/nvidia-caps/nvidia-cap101",
+                "/host/dev/nvidia-caps/nvidia-cap101"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap201",
+                "/host/dev/nvidia-caps/nvidia-cap201"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap103",
+                "/host/dev/nvidia-caps/nvidia-cap103"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap203",
+                "/host/dev/nvidia-caps/nvidia-cap203"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap113",
+                "/host/dev/nvidia-caps/nvidia-cap113"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap213",
+                "/host/dev/nvidia-caps/nvidia-cap213"
+            ),
+        ]
+    );
+    // Whole GPUs on the same node: no caps nodes.
+    let p = parse("flags:\n  migStrategy: mixed\n  plugin:\n    passDeviceSpecs: true\n").unwrap();
+    let built = build(&p, &mig_node()).unwrap();
+    let whole = &built.plan.resources["nvidia.com/gpu"];
+    let a = allocate(whole, &[uuid(3)], "/").unwrap();
+    assert_eq!(a.device_nodes.len(), 4);
+    assert!(a.device_nodes.iter().all(|d| !d.host_path.contains("caps")));
+}
+
+#[test]
+fn mig_device_specs_without_known_caps_skip_the_caps_nodes() {
+    let p = parse("flags:\n  migStrategy: mixed\n  plugin:\n    passDeviceSpecs: true\n").unwrap();
+    let mut node = mig_node();
+    node.gpus[0].mig_devices[1].caps = None;
+    let built = build(&p, &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/mig-2g.20gb"];
+    let a = allocate(r, &[mig_uuid(0, 1)], "/").unwrap();
+    let paths: Vec<&str> = a
+        .device_nodes
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/dev/nvidia0",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools"
+        ]
+    );
+}
+
+#[test]
+fn preferred_treats_mig_slices_of_one_gpu_as_distinct_units() {
+    let r = mig_resource(
+        "",
+        "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 4\n",
+        "nvidia.com/mig-1g.10gb",
+    );
+    // Both 1g.10gb slices are on GPU 1: two replicas go to two slices, not one.
+    let mut avail = all_ids(&r);
+    avail.reverse();
+    let got = preferred(&r, &avail, &[], 2);
+    assert_eq!(
+        got,
+        [
+            format!("{}::0", mig_uuid(1, 0)),
+            format!("{}::0", mig_uuid(1, 1))
+        ]
+    );
+    // Least-loaded slice: slice 0 has 3 replicas in use, slice 1 has 1.
+    let avail = vec![
+        format!("{}::3", mig_uuid(1, 0)),
+        format!("{}::1", mig_uuid(1, 1)),
+        format!("{}::2", mig_uuid(1, 1)),
+        format!("{}::3", mig_uuid(1, 1)),
+    ];
+    assert_eq!(
+        preferred(&r, &avail, &[], 1),
+        [format!("{}::1", mig_uuid(1, 1))]
+    );
+    // must_include on slice 1: the next pick is on slice 0.
+    let avail = all_ids(&r);
+    let must = vec![format!("{}::2", mig_uuid(1, 1))];
+    let got = preferred(&r, &avail, &must, 2);
+    assert_eq!(got, [format!("{}::0", mig_uuid(1, 0)), must[0].clone()]);
+}

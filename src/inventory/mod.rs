@@ -1,7 +1,9 @@
 //! What GPUs a node has: [`Gpu`], [`MigDevice`], [`Inventory`], and the [`GpuSource`] trait
 //! with its two implementations, NVML ([`nvml::NvmlSource`], the only user of nvml-wrapper) and
 //! a simulated node file ([`simulated::SimulatedSource`]). Nothing here decides sharing.
+//! [`mig`] holds the MIG facts both sources share (profile names, nvidia-caps minors).
 
+pub mod mig;
 pub mod nvml;
 pub mod simulated;
 
@@ -10,14 +12,40 @@ use std::path::PathBuf;
 /// One MIG device (a GPU instance with one compute instance) of a MIG-enabled GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MigDevice {
-    /// Position among the parent GPU's MIG devices (the `m` of `"<gpu>:<m>"`).
+    /// NVML's MIG device index on the parent GPU (the `m` of `"<gpu>:<m>"`). NVML's slots can
+    /// be sparse (a destroyed instance leaves a gap), so indices need not be dense.
     pub index: u32,
-    /// `MIG-…` UUID.
+    /// `MIG-…` UUID: what `NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` carry.
     pub uuid: String,
-    /// Profile name as NVIDIA spells it, e.g. `1g.10gb` or `1g.24gb+me`.
+    /// Profile name as NVIDIA spells it, e.g. `1g.10gb` or `1g.24gb+me` (see [`mig`]).
     pub profile: String,
     /// Memory of the slice, MiB.
     pub memory_mib: u64,
+    /// GPU-instance id on the parent GPU.
+    pub gi_id: u32,
+    /// Compute-instance id inside the GPU instance.
+    pub ci_id: u32,
+    /// GPU slices of the GPU instance (the `3` of `3g.40gb`).
+    pub gpu_slices: u32,
+    /// Compute slices of the compute instance (equal to `gpu_slices` unless the profile is
+    /// `<c>c.<g>g…`).
+    pub compute_slices: u32,
+    /// The nvidia-caps minors granting access to its GPU and compute instance, when the
+    /// driver's `mig-minors` file was read (see [`mig::resolve_caps`]).
+    pub caps: Option<MigCaps>,
+    /// False when this MIG device is known to be unusable. Discovery sets true; the
+    /// supervisor clears it while a critical Xid on its UUID holds it Unhealthy. A MIG device is
+    /// advertised healthy only when it and its parent GPU ([`Gpu::healthy`]) both are.
+    pub healthy: bool,
+}
+
+/// The `N`s of `/dev/nvidia-caps/nvidia-cap<N>` for one MIG device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigCaps {
+    /// Access to the GPU instance (`gpu<minor>/gi<gi>/access`).
+    pub gi_access: u32,
+    /// Access to the compute instance (`gpu<minor>/gi<gi>/ci<ci>/access`).
+    pub ci_access: u32,
 }
 
 /// One physical GPU as discovered.
@@ -39,7 +67,8 @@ pub struct Gpu {
     pub numa_node: Option<i64>,
     /// MIG mode is enabled (current mode).
     pub mig_enabled: bool,
-    /// MIG devices, when MIG mode is enabled.
+    /// MIG devices, when MIG mode is enabled, sorted by [`MigDevice::index`]. A MIG-enabled
+    /// GPU may have none (no instances created yet).
     pub mig_devices: Vec<MigDevice>,
     /// False when the GPU is known to be unusable (a simulated failure, a lost GPU).
     pub healthy: bool,
@@ -70,6 +99,32 @@ impl Inventory {
     }
 }
 
+/// Test helpers: MIG devices of `profile` with readable UUIDs
+/// (`MIG-<gpu>-<index>…`), GI ids from 1, CI id 0, memory from the profile name.
+#[cfg(test)]
+pub(crate) fn test_mig(gpu: u32, layout: &[(&str, u32)]) -> Vec<MigDevice> {
+    let mut out = Vec::new();
+    for (profile, count) in layout {
+        let p = mig::Profile::parse(profile).expect("test profile");
+        for _ in 0..*count {
+            let m = out.len() as u32;
+            out.push(MigDevice {
+                index: m,
+                uuid: format!("MIG-{gpu:04}{m:04}-0000-0000-0000-000000000000"),
+                profile: profile.to_string(),
+                memory_mib: p.memory_gb * 1024,
+                gi_id: m + 1,
+                ci_id: 0,
+                gpu_slices: p.gpu_slices,
+                compute_slices: p.compute_slices,
+                caps: None,
+                healthy: true,
+            });
+        }
+    }
+    out
+}
+
 /// Discovering GPUs failed.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
@@ -98,6 +153,18 @@ pub enum InventoryError {
         query: &'static str,
         /// The GPU UUID.
         uuid: String,
+        /// NVML's error.
+        reason: String,
+    },
+    /// An NVML query about one MIG device (or MIG slot) of a GPU failed.
+    #[error("NVML query {query} for MIG device {gpu}:{slot}: {reason}")]
+    NvmlMigQuery {
+        /// The query, e.g. `nvmlDeviceGetGpuInstanceId`.
+        query: &'static str,
+        /// The parent GPU's index.
+        gpu: u32,
+        /// The MIG device index (NVML slot) on that GPU.
+        slot: u32,
         /// NVML's error.
         reason: String,
     },
@@ -149,6 +216,23 @@ pub struct XidEvent {
     pub xid: u64,
 }
 
+/// Something the GPU source observed about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// An Xid error.
+    Xid(XidEvent),
+    /// The device cannot be watched or stopped answering: fail closed (Unhealthy).
+    Failed {
+        /// UUID of the GPU or MIG device.
+        uuid: String,
+        /// What failed, for the log.
+        reason: String,
+    },
+}
+
+/// Where a source's background event watcher delivers [`DeviceEvent`]s.
+pub type EventSink = std::sync::Arc<dyn Fn(DeviceEvent) + Send + Sync>;
+
 /// A source of GPUs: NVML on a real node, a file for a simulated one.
 pub trait GpuSource: Send {
     /// Discovers every GPU now.
@@ -181,6 +265,9 @@ pub trait GpuSource: Send {
     ) -> Result<Option<ComputeMode>, InventoryError> {
         Ok(None)
     }
+    /// (Re)starts watching the GPUs of the last discovery for events (NVML: Xid critical
+    /// errors on a dedicated thread), delivering them to `sink`. The default watches nothing.
+    fn watch_events(&mut self, _sink: EventSink) {}
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;

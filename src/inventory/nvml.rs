@@ -3,14 +3,31 @@
 //! NVML is loaded with `dlopen` (`libnvidia-ml.so.1` by default, or `--nvml-library PATH` for
 //! custom driver roots and the fake library used in tests). The NUMA node comes from sysfs
 //! (`<sysfs>/bus/pci/devices/<bus id>/numa_node`), best effort.
+//!
+//! # MIG
+//!
+//! For each GPU, `nvmlDeviceGetMigMode` (current mode): `NotSupported` is a GPU without MIG.
+//! On a MIG-enabled GPU, `nvmlDeviceGetMaxMigDeviceCount` is a capacity (7 on an A100/H100),
+//! not a count: every slot below it is asked with `nvmlDeviceGetMigDeviceHandleByIndex`, and a
+//! slot answering `NotFound` is empty and skipped. For each MIG device: UUID, name, attributes
+//! (`nvmlDeviceGetAttributes_v2`: slice counts, memory), and the GPU-instance and
+//! compute-instance ids through the raw `nvmlDeviceGetGpuInstanceId` /
+//! `nvmlDeviceGetComputeInstanceId` (nvml-wrapper has no wrapper for them). The profile is the
+//! word after ` MIG ` in the device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`), or, when the
+//! name lacks it, rebuilt from the attributes (see [`super::mig`]).
 
 use std::ffi::OsStr;
+use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::Nvml;
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::{Device, Nvml};
 
-use super::{ComputeMode, Gpu, GpuSource, Inventory, InventoryError};
+use super::mig::{self, Profile};
+use super::{
+    ComputeMode, DeviceEvent, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice,
+    XidEvent,
+};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -18,12 +35,18 @@ pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 /// GPUs discovered through NVML. Holds NVML initialised for its lifetime
 /// (`nvmlShutdown` runs on drop).
 pub struct NvmlSource {
-    nvml: Nvml,
+    nvml: std::sync::Arc<Nvml>,
+    /// The Xid event thread, stopped and joined on drop or restart.
+    events: Option<EventWatch>,
+    /// GPUs whose event registration failed: they may not recover (fail closed) until a
+    /// registration succeeds.
+    unwatched: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     library: String,
     sysfs_root: PathBuf,
     /// GPUs of the last successful discovery, by index: a GPU that stops answering is reported
     /// from here as Unhealthy (fail closed) instead of failing the whole node.
     last: std::collections::BTreeMap<u32, Gpu>,
+    proc_root: PathBuf,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -52,12 +75,133 @@ impl NvmlSource {
                 reason: e.to_string(),
             })?;
         Ok(NvmlSource {
-            nvml,
+            nvml: std::sync::Arc::new(nvml),
+            events: None,
+            unwatched: Default::default(),
             library,
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
             last: Default::default(),
+            proc_root: PathBuf::from("/"),
         })
     }
+    /// Reads the nvidia-caps MIG minors under `root` instead of `/`
+    /// (`<root>/proc/driver/nvidia-caps/mig-minors`; see [`mig::resolve_caps`]).
+    pub fn with_proc_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.proc_root = root.into();
+        self
+    }
+
+    /// Every MIG device of the MIG-enabled GPU `index`, skipping empty slots.
+    fn mig_devices(
+        &self,
+        dev: &Device<'_>,
+        index: u32,
+        parent_mib: u64,
+    ) -> Result<Vec<MigDevice>, InventoryError> {
+        let capacity = query(
+            index,
+            "nvmlDeviceGetMaxMigDeviceCount",
+            dev.mig_device_count(),
+        )?;
+        let mut out = Vec::new();
+        for slot in 0..capacity {
+            let q = |query: &'static str, e: NvmlError| InventoryError::NvmlMigQuery {
+                query,
+                gpu: index,
+                slot,
+                reason: e.to_string(),
+            };
+            let m = match dev.mig_device_by_index(slot) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound) => continue,
+                Err(e) => return Err(q("nvmlDeviceGetMigDeviceHandleByIndex", e)),
+            };
+            let uuid = m.uuid().map_err(|e| q("nvmlDeviceGetUUID", e))?;
+            let name = m.name().map_err(|e| q("nvmlDeviceGetName", e))?;
+            let gi_id = self
+                .instance_id(&m, InstanceId::Gpu)
+                .map_err(|e| q("nvmlDeviceGetGpuInstanceId", e))?;
+            let ci_id = self
+                .instance_id(&m, InstanceId::Compute)
+                .map_err(|e| q("nvmlDeviceGetComputeInstanceId", e))?;
+            let attrs = m.attributes().ok();
+            let memory_mib = match &attrs {
+                Some(a) if a.memory_size_mb > 0 => a.memory_size_mb,
+                _ => {
+                    m.memory_info()
+                        .map_err(|e| q("nvmlDeviceGetMemoryInfo_v2", e))?
+                        .total
+                        / (1024 * 1024)
+                }
+            };
+            let profile = match (mig::profile_from_device_name(&name), &attrs) {
+                (Some(p), _) => p,
+                (None, Some(a)) if a.gpu_instance_slice_count > 0 => Profile::name_for(
+                    a.gpu_instance_slice_count,
+                    a.compute_instance_slice_count
+                        .clamp(1, a.gpu_instance_slice_count),
+                    mig::memory_gb(parent_mib, memory_mib),
+                ),
+                (None, _) => {
+                    return Err(InventoryError::NvmlMigQuery {
+                        query: "nvmlDeviceGetAttributes_v2",
+                        gpu: index,
+                        slot,
+                        reason: format!(
+                            "no profile in the name {name:?} and no slice counts to derive one"
+                        ),
+                    })
+                }
+            };
+            let parsed = Profile::parse(&profile);
+            let (gpu_slices, compute_slices) = match (&attrs, &parsed) {
+                (Some(a), _) if a.gpu_instance_slice_count > 0 => (
+                    a.gpu_instance_slice_count,
+                    a.compute_instance_slice_count
+                        .clamp(1, a.gpu_instance_slice_count),
+                ),
+                (_, Some(p)) => (p.gpu_slices, p.compute_slices),
+                _ => (0, 0),
+            };
+            out.push(MigDevice {
+                index: slot,
+                uuid,
+                profile,
+                memory_mib,
+                gi_id,
+                ci_id,
+                gpu_slices,
+                compute_slices,
+                caps: None,
+                healthy: true,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle,
+    /// called through nvml-wrapper's loaded symbol table (it has no safe wrapper for them).
+    fn instance_id(&self, mig: &Device<'_>, which: InstanceId) -> Result<u32, NvmlError> {
+        let lib = self.nvml.lib();
+        let sym = match which {
+            InstanceId::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+            InstanceId::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+        }
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut id: c_uint = 0;
+        // SAFETY: the symbol has NVML's signature `(nvmlDevice_t, unsigned int *)`; the handle
+        // comes from nvml-wrapper and lives as long as `self.nvml`, and `id` is a valid
+        // `unsigned int` to write to.
+        let rc = unsafe { sym(mig.handle(), &mut id) };
+        nvml_try(rc)?;
+        Ok(id)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum InstanceId {
+    Gpu,
+    Compute,
 }
 
 fn query<T>(index: u32, query: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
@@ -116,14 +260,23 @@ impl GpuSource for NvmlSource {
         for g in gpus.iter().filter(|g| g.healthy) {
             self.last.insert(g.index, g.clone());
         }
-        Ok(Inventory::new(gpus))
+        let mut inv = Inventory::new(gpus);
+        mig::resolve_caps(&mut inv, &self.proc_root);
+        Ok(inv)
     }
 
     fn probe(&mut self, uuid: &str) -> bool {
-        self.nvml
-            .device_by_uuid(uuid)
-            .and_then(|d| d.memory_info())
-            .is_ok()
+        let unwatched = self
+            .unwatched
+            .lock()
+            .map(|u| u.contains(uuid))
+            .unwrap_or(true);
+        !unwatched
+            && self
+                .nvml
+                .device_by_uuid(uuid)
+                .and_then(|d| d.memory_info())
+                .is_ok()
     }
 
     fn set_compute_mode(
@@ -163,6 +316,239 @@ impl GpuSource for NvmlSource {
     fn describe(&self) -> String {
         format!("NVML ({})", self.library)
     }
+
+    fn watch_events(&mut self, sink: EventSink) {
+        self.events = None; // stops and joins the previous thread
+        let targets = self
+            .last
+            .values()
+            .map(|g| EventTarget {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                migs: g
+                    .mig_devices
+                    .iter()
+                    .map(|m| (m.gi_id, m.ci_id, m.uuid.clone()))
+                    .collect(),
+            })
+            .collect();
+        self.events = Some(EventWatch::start(
+            std::sync::Arc::clone(&self.nvml),
+            targets,
+            sink,
+            std::sync::Arc::clone(&self.unwatched),
+        ));
+    }
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_CRITICAL_ERROR: u64 = 8;
+/// GPU-/compute-instance id of an event that concerns the whole GPU.
+const WHOLE_GPU: u32 = 0xFFFF_FFFF;
+/// How long one `nvmlEventSetWait_v2` blocks, so the thread notices a stop request, ms.
+const EVENT_WAIT_MS: c_uint = 500;
+
+/// A GPU the event thread watches, with its MIG devices as (GI id, CI id, UUID).
+struct EventTarget {
+    index: u32,
+    uuid: String,
+    migs: Vec<(u32, u32, String)>,
+}
+
+impl EventTarget {
+    /// The device an event with these instance ids concerns: a MIG device, or the GPU.
+    fn uuid_for(&self, gi: u32, ci: u32) -> &str {
+        if gi == WHOLE_GPU {
+            return &self.uuid;
+        }
+        self.migs
+            .iter()
+            .find(|(g, c, _)| *g == gi && (ci == WHOLE_GPU || *c == ci))
+            .map_or(&self.uuid, |(_, _, u)| u)
+    }
+}
+
+/// The one thread per process that reads NVML Xid events (blocking waits with a timeout, so it
+/// can stop). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
+/// `nvmlEventSetWait_v2` is called through its symbol table.
+struct EventWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EventWatch {
+    fn start(
+        nvml: std::sync::Arc<Nvml>,
+        targets: Vec<EventTarget>,
+        sink: EventSink,
+        unwatched: Unwatched,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || event_loop(&nvml, &targets, &sink, &flag, &unwatched))
+            .ok();
+        EventWatch { stop, thread }
+    }
+}
+
+impl Drop for EventWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+type Unwatched = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
+
+fn event_loop(
+    nvml: &Nvml,
+    targets: &[EventTarget],
+    sink: &EventSink,
+    stop: &std::sync::atomic::AtomicBool,
+    unwatched: &Unwatched,
+) {
+    let mark = |uuid: &str, failed: bool| {
+        if let Ok(mut u) = unwatched.lock() {
+            if failed {
+                u.insert(uuid.to_string());
+            } else {
+                u.remove(uuid);
+            }
+        }
+    };
+    use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
+    use std::sync::atomic::Ordering;
+    let lib = nvml.lib();
+    let (Ok(create), Ok(register), Ok(wait), Ok(free)) = (
+        lib.nvmlEventSetCreate.as_ref(),
+        lib.nvmlDeviceRegisterEvents.as_ref(),
+        lib.nvmlEventSetWait_v2.as_ref(),
+        lib.nvmlEventSetFree.as_ref(),
+    ) else {
+        tracing::warn!(
+            "this NVML has no event API; GPUs are watched by periodic NVML queries only"
+        );
+        return;
+    };
+    let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok();
+    let fail_all = |reason: &str| {
+        for t in targets {
+            sink(DeviceEvent::Failed {
+                uuid: t.uuid.clone(),
+                reason: reason.to_string(),
+            });
+        }
+    };
+    let mut delays = backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(100))
+            .with_max_delay(std::time::Duration::from_secs(30))
+            .without_max_times(),
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: NVML's `nvmlEventSetCreate(nvmlEventSet_t *)`; `set` is a valid out pointer.
+        if let Err(e) = nvml_try(unsafe { create(&mut set) }) {
+            fail_all(&format!("nvmlEventSetCreate: {e}"));
+            let pause = delays.next().unwrap_or(std::time::Duration::from_secs(30));
+            // Sleep in slices so a stop request is honoured within EVENT_WAIT_MS.
+            let until = std::time::Instant::now() + pause;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                std::thread::sleep(
+                    std::time::Duration::from_millis(u64::from(EVENT_WAIT_MS)).min(pause),
+                );
+            }
+            continue;
+        }
+        // Register every GPU (again, after a failed wait: re-check all before marking any).
+        let mut handles = Vec::new();
+        for t in targets {
+            let device = match nvml.device_by_index(t.index) {
+                Ok(d) => d,
+                Err(e) => {
+                    mark(&t.uuid, true);
+                    sink(DeviceEvent::Failed {
+                        uuid: t.uuid.clone(),
+                        reason: format!("nvmlDeviceGetHandleByIndex: {e}"),
+                    });
+                    continue;
+                }
+            };
+            // SAFETY: the handle is valid while `nvml` lives.
+            let handle = unsafe { device.handle() };
+            let mut types: u64 = XID_CRITICAL_ERROR;
+            if let Some(f) = supported {
+                // SAFETY: `(nvmlDevice_t, unsigned long long *)`; `types` is a valid out pointer.
+                if nvml_try(unsafe { f(handle, &mut types) }).is_err() {
+                    types = 0;
+                }
+            }
+            // SAFETY: `(nvmlDevice_t, unsigned long long, nvmlEventSet_t)` with a live set.
+            let rc = if types & XID_CRITICAL_ERROR == 0 {
+                Err(NvmlError::NotSupported)
+            } else {
+                nvml_try(unsafe { register(handle, XID_CRITICAL_ERROR, set) })
+            };
+            match rc {
+                Ok(()) => {
+                    mark(&t.uuid, false);
+                    handles.push((handle as usize, t));
+                }
+                Err(NvmlError::NotSupported) => {
+                    mark(&t.uuid, false);
+                    tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
+                }
+                Err(e) => {
+                    mark(&t.uuid, true);
+                    sink(DeviceEvent::Failed {
+                        uuid: t.uuid.clone(),
+                        reason: format!("Xid event registration failed: {e}"),
+                    });
+                }
+            }
+        }
+        delays = backon::BackoffBuilder::build(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(100))
+                .with_max_delay(std::time::Duration::from_secs(30))
+                .without_max_times(),
+        );
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                // SAFETY: the set was created above and is freed once.
+                unsafe { free(set) };
+                return;
+            }
+            // SAFETY: all-zero is a valid `nvmlEventData_t` (a null handle and integers).
+            let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `(nvmlEventSet_t, nvmlEventData_t *, unsigned int)` with a live set.
+            match nvml_try(unsafe { wait(set, &mut data, EVENT_WAIT_MS) }) {
+                Ok(()) if data.eventType & XID_CRITICAL_ERROR != 0 => {
+                    let Some((_, t)) = handles.iter().find(|(h, _)| *h == data.device as usize)
+                    else {
+                        continue;
+                    };
+                    sink(DeviceEvent::Xid(XidEvent {
+                        uuid: t
+                            .uuid_for(data.gpuInstanceId, data.computeInstanceId)
+                            .to_string(),
+                        xid: data.eventData,
+                    }));
+                }
+                Ok(()) | Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "NVML event wait failed; re-creating the event set and re-checking every GPU");
+                    // SAFETY: the set was created above and is freed once.
+                    unsafe { free(set) };
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl NvmlSource {
@@ -184,19 +570,34 @@ impl NvmlSource {
             .pci_info()
             .ok()
             .and_then(|p| numa_node(&self.sysfs_root, &p.bus_id));
-        // NotSupported: a GPU without MIG. Any other error: report MIG as off; the
-        // MIG strategies decide what that means.
-        let mig_enabled = dev.mig_mode().map(|m| m.current == 1).unwrap_or(false);
+        // NotSupported: a GPU without MIG. Any other error: report MIG as off, so the GPU is
+        // advertised whole.
+        let mig_enabled = match dev.mig_mode() {
+            Ok(m) => m.current == 1,
+            Err(NvmlError::NotSupported) => false,
+            Err(e) => {
+                tracing::warn!(gpu = i, error = %e, "nvmlDeviceGetMigMode failed; treating MIG as disabled");
+                false
+            }
+        };
+        let memory_mib = memory.total / (1024 * 1024);
+        // A MIG device that fails a query fails its GPU (reported Unhealthy when it was known
+        // before, see discover).
+        let mig_devices = if mig_enabled {
+            self.mig_devices(&dev, i, memory_mib)?
+        } else {
+            Vec::new()
+        };
         Ok(Gpu {
             index: i,
             uuid,
             model,
-            memory_mib: memory.total / (1024 * 1024),
+            memory_mib,
             minor,
             compute_capability: cc,
             numa_node: numa,
             mig_enabled,
-            mig_devices: Vec::new(),
+            mig_devices,
             healthy: true,
         })
     }
@@ -211,6 +612,39 @@ mod tests {
         assert_eq!(sysfs_bus_id("00000000:17:00.0"), "0000:17:00.0");
         assert_eq!(sysfs_bus_id("00000000:AF:1F.7"), "0000:af:1f.7");
         assert_eq!(sysfs_bus_id("0000:17:00.0"), "0000:17:00.0");
+    }
+
+    /// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "needs an NVIDIA driver"]
+    fn real_gpu_enumeration_is_consistent() {
+        let mut source = NvmlSource::new(None, None).expect("NVML");
+        let inv = source.discover().expect("discovery");
+        assert!(!inv.gpus.is_empty());
+        for g in &inv.gpus {
+            eprintln!(
+                "GPU {} {} {} MiB mig={} ({} MIG devices)",
+                g.index,
+                g.model,
+                g.memory_mib,
+                g.mig_enabled,
+                g.mig_devices.len()
+            );
+            assert!(g.uuid.starts_with("GPU-"), "{}", g.uuid);
+            if !g.mig_enabled {
+                assert!(g.mig_devices.is_empty());
+            }
+            for m in &g.mig_devices {
+                eprintln!(
+                    "  MIG {}:{} {} {} GI {} CI {} {} MiB caps {:?}",
+                    g.index, m.index, m.uuid, m.profile, m.gi_id, m.ci_id, m.memory_mib, m.caps
+                );
+                assert!(m.uuid.starts_with("MIG-"), "{}", m.uuid);
+                assert!(Profile::parse(&m.profile).is_some(), "{}", m.profile);
+                assert!(m.memory_mib > 0 && m.memory_mib <= g.memory_mib);
+                assert!(m.gpu_slices >= 1 && m.compute_slices <= m.gpu_slices);
+            }
+        }
     }
 
     #[test]

@@ -19,13 +19,25 @@
 //!
 //! UUIDs not given are derived deterministically from the model and the GPU index (same file,
 //! same UUIDs). Unknown keys are errors with their path.
+//!
+//! MIG devices are numbered 0, 1, … in file order on their GPU and get GPU-instance ids 1, 2, …
+//! in that order with compute-instance id 0 (one full-size compute instance each); their memory
+//! is the profile's nominal GB × 1024 MiB. A profile must be spelled as NVIDIA spells it
+//! (`1g.10gb`, `1g.24gb+me`, `1c.3g.40gb`), and a GPU's MIG devices may use at most 7 GPU
+//! slices, as on every MIG-capable GPU. Use the profiles the model really offers (the tests check
+//! the shipped nodes against `../shared/fixtures/gpu-models.yaml`). `mig:` without devices is a
+//! MIG-enabled GPU on which no instance was created yet.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::mig::{self, Profile};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
+
+/// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
+pub const MAX_GPU_SLICES: u32 = 7;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +87,7 @@ pub struct SimulatedSource {
     /// Xid last seen per GPU UUID, so an `xid:` line reports once until it changes.
     seen_xids: std::collections::BTreeMap<String, u64>,
     events: Vec<XidEvent>,
+    proc_root: PathBuf,
 }
 
 impl SimulatedSource {
@@ -84,7 +97,15 @@ impl SimulatedSource {
             path: path.into(),
             seen_xids: Default::default(),
             events: Vec::new(),
+            proc_root: PathBuf::from("/"),
         }
+    }
+
+    /// Reads the nvidia-caps MIG minors under `root` instead of `/`
+    /// (`<root>/proc/driver/nvidia-caps/mig-minors`; see [`mig::resolve_caps`]).
+    pub fn with_proc_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.proc_root = root.into();
+        self
     }
 }
 
@@ -96,7 +117,8 @@ impl GpuSource for SimulatedSource {
                 source,
             }
         })?;
-        let (inv, xids) = parse_with_xids(&self.path, &text)?;
+        let (mut inv, xids) = parse_with_xids(&self.path, &text)?;
+        mig::resolve_caps(&mut inv, &self.proc_root);
         let mut seen = std::collections::BTreeMap::new();
         for (uuid, xid) in xids {
             if self.seen_xids.get(&uuid) != Some(&xid) {
@@ -214,25 +236,8 @@ fn parse_with_xids(
                 None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
             };
             let mut mig_devices = Vec::new();
-            if let Some(mig) = &entry.mig {
-                for (j, d) in mig.devices.iter().enumerate() {
-                    let mem = profile_memory_mib(&d.profile).ok_or_else(|| {
-                        invalid(
-                            path,
-                            &format!("{at}.mig.devices[{j}].profile"),
-                            format!("`{}` is not a MIG profile like 1g.10gb", d.profile),
-                        )
-                    })?;
-                    for _ in 0..d.count.unwrap_or(1) {
-                        let m = mig_devices.len() as u32;
-                        mig_devices.push(MigDevice {
-                            index: m,
-                            uuid: derive_uuid("MIG", &format!("{uuid}/{m}")),
-                            profile: d.profile.clone(),
-                            memory_mib: mem,
-                        });
-                    }
-                }
+            if let Some(m) = &entry.mig {
+                mig_devices = mig_layout(path, &at, m, &uuid)?;
             }
             gpus.push(Gpu {
                 index,
@@ -279,13 +284,59 @@ fn derive_uuid(kind: &str, seed: &str) -> String {
     )
 }
 
-/// Memory of a MIG profile such as `1g.10gb` or `1g.24gb+me`, in MiB (GB × 1024).
-fn profile_memory_mib(profile: &str) -> Option<u64> {
-    let base = profile.strip_suffix("+me").unwrap_or(profile);
-    let (slices, mem) = base.split_once('.')?;
-    slices.strip_suffix('g')?.parse::<u32>().ok()?;
-    let gb: u64 = mem.strip_suffix("gb")?.parse().ok()?;
-    Some(gb * 1024)
+/// The MIG devices of one GPU entry (see the module documentation for the numbering).
+fn mig_layout(
+    path: &Path,
+    at: &str,
+    entry: &MigEntry,
+    gpu_uuid: &str,
+) -> Result<Vec<MigDevice>, InventoryError> {
+    let mut out: Vec<MigDevice> = Vec::new();
+    let mut slices = 0u32;
+    for (j, d) in entry.devices.iter().enumerate() {
+        let p = Profile::parse(&d.profile).ok_or_else(|| {
+            invalid(
+                path,
+                &format!("{at}.mig.devices[{j}].profile"),
+                format!(
+                    "`{}` is not a MIG profile like 1g.10gb, 1g.24gb+me or 1c.3g.40gb",
+                    d.profile
+                ),
+            )
+        })?;
+        let count = d.count.unwrap_or(1);
+        if count == 0 {
+            return Err(invalid(
+                path,
+                &format!("{at}.mig.devices[{j}].count"),
+                "must be at least 1",
+            ));
+        }
+        for _ in 0..count {
+            slices = slices.saturating_add(p.gpu_slices);
+            if slices > MAX_GPU_SLICES {
+                return Err(invalid(
+                    path,
+                    &format!("{at}.mig.devices"),
+                    format!("the MIG devices use more than the GPU's {MAX_GPU_SLICES} GPU slices"),
+                ));
+            }
+            let m = out.len() as u32;
+            out.push(MigDevice {
+                index: m,
+                uuid: derive_uuid("MIG", &format!("{gpu_uuid}/{m}")),
+                profile: d.profile.clone(),
+                memory_mib: p.memory_gb * 1024,
+                gi_id: m + 1,
+                ci_id: 0,
+                gpu_slices: p.gpu_slices,
+                compute_slices: p.compute_slices,
+                caps: None,
+                healthy: true,
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -356,8 +407,107 @@ mod tests {
         let inv = parse(Path::new("n.yaml"), text).unwrap();
         assert!(inv.gpus[0].mig_enabled);
         assert_eq!(inv.gpus[0].mig_devices.len(), 7);
-        assert_eq!(inv.gpus[0].mig_devices[6].memory_mib, 5 * 1024);
-        assert_eq!(profile_memory_mib("1g.24gb+me"), Some(24 * 1024));
-        assert_eq!(profile_memory_mib("big"), None);
+        let last = &inv.gpus[0].mig_devices[6];
+        assert_eq!(last.memory_mib, 5 * 1024);
+        assert_eq!((last.index, last.gi_id, last.ci_id), (6, 7, 0));
+        assert_eq!((last.gpu_slices, last.compute_slices), (1, 1));
+        assert!(last.uuid.starts_with("MIG-") && last.uuid.len() == 40);
+        assert!(last.healthy && last.caps.is_none());
+        let uuids: std::collections::BTreeSet<&str> = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| m.uuid.as_str())
+            .collect();
+        assert_eq!(uuids.len(), 7);
+    }
+
+    #[test]
+    fn mig_layouts_are_checked() {
+        let node = |devices: &str| {
+            format!("gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n{devices}")
+        };
+        let cases: &[(&str, Result<Vec<&str>, &str>)] = &[
+            (
+                "        - profile: 3g.40gb\n          count: 2\n",
+                Ok(vec!["3g.40gb", "3g.40gb"]),
+            ),
+            (
+                "        - profile: 2g.20gb\n          count: 3\n        - profile: 1g.10gb+me\n",
+                Ok(vec!["2g.20gb", "2g.20gb", "2g.20gb", "1g.10gb+me"]),
+            ),
+            (
+                "        - profile: 1g.10gb\n          count: 8\n",
+                Err("gpus[0].mig.devices: the MIG devices use more than the GPU's 7 GPU slices"),
+            ),
+            (
+                "        - profile: 4g.40gb\n        - profile: 4g.40gb\n",
+                Err("gpus[0].mig.devices: the MIG devices use more"),
+            ),
+            (
+                "        - profile: 1g.10gb\n        - profile: large\n",
+                Err("gpus[0].mig.devices[1].profile: `large` is not a MIG profile"),
+            ),
+            (
+                "        - profile: 1g.10gb\n          count: 0\n",
+                Err("gpus[0].mig.devices[0].count: must be at least 1"),
+            ),
+            (
+                "        - profile: 1g.10gb\n          slots: 2\n",
+                Err("gpus[0].mig.devices[0].slots: unknown field `slots`"),
+            ),
+        ];
+        for (devices, want) in cases {
+            let got = parse(Path::new("n.yaml"), &node(devices));
+            match (got, want) {
+                (Ok(inv), Ok(profiles)) => {
+                    let got: Vec<&str> = inv.gpus[0]
+                        .mig_devices
+                        .iter()
+                        .map(|m| m.profile.as_str())
+                        .collect();
+                    assert_eq!(&got, profiles, "{devices}");
+                }
+                (Err(e), Err(msg)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(msg), "{devices}: {e}");
+                }
+                (got, _) => panic!("{devices}: {got:?}"),
+            }
+        }
+        // `mig:` without devices: MIG on, no instances.
+        let inv = parse(
+            Path::new("n.yaml"),
+            "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig: {}\n",
+        )
+        .unwrap();
+        assert!(inv.gpus[0].mig_enabled && inv.gpus[0].mig_devices.is_empty());
+    }
+
+    #[test]
+    fn discover_resolves_caps_under_the_proc_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.yaml");
+        std::fs::write(&node, "gpus:\n  - model: NVIDIA A100-SXM4-40GB\n    memoryMiB: 40960\n    count: 2\n    mig:\n      devices:\n        - profile: 3g.20gb\n          count: 2\n").unwrap();
+        let caps_dir = dir.path().join("proc/driver/nvidia-caps");
+        std::fs::create_dir_all(&caps_dir).unwrap();
+        std::fs::write(caps_dir.join("mig-minors"), mig::standard_mig_minors(2)).unwrap();
+        let inv = SimulatedSource::new(&node)
+            .with_proc_root(dir.path())
+            .discover()
+            .unwrap();
+        // GPU 1 (minor 1), MIG device 1: GI 2, CI 0 -> 3 + 135 + 2*9 = 156, 157.
+        assert_eq!(
+            inv.gpus[1].mig_devices[1].caps,
+            Some(super::super::MigCaps {
+                gi_access: 156,
+                ci_access: 157
+            })
+        );
+        // Without the file: no caps, discovery still works.
+        let inv = SimulatedSource::new(&node)
+            .with_proc_root(dir.path().join("nothing"))
+            .discover()
+            .unwrap();
+        assert!(inv.gpus[0].mig_devices.iter().all(|m| m.caps.is_none()));
     }
 }

@@ -13,20 +13,21 @@
 //! - A daemon's devices are Healthy only while the supervisor reports it ready
 //!   ([`Plan::apply_mps_observations`]); devices of other GPUs are never touched.
 //!
-//! MIG: [`MpsTarget::mig`] describes a MIG device as an MPS target (one daemon per MIG device,
-//! its memory the slice's); the plan feeds MIG targets once MIG resources are planned.
+//! MIG: an MPS entry may name a MIG resource (`nvidia.com/mig-1g.10gb` under `migStrategy:
+//! mixed`, or `nvidia.com/gpu` under `single`): each selected MIG device gets its own daemon
+//! ([`MpsTarget::mig`]), its memory the slice's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::{
-    device_encoded_len, framed, id_len, replica_id, select, Plan, PlanError, ResourcePlan,
-    Strategy, VirtualDevice, MAX_LIST_BYTES, WHOLE_GPU_RESOURCE,
+    device_encoded_len, framed, id_len, replica_id, select, MigInfo, Plan, PlanError, ResourcePlan,
+    Strategy, Unit, Units, VirtualDevice, MAX_LIST_BYTES,
 };
-use crate::inventory::{Gpu, Inventory, MigDevice};
+use crate::inventory::{Gpu, MigDevice};
 use crate::policy::mps::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 use crate::policy::{MpsEntry, Policy, ResourceName};
 
@@ -156,8 +157,8 @@ pub struct MpsTarget {
     pub compute_capability: Option<(u32, u32)>,
     /// Healthy as discovered.
     pub healthy: bool,
-    /// A MIG device.
-    pub mig: bool,
+    /// The MIG device, for a MIG target.
+    pub mig: Option<MigInfo>,
 }
 
 impl MpsTarget {
@@ -172,7 +173,7 @@ impl MpsTarget {
             memory_mib: g.memory_mib,
             compute_capability: g.compute_capability,
             healthy: g.healthy,
-            mig: false,
+            mig: None,
         }
     }
 
@@ -181,8 +182,23 @@ impl MpsTarget {
         MpsTarget {
             uuid: m.uuid.clone(),
             memory_mib: m.memory_mib,
-            mig: true,
+            healthy: g.healthy && m.healthy,
+            mig: Some(MigInfo {
+                index: m.index,
+                parent_uuid: g.uuid.clone(),
+                profile: m.profile.clone(),
+                gi_id: m.gi_id,
+                ci_id: m.ci_id,
+                caps: m.caps,
+            }),
             ..MpsTarget::gpu(g)
+        }
+    }
+
+    fn of(u: &Unit<'_>) -> Self {
+        match u.mig {
+            None => MpsTarget::gpu(u.gpu),
+            Some(m) => MpsTarget::mig(u.gpu, m),
         }
     }
 
@@ -195,65 +211,77 @@ impl MpsTarget {
     }
 }
 
-/// The GPUs each MPS entry claims on this node, recording claims in `claimed` (shared with
-/// time-slicing, so one GPU claimed by both is an error naming both entries).
+/// The devices (GPUs or MIG devices) each MPS entry claims among the node's resources `base`,
+/// recording claims in `claimed` (shared with time-slicing, so one device claimed by both is an
+/// error naming both entries).
 pub(super) fn claim<'a>(
     policy: &'a Policy,
-    inventory: &Inventory,
-    claimed: &mut BTreeMap<u32, &'a str>,
+    base: &Units<'a>,
+    claimed: &mut HashMap<&'a str, &'a str>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<(&'a MpsEntry, Vec<MpsTarget>)>, PlanError> {
     let mut out = Vec::new();
     for entry in &policy.mps.resources {
         let shared = &entry.shared;
-        if shared.source.as_str() != WHOLE_GPU_RESOURCE {
+        let Some(units) = base.get(shared.source.as_str()) else {
+            let have = if base.is_empty() {
+                "none".to_string()
+            } else {
+                base.keys().cloned().collect::<Vec<_>>().join(", ")
+            };
             warnings.push(format!(
-                "{}.name: {} is not a resource of this node (only {WHOLE_GPU_RESOURCE}); entry ignored here",
+                "{}.name: {} is not a resource of this node (here: {have}); entry ignored here",
                 shared.path, shared.source
             ));
             continue;
-        }
-        let gpus = select(shared, inventory, warnings);
-        if gpus.is_empty() {
+        };
+        let picked = select(shared, units, warnings);
+        if picked.is_empty() {
             warnings.push(format!(
-                "{}: matches no GPU on this node; nothing advertised as {}",
+                "{}: matches no device on this node; nothing advertised as {}",
                 shared.path, shared.advertised
             ));
             continue;
         }
-        for g in &gpus {
-            if let Some(first) = claimed.insert(g.index, &shared.path) {
-                return Err(PlanError::GpuClaimedTwice {
-                    gpu: g.index,
-                    uuid: g.uuid.clone(),
-                    first: first.to_string(),
-                    second: shared.path.clone(),
+        for u in &picked {
+            if let Some(first) = claimed.insert(u.uuid(), &shared.path) {
+                return Err(match u.mig {
+                    None => PlanError::GpuClaimedTwice {
+                        gpu: u.gpu.index,
+                        uuid: u.gpu.uuid.clone(),
+                        first: first.to_string(),
+                        second: shared.path.clone(),
+                    },
+                    Some(m) => PlanError::MigClaimedTwice {
+                        gpu: u.gpu.index,
+                        mig: m.index,
+                        uuid: m.uuid.clone(),
+                        first: first.to_string(),
+                        second: shared.path.clone(),
+                    },
                 });
             }
         }
-        out.push((entry, gpus.into_iter().map(MpsTarget::gpu).collect()));
+        out.push((entry, picked.iter().map(MpsTarget::of).collect()));
     }
     Ok(out)
 }
 
-/// Adds one resource per MPS entry to `resources`. `whole` are the GPUs advertised whole.
+/// Adds one resource per MPS entry to `resources`. `whole` are the devices each node resource
+/// still advertises whole.
 pub(super) fn insert_resources(
     policy: &Policy,
     claimed: Vec<(&MpsEntry, Vec<MpsTarget>)>,
-    whole: &[&Gpu],
+    whole: &BTreeMap<&str, Vec<Unit<'_>>>,
     resources: &mut BTreeMap<String, Arc<ResourcePlan>>,
 ) -> Result<(), PlanError> {
     for (entry, targets) in claimed {
         let shared = &entry.shared;
-        if !whole.is_empty() && shared.advertised.as_str() == WHOLE_GPU_RESOURCE {
+        if let Some(rest) = whole.get(shared.advertised.as_str()) {
             return Err(PlanError::NameCollision {
-                name: WHOLE_GPU_RESOURCE.to_string(),
+                name: shared.advertised.to_string(),
                 entry: shared.path.clone(),
-                unclaimed: whole
-                    .iter()
-                    .map(|g| g.index.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                unclaimed: rest.iter().map(Unit::label).collect::<Vec<_>>().join(","),
             });
         }
         let res = mps_resource(&shared.advertised, entry, &targets, policy)?;
@@ -322,7 +350,7 @@ pub fn mps_resource(
                 uuid: t.uuid.clone(),
                 gpu_index: t.gpu_index,
                 gpu_uuid: t.gpu_uuid.clone(),
-                mig: t.mig,
+                mig: t.mig.is_some(),
                 replicas,
                 limits: MpsLimits {
                     active_thread_percentage: entry.active_thread_percentage,
@@ -343,11 +371,12 @@ pub fn mps_resource(
             devices.push(VirtualDevice {
                 id,
                 gpu_index: t.gpu_index,
-                gpu_uuid: t.gpu_uuid.clone(),
+                gpu_uuid: t.uuid.clone(),
                 gpu_minor: t.minor,
                 replica,
                 healthy: t.healthy,
                 numa_node: t.numa_node,
+                mig: t.mig.clone(),
             });
         }
     }

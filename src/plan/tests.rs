@@ -1,5 +1,5 @@
 use super::*;
-use crate::inventory::test_node;
+use crate::inventory::{simulated, test_mig, test_node};
 use crate::policy::parse;
 
 fn policy(ts: &str) -> Policy {
@@ -153,7 +153,10 @@ fn entries_that_match_nothing_here_are_warnings() {
         w.contains("resources[0].devices: this node has no GPU GPU-nothere"),
         "{w}"
     );
-    assert!(w.contains("resources[0]: matches no GPU"), "{w}");
+    assert!(
+        w.contains("resources[0]: matches no device on this node"),
+        "{w}"
+    );
     assert!(
         w.contains("resources[1].name: nvidia.com/mig-1g.10gb"),
         "{w}"
@@ -161,28 +164,6 @@ fn entries_that_match_nothing_here_are_warnings() {
     assert!(
         w.contains("resources[2].devices: this node has no GPU 7"),
         "{w}"
-    );
-}
-
-#[test]
-fn mig_strategy_other_than_none_on_a_mig_node_is_an_error_until_mig_lands() {
-    let mut node = test_node(2);
-    let p = parse("flags:\n  migStrategy: mixed\n").unwrap();
-    // No MIG-enabled GPU: whole GPUs, as NVIDIA's plugin falls back.
-    assert_eq!(
-        counts(&build(&p, &node).unwrap()),
-        [("nvidia.com/gpu".to_string(), 2)]
-    );
-    node.gpus[1].mig_enabled = true;
-    let e = build(&p, &node).unwrap_err();
-    assert!(
-        matches!(e, PlanError::MigUnsupported { gpu: 1, .. }),
-        "{e:?}"
-    );
-    let none = parse("flags:\n  migStrategy: none\n").unwrap();
-    assert_eq!(
-        counts(&build(&none, &node).unwrap()),
-        [("nvidia.com/gpu".to_string(), 2)]
     );
 }
 
@@ -268,4 +249,492 @@ fn varints() {
     }
     assert_eq!(physical_uuid("GPU-1::3"), "GPU-1");
     assert_eq!(physical_uuid("GPU-1"), "GPU-1");
+}
+
+// ---- MIG ----
+
+fn shipped_node(name: &str, text: &str) -> Inventory {
+    simulated::parse(std::path::Path::new(name), text).unwrap()
+}
+
+/// config/nodes/h100-80gb-x8-mig-mixed.yaml: GPU 0 7x 1g.10gb, GPU 1 3x 2g.20gb + 1g.10gb,
+/// GPU 2 2x 3g.40gb, GPUs 3-7 whole.
+fn h100_mixed() -> Inventory {
+    shipped_node(
+        "h100-mixed",
+        include_str!("../../config/nodes/h100-80gb-x8-mig-mixed.yaml"),
+    )
+}
+
+/// config/nodes/a100-40gb-x8-mig-single.yaml: 8 GPUs, each 7x 1g.5gb.
+fn a100_single() -> Inventory {
+    shipped_node(
+        "a100-single",
+        include_str!("../../config/nodes/a100-40gb-x8-mig-single.yaml"),
+    )
+}
+
+fn mig_policy(strategy: &str, ts: &str) -> Policy {
+    let sharing = if ts.is_empty() {
+        String::new()
+    } else {
+        format!("sharing:\n  timeSlicing:\n{ts}")
+    };
+    parse(&format!(
+        "version: v1\nflags:\n  migStrategy: {strategy}\n{sharing}"
+    ))
+    .unwrap()
+}
+
+const TS_1G_10GB: &str =
+    "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n";
+
+#[test]
+fn table_of_mig_strategies_on_the_shipped_nodes() {
+    type Want = Result<&'static [(&'static str, usize)], &'static str>;
+    let h100 = h100_mixed();
+    let a100 = a100_single();
+    let plain = test_node(8);
+    let cases: &[(&str, &Inventory, &str, &str, Want)] = &[
+        ("h100 none", &h100, "none", "", Ok(&[("nvidia.com/gpu", 8)])),
+        (
+            "h100 single",
+            &h100,
+            "single",
+            "",
+            Err("flags.migStrategy: single needs every GPU in the same MIG mode, but MIG is enabled on GPUs 0,1,2 and disabled on GPUs 3,4,5,6,7;"),
+        ),
+        (
+            "h100 mixed",
+            &h100,
+            "mixed",
+            "",
+            Ok(&[
+                ("nvidia.com/gpu", 5),
+                ("nvidia.com/mig-1g.10gb", 8),
+                ("nvidia.com/mig-2g.20gb", 3),
+                ("nvidia.com/mig-3g.40gb", 2),
+            ]),
+        ),
+        (
+            "h100 mixed, 1g.10gb time-sliced 2 ways",
+            &h100,
+            "mixed",
+            TS_1G_10GB,
+            Ok(&[
+                ("nvidia.com/gpu", 5),
+                ("nvidia.com/mig-1g.10gb", 16),
+                ("nvidia.com/mig-2g.20gb", 3),
+                ("nvidia.com/mig-3g.40gb", 2),
+            ]),
+        ),
+        (
+            "h100 mixed, whole GPUs and 3g.40gb shared",
+            &h100,
+            "mixed",
+            "    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-shared\n        replicas: 4\n      - name: nvidia.com/mig-3g.40gb\n        rename: mig-3g.40gb-shared\n        replicas: 3\n",
+            Ok(&[
+                ("nvidia.com/gpu-shared", 20),
+                ("nvidia.com/mig-1g.10gb", 8),
+                ("nvidia.com/mig-2g.20gb", 3),
+                ("nvidia.com/mig-3g.40gb-shared", 6),
+            ]),
+        ),
+        ("a100 none", &a100, "none", "", Ok(&[("nvidia.com/gpu", 8)])),
+        ("a100 single", &a100, "single", "", Ok(&[("nvidia.com/gpu", 56)])),
+        (
+            "a100 single, time-sliced 2 ways",
+            &a100,
+            "single",
+            "    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-shared\n        replicas: 2\n",
+            Ok(&[("nvidia.com/gpu-shared", 112)]),
+        ),
+        ("a100 mixed", &a100, "mixed", "", Ok(&[("nvidia.com/mig-1g.5gb", 56)])),
+        // No MIG-enabled GPU: single and mixed fall back to whole GPUs, as NVIDIA's plugin does.
+        ("plain none", &plain, "none", "", Ok(&[("nvidia.com/gpu", 8)])),
+        ("plain single", &plain, "single", "", Ok(&[("nvidia.com/gpu", 8)])),
+        ("plain mixed", &plain, "mixed", "", Ok(&[("nvidia.com/gpu", 8)])),
+        (
+            "plain mixed, MIG entry matches nothing here",
+            &plain,
+            "mixed",
+            TS_1G_10GB,
+            Ok(&[("nvidia.com/gpu", 8)]),
+        ),
+    ];
+    for (what, node, strategy, ts, want) in cases {
+        let got = build(&mig_policy(strategy, ts), node);
+        match (got, want) {
+            (Ok(built), Ok(want)) => {
+                let want: Vec<(String, usize)> =
+                    want.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+                assert_eq!(counts(&built), want, "{what}");
+            }
+            (Err(e), Err(msg)) => assert!(e.to_string().starts_with(msg), "{what}: {e}"),
+            (got, _) => panic!("{what}: {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn single_errors_name_the_gpus() {
+    // A GPU with another profile.
+    let mut node = a100_single();
+    node.gpus[3].mig_devices = test_mig(3, &[("3g.20gb", 2)]);
+    let e = build(&mig_policy("single", ""), &node).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::MigSingleProfiles {
+            profiles: "1g.5gb on GPUs 0,1,2,4,5,6,7; 3g.20gb on GPU 3".into()
+        }
+    );
+    // Two profiles on one GPU.
+    let mut node = a100_single();
+    node.gpus[6].mig_devices = test_mig(6, &[("1g.5gb", 2), ("2g.10gb", 1)]);
+    let e = build(&mig_policy("single", ""), &node)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("1g.5gb on GPUs 0,1,2,3,4,5,6,7; 2g.10gb on GPU 6"),
+        "{e}"
+    );
+    // A MIG-enabled GPU without MIG devices.
+    let mut node = a100_single();
+    node.gpus[5].mig_devices.clear();
+    let e = build(&mig_policy("single", ""), &node).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::MigSingleNoDevices {
+            gpu: 5,
+            uuid: node.gpus[5].uuid.clone()
+        }
+    );
+    assert!(e.to_string().contains("GPU 5 ("), "{e}");
+    // MIG-enabled and MIG-disabled GPUs.
+    let mut node = a100_single();
+    node.gpus[2].mig_enabled = false;
+    node.gpus[2].mig_devices.clear();
+    let e = build(&mig_policy("single", ""), &node).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::MigSingleModesDiffer {
+            enabled: "0,1,3,4,5,6,7".into(),
+            disabled: "2".into()
+        }
+    );
+    assert!(
+        e.to_string()
+            .contains("enabled on GPUs 0,1,3,4,5,6,7 and disabled on GPU 2;"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_mig_gpu_under_mixed_is_a_warning_and_the_rest_is_advertised() {
+    let mut node = h100_mixed();
+    node.gpus[2].mig_devices.clear();
+    let built = build(&mig_policy("mixed", TS_1G_10GB), &node).unwrap();
+    assert_eq!(
+        counts(&built),
+        [
+            ("nvidia.com/gpu".to_string(), 5),
+            ("nvidia.com/mig-1g.10gb".to_string(), 16),
+            ("nvidia.com/mig-2g.20gb".to_string(), 3),
+        ]
+    );
+    let w = built.warnings.join("\n");
+    assert!(
+        w.contains(&format!(
+            "GPU 2 ({}) has MIG enabled and no MIG devices",
+            node.gpus[2].uuid
+        )),
+        "{w}"
+    );
+    // Every MIG GPU empty: the whole GPUs are still advertised.
+    for g in &mut node.gpus {
+        g.mig_devices.clear();
+    }
+    let built = build(&mig_policy("mixed", ""), &node).unwrap();
+    assert_eq!(counts(&built), [("nvidia.com/gpu".to_string(), 5)]);
+    assert_eq!(built.warnings.len(), 3, "{:?}", built.warnings);
+}
+
+#[test]
+fn none_advertises_mig_gpus_whole_with_a_warning() {
+    let node = h100_mixed();
+    let built = build(&mig_policy("none", TS_1G_10GB), &node).unwrap();
+    let whole = &built.plan.resources["nvidia.com/gpu"];
+    assert!(whole.devices.iter().all(|d| d.mig.is_none()));
+    assert_eq!(whole.devices[0].gpu_uuid, node.gpus[0].uuid);
+    let w = built.warnings.join("\n");
+    for g in 0..3 {
+        assert!(
+            w.contains(&format!(
+                "GPU {g} ({}) has MIG enabled, but migStrategy is none",
+                node.gpus[g].uuid
+            )),
+            "{w}"
+        );
+    }
+    assert!(
+        w.contains("resources[0].name: nvidia.com/mig-1g.10gb is not a resource of this node (here: nvidia.com/gpu); MIG profiles are resources only under migStrategy mixed"),
+        "{w}"
+    );
+}
+
+#[test]
+fn mig_devices_carry_their_mig_uuid_parent_and_order() {
+    let node = h100_mixed();
+    let built = build(&mig_policy("mixed", ""), &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/mig-1g.10gb"];
+    assert_eq!(r.strategy, Strategy::None);
+    let got: Vec<(u32, u32, &str)> = r
+        .devices
+        .iter()
+        .map(|d| (d.gpu_index, d.mig.as_ref().unwrap().index, d.id.as_str()))
+        .collect();
+    let mut want: Vec<(u32, u32, &str)> = node.gpus[0]
+        .mig_devices
+        .iter()
+        .map(|m| (0, m.index, m.uuid.as_str()))
+        .collect();
+    let m13 = &node.gpus[1].mig_devices[3];
+    want.push((1, 3, m13.uuid.as_str()));
+    assert_eq!(got, want);
+    let d = &r.devices[7];
+    assert_eq!(d.gpu_uuid, m13.uuid);
+    assert!(d.gpu_uuid.starts_with("MIG-"));
+    assert_eq!(d.gpu_minor, node.gpus[1].minor);
+    assert_eq!(d.numa_node, Some(0));
+    assert_eq!(
+        d.mig,
+        Some(MigInfo {
+            index: 3,
+            parent_uuid: node.gpus[1].uuid.clone(),
+            profile: "1g.10gb".into(),
+            gi_id: m13.gi_id,
+            ci_id: 0,
+            caps: None,
+        })
+    );
+    // The view: parent and profile for MIG devices only.
+    let v = serde_json::to_value(built.plan.view()).unwrap();
+    let res = v["resources"].as_array().unwrap();
+    let gpu = res.iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
+    assert_eq!(
+        gpu["devices"][0],
+        serde_json::json!({"id": node.gpus[3].uuid, "gpu": node.gpus[3].uuid, "health": "Healthy"})
+    );
+    let mig = res
+        .iter()
+        .find(|r| r["name"] == "nvidia.com/mig-3g.40gb")
+        .unwrap();
+    let m = &node.gpus[2].mig_devices[1];
+    assert_eq!(
+        mig["devices"][1],
+        serde_json::json!({"id": m.uuid, "gpu": m.uuid, "health": "Healthy", "parent": node.gpus[2].uuid, "profile": "3g.40gb"})
+    );
+}
+
+#[test]
+fn time_sliced_mig_replicas_use_the_mig_uuid() {
+    let node = h100_mixed();
+    let built = build(&mig_policy("mixed", TS_1G_10GB), &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/mig-1g.10gb"];
+    assert_eq!(r.strategy, Strategy::TimeSlicing);
+    assert_eq!(r.replicas, 2);
+    let m0 = &node.gpus[0].mig_devices[0].uuid;
+    let m13 = &node.gpus[1].mig_devices[3].uuid;
+    let ids: Vec<&str> = r.devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids[0], format!("{m0}::0"));
+    assert_eq!(ids[1], format!("{m0}::1"));
+    assert_eq!(ids[14], format!("{m13}::0"));
+    assert_eq!(ids[15], format!("{m13}::1"));
+    assert!(r.devices[15].gpu_uuid == *m13 && r.devices[15].replica == Some(1));
+    // replicas: 1 under a new name: the plain MIG UUID.
+    let built = build(
+        &mig_policy(
+            "mixed",
+            "    resources:\n      - name: nvidia.com/mig-3g.40gb\n        rename: big-slice\n        replicas: 1\n",
+        ),
+        &node,
+    )
+    .unwrap();
+    let r = &built.plan.resources["nvidia.com/big-slice"];
+    assert_eq!(r.devices[0].id, node.gpus[2].mig_devices[0].uuid);
+    assert!(!built.plan.resources.contains_key("nvidia.com/mig-3g.40gb"));
+}
+
+#[test]
+fn devices_select_mig_devices_by_index_mig_index_and_uuid() {
+    let node = h100_mixed();
+    let m = |g: usize, i: usize| node.gpus[g].mig_devices[i].uuid.clone();
+    let entry = |devices: &str| {
+        mig_policy(
+            "mixed",
+            &format!("    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: small\n        devices: {devices}\n        replicas: 2\n"),
+        )
+    };
+    let cases: Vec<(String, Vec<String>, Vec<&str>)> = vec![
+        ("[\"0:1\", \"1:3\"]".into(), vec![m(0, 1), m(1, 3)], vec![]),
+        ("[1]".into(), vec![m(1, 3)], vec![]),
+        (
+            format!("[\"{}\"]", node.gpus[0].uuid),
+            (0..7).map(|i| m(0, i)).collect(),
+            vec![],
+        ),
+        (
+            format!("[\"{}\", 0]", m(0, 4)),
+            (0..7).map(|i| m(0, i)).collect(),
+            vec![],
+        ),
+        (
+            format!("[\"1:3\", \"{}\"]", m(1, 3)),
+            vec![m(1, 3)],
+            vec!["names devices listed already"],
+        ),
+        (
+            "[\"0:1\", \"1:0\", \"0:9\", 3]".into(),
+            vec![m(0, 1)],
+            vec![
+                "devices: 1:0 matches no device of nvidia.com/mig-1g.10gb on this node",
+                "devices: 0:9 matches no device",
+                "devices: 3 matches no device",
+            ],
+        ),
+        ("2".into(), vec![m(0, 0), m(0, 1)], vec![]),
+    ];
+    for (devices, want, warns) in cases {
+        let built = build(&entry(&devices), &node).unwrap_or_else(|e| panic!("{devices}: {e}"));
+        let small = &built.plan.resources["nvidia.com/small"];
+        let got: Vec<String> = small
+            .devices
+            .iter()
+            .filter(|d| d.replica == Some(0))
+            .map(|d| d.gpu_uuid.clone())
+            .collect();
+        assert_eq!(got, want, "{devices}");
+        let w = built.warnings.join("\n");
+        for expected in warns {
+            assert!(w.contains(expected), "{devices}: {w}");
+        }
+        // The unshared 1g.10gb slices stay whole under their own name.
+        let rest = built
+            .plan
+            .resources
+            .get("nvidia.com/mig-1g.10gb")
+            .map_or(0, |r| r.devices.len());
+        assert_eq!(rest, 8 - want.len(), "{devices}");
+    }
+}
+
+#[test]
+fn mig_claims_and_name_collisions_are_rejected_naming_both() {
+    let node = h100_mixed();
+    let p = mig_policy(
+        "mixed",
+        "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: a\n        devices: [0]\n        replicas: 2\n      - name: nvidia.com/mig-1g.10gb\n        rename: b\n        devices: [\"0:2\"]\n        replicas: 2\n",
+    );
+    let e = build(&p, &node).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::MigClaimedTwice {
+            gpu: 0,
+            mig: 2,
+            uuid: node.gpus[0].mig_devices[2].uuid.clone(),
+            first: "sharing.timeSlicing.resources[0]".into(),
+            second: "sharing.timeSlicing.resources[1]".into(),
+        }
+    );
+    assert!(e.to_string().contains("MIG device 0:2"), "{e}");
+    // Sharing some 1g.10gb slices under their own name while others stay whole.
+    let p = mig_policy(
+        "mixed",
+        "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        devices: [0]\n        replicas: 2\n",
+    );
+    assert_eq!(
+        build(&p, &node).unwrap_err(),
+        PlanError::NameCollision {
+            name: "nvidia.com/mig-1g.10gb".into(),
+            entry: "sharing.timeSlicing.resources[0]".into(),
+            unclaimed: "1:3".into(),
+        }
+    );
+    // A rename onto another profile's resource.
+    let p = mig_policy(
+        "mixed",
+        "    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/mig-2g.20gb\n        replicas: 2\n",
+    );
+    assert_eq!(
+        build(&p, &node).unwrap_err(),
+        PlanError::NameCollision {
+            name: "nvidia.com/mig-2g.20gb".into(),
+            entry: "sharing.timeSlicing.resources[0]".into(),
+            unclaimed: "1:0,1:1,1:2".into(),
+        }
+    );
+}
+
+#[test]
+fn mig_health_follows_the_device_and_its_parent() {
+    let mut node = h100_mixed();
+    node.gpus[0].healthy = false;
+    node.gpus[1].mig_devices[3].healthy = false;
+    let built = build(&mig_policy("mixed", TS_1G_10GB), &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/mig-1g.10gb"];
+    assert_eq!(r.devices.iter().filter(|d| d.healthy).count(), 0);
+    let r = &built.plan.resources["nvidia.com/mig-2g.20gb"];
+    assert!(r.devices.iter().all(|d| d.healthy));
+}
+
+#[test]
+fn pass_device_specs_warns_when_mig_caps_are_unknown() {
+    let mut node = h100_mixed();
+    let p = parse("flags:\n  migStrategy: mixed\n  plugin:\n    passDeviceSpecs: true\n").unwrap();
+    for g in &mut node.gpus {
+        for m in &mut g.mig_devices {
+            m.caps = Some(MigCaps {
+                gi_access: 100 + m.gi_id,
+                ci_access: 200 + m.gi_id,
+            });
+        }
+    }
+    node.gpus[2].mig_devices[1].caps = None;
+    let built = build(&p, &node).unwrap();
+    let w = built.warnings.join("\n");
+    assert!(
+        w.contains(
+            "flags.plugin.passDeviceSpecs: the nvidia-caps minors of MIG devices 2:1 are unknown"
+        ),
+        "{w}"
+    );
+    let r = &built.plan.resources["nvidia.com/mig-3g.40gb"];
+    assert_eq!(
+        r.devices[0].mig.as_ref().unwrap().caps,
+        Some(MigCaps {
+            gi_access: 101,
+            ci_access: 201
+        })
+    );
+    // Without passDeviceSpecs nobody needs them.
+    assert!(build(&mig_policy("mixed", ""), &node)
+        .unwrap()
+        .warnings
+        .is_empty());
+}
+
+#[test]
+fn plus_profiles_become_dotted_resource_names() {
+    let mut node = test_node(2);
+    node.gpus[1].mig_enabled = true;
+    node.gpus[1].mig_devices = test_mig(1, &[("1g.10gb+me", 1), ("1g.10gb", 2)]);
+    let built = build(&mig_policy("mixed", ""), &node).unwrap();
+    assert_eq!(
+        counts(&built),
+        [
+            ("nvidia.com/gpu".to_string(), 1),
+            ("nvidia.com/mig-1g.10gb".to_string(), 2),
+            ("nvidia.com/mig-1g.10gb.me".to_string(), 1),
+        ]
+    );
 }

@@ -326,6 +326,335 @@ async fn missing_nvml_library_is_a_clear_error() {
     assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
 }
 
+// ---- MIG through NVML (the fake library) ----
+
+const MIG_GPU: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+
+fn mig_uuid(slot: u32) -> String {
+    format!("MIG-aaaaaaaa-0000-0000-0000-00000000000{slot}")
+}
+
+/// GPU 0: MIG enabled, capacity 7, slots 0 (3g.40gb, GI 2), 2 (1g.10gb, GI 9, a name without
+/// the profile: derived from its attributes) and 4 (1g.10gb, GI 10); slots 1 and 3 are `null`
+/// and 5-6 lie past the list, all empty (NotFound). GPU 1: MIG disabled. GPU 2: no MIG
+/// support (NotSupported).
+fn mig_gpus() -> serde_json::Value {
+    serde_json::json!({"gpus": [
+        {"uuid": MIG_GPU, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559,
+         "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0",
+         "migMode": 1, "migDevices": [
+            {"uuid": mig_uuid(0), "profile": "3g.40gb", "memoryMiB": 40320, "giId": 2, "ciId": 0},
+            null,
+            {"uuid": mig_uuid(2), "profile": "1g.10gb", "memoryMiB": 9856, "giId": 9, "ciId": 0,
+             "name": "NVIDIA H100 80GB HBM3"},
+            null,
+            {"uuid": mig_uuid(4), "profile": "1g.10gb", "memoryMiB": 9856, "giId": 10, "ciId": 0}
+         ]},
+        {"uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3",
+         "memoryMiB": 81559, "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:2A:00.0",
+         "migMode": 0},
+        {"uuid": "GPU-cccccccc-0000-0000-0000-000000000000", "name": "NVIDIA L4",
+         "memoryMiB": 23034, "minor": 2, "computeCapability": [8, 9], "pciBusId": "00000000:3D:00.0"}
+    ]})
+}
+
+async fn plan_with_nvml(node: &Node, inventory: &Path, output: &str) -> Output {
+    let lib = fake_nvml();
+    Command::new(bin())
+        .args([
+            "plan",
+            "--config",
+            node.policy().to_str().unwrap(),
+            "--nvml-library",
+            lib.to_str().unwrap(),
+            "--output",
+            output,
+        ])
+        .env("FAKE_NVML_INVENTORY", inventory)
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn nvml_mig_enumeration_skips_empty_slots_and_keeps_nvml_indices() {
+    // "0:4" is NVML's MIG index 4 on GPU 0: the sparse slot numbering is kept.
+    let node = Node::new(
+        "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: nvidia.com/mig-1g.10gb-shared\n        devices: [\"0:4\"]\n        replicas: 2\n",
+    );
+    let inv = write_inventory(node.tmp.path(), mig_gpus());
+    let out = plan_with_nvml(&node, &inv, "json").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mig = |id: String, slot: u32, profile: &str| serde_json::json!({"id": id, "gpu": mig_uuid(slot), "health": "Healthy", "parent": MIG_GPU, "profile": profile});
+    let whole = |uuid: &str| serde_json::json!({"id": uuid, "gpu": uuid, "health": "Healthy"});
+    let want = serde_json::json!({"resources": [
+        {"name": "nvidia.com/gpu", "strategy": "none", "replicas": 1, "devices": [
+            whole("GPU-bbbbbbbb-0000-0000-0000-000000000000"),
+            whole("GPU-cccccccc-0000-0000-0000-000000000000"),
+        ]},
+        {"name": "nvidia.com/mig-1g.10gb", "strategy": "none", "replicas": 1, "devices": [
+            mig(mig_uuid(2), 2, "1g.10gb"),
+        ]},
+        {"name": "nvidia.com/mig-1g.10gb-shared", "strategy": "time-slicing", "replicas": 2, "devices": [
+            mig(format!("{}::0", mig_uuid(4)), 4, "1g.10gb"),
+            mig(format!("{}::1", mig_uuid(4)), 4, "1g.10gb"),
+        ]},
+        {"name": "nvidia.com/mig-3g.40gb", "strategy": "none", "replicas": 1, "devices": [
+            mig(mig_uuid(0), 0, "3g.40gb"),
+        ]},
+    ]});
+    assert_eq!(v, want, "{}", serde_json::to_string_pretty(&v).unwrap());
+
+    // The table shows parent and profile too.
+    let out = plan_with_nvml(&node, &inv, "table").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains(&format!("MIG 3g.40gb of {MIG_GPU}")),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn nvml_mig_strategy_rules() {
+    let node = Node::new("");
+    let mut only_mig = mig_gpus();
+    only_mig["gpus"].as_array_mut().unwrap().truncate(1);
+    let mut empty = mig_gpus();
+    empty["gpus"][0]["migDevices"] = serde_json::json!([null, null]);
+    // (what, inventory, strategy, exit code, must appear in stdout or stderr)
+    let cases: Vec<(&str, serde_json::Value, &str, i32, String)> = vec![
+        (
+            "single, modes differ",
+            mig_gpus(),
+            "single",
+            1,
+            "MIG is enabled on GPU 0 and disabled on GPUs 1,2".to_string(),
+        ),
+        (
+            "single, two profiles",
+            only_mig.clone(),
+            "single",
+            1,
+            "1g.10gb on GPU 0; 3g.40gb on GPU 0".to_string(),
+        ),
+        (
+            "single, empty MIG GPU",
+            {
+                let mut v = empty.clone();
+                v["gpus"].as_array_mut().unwrap().truncate(1);
+                v
+            },
+            "single",
+            1,
+            format!("GPU 0 ({MIG_GPU}) has MIG enabled and no MIG devices"),
+        ),
+        (
+            "mixed, empty MIG GPU",
+            empty.clone(),
+            "mixed",
+            0,
+            format!("# warning: flags.migStrategy: GPU 0 ({MIG_GPU}) has MIG enabled and no MIG devices"),
+        ),
+        (
+            "none, MIG GPU whole",
+            mig_gpus(),
+            "none",
+            0,
+            format!("# warning: flags.migStrategy: GPU 0 ({MIG_GPU}) has MIG enabled, but migStrategy is none"),
+        ),
+    ];
+    for (what, inventory, strategy, code, needle) in cases {
+        node.write_policy(&format!("flags:\n  migStrategy: {strategy}\n"));
+        let inv = write_inventory(node.tmp.path(), inventory);
+        let out = plan_with_nvml(&node, &inv, "table").await;
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "{what}: {all}");
+        assert!(all.contains(&needle), "{what}: {all}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_nvml_mig_allocates_mig_uuids_and_caps_device_specs() {
+    let node = Node::new(
+        "version: v1\nflags:\n  migStrategy: mixed\n  plugin:\n    passDeviceSpecs: true\n",
+    );
+    let inv = write_inventory(node.tmp.path(), mig_gpus());
+    // The driver's mig-minors under a temp proc root: GPU 0 GI 10 CI 0 are 93 and 94.
+    let caps = node.tmp.path().join("proc/driver/nvidia-caps");
+    std::fs::create_dir_all(&caps).unwrap();
+    std::fs::write(
+        caps.join("mig-minors"),
+        slicelet::inventory::mig::standard_mig_minors(3),
+    )
+    .unwrap();
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let child = spawn_run(
+        &node,
+        &[
+            "--nvml-library",
+            lib.to_str().unwrap(),
+            "--proc-root",
+            node.tmp.path().to_str().unwrap(),
+            "--dev-root",
+            "/host",
+        ],
+        &[("FAKE_NVML_INVENTORY", &inv)],
+    );
+    let state = wait_lists(
+        &emu,
+        &[
+            ("nvidia.com/gpu", 2),
+            ("nvidia.com/mig-1g.10gb", 2),
+            ("nvidia.com/mig-3g.40gb", 1),
+        ],
+    )
+    .await;
+    let ids: Vec<&str> = state.resources["nvidia.com/mig-1g.10gb"]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(ids, [mig_uuid(2), mig_uuid(4)]);
+    let mut client = emu.client("nvidia.com/mig-1g.10gb").await.unwrap();
+    let resp = client
+        .allocate(slicelet::api::AllocateRequest {
+            container_requests: vec![slicelet::api::ContainerAllocateRequest {
+                devices_ids: vec![mig_uuid(4)],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &resp.container_responses[0];
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], mig_uuid(4));
+    assert_eq!(c.envs["CUDA_VISIBLE_DEVICES"], mig_uuid(4));
+    let specs: Vec<(&str, &str)> = c
+        .devices
+        .iter()
+        .map(|d| (d.container_path.as_str(), d.host_path.as_str()))
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            ("/dev/nvidia0", "/host/dev/nvidia0"),
+            ("/dev/nvidiactl", "/host/dev/nvidiactl"),
+            ("/dev/nvidia-uvm", "/host/dev/nvidia-uvm"),
+            ("/dev/nvidia-uvm-tools", "/host/dev/nvidia-uvm-tools"),
+            (
+                "/dev/nvidia-caps/nvidia-cap93",
+                "/host/dev/nvidia-caps/nvidia-cap93"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap94",
+                "/host/dev/nvidia-caps/nvidia-cap94"
+            ),
+        ]
+    );
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+}
+
+/// Appends an injected event line to the fake NVML's events file.
+fn inject(events: &Path, line: &str) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(events)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+fn unhealthy(state: &slicelet::emulator::State, resource: &str) -> Vec<String> {
+    state.resources[resource]
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
+    // GPU 0: MIG (3g.40gb GI 2, 1g.10gb GI 9 and GI 10), GPU 1: whole, GPU 2: whole, but its Xid
+    // event registration fails, so it is Unhealthy from the start and never recovers (fail
+    // closed).
+    let mut inv = mig_gpus();
+    inv["gpus"][2]["eventRegisterError"] = serde_json::json!(999);
+    let node =
+        Node::new("version: v1\nflags:\n  migStrategy: mixed\nhealth:\n  recoverySeconds: 0.5\n");
+    let inventory = write_inventory(node.tmp.path(), inv);
+    let events = node.tmp.path().join("events");
+    std::fs::write(&events, "").unwrap();
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_INVENTORY", &inventory),
+            ("FAKE_NVML_EVENTS", &events),
+        ],
+    );
+    let l4 = "GPU-cccccccc-0000-0000-0000-000000000000";
+    emu.wait_for(WAIT, |s| {
+        s.device_count("nvidia.com/mig-1g.10gb") == Some(2)
+            && s.device_count("nvidia.com/gpu") == Some(2)
+            && s.healthy_count("nvidia.com/gpu") == Some(1)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&emu.state(), "nvidia.com/gpu"), [l4]);
+
+    // An Xid on MIG device GI 9 / CI 0: only that slice.
+    inject(&events, "0 79 9 0");
+    let state = emu
+        .wait_for(WAIT, |s| {
+            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(1)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&state, "nvidia.com/mig-1g.10gb"), [mig_uuid(2)]);
+    assert_eq!(state.healthy_count("nvidia.com/mig-3g.40gb"), Some(1));
+    // Back after the quiet period; the L4 stays Unhealthy (its events are not watched).
+    let state = emu
+        .wait_for(WAIT, |s| {
+            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(2)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(unhealthy(&state, "nvidia.com/gpu"), [l4]);
+
+    // An Xid for the whole of GPU 0 marks every slice of it; an application Xid (13) on GPU 1
+    // changes nothing, a critical one marks GPU 1.
+    inject(&events, "1 13");
+    inject(&events, "0 48");
+    emu.wait_for(WAIT, |s| {
+        s.healthy_count("nvidia.com/mig-1g.10gb") == Some(0)
+            && s.healthy_count("nvidia.com/mig-3g.40gb") == Some(0)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        emu.state().healthy_count("nvidia.com/gpu"),
+        Some(1),
+        "xid 13 is ignored"
+    );
+    inject(&events, "1 79");
+    emu.wait_for(WAIT, |s| s.healthy_count("nvidia.com/gpu") == Some(0))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+}
+
 /// Reads the child's log until `needle` appeared `n` times; returns what it read.
 async fn wait_for_log_count(child: &mut Child, needle: &str, n: usize) -> String {
     use tokio::io::AsyncReadExt;

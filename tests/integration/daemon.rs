@@ -142,16 +142,15 @@ async fn kubelet_restart_re_registers_every_resource() {
         emu.restart().await.unwrap();
         let state = emu
             .wait_for(WAIT, |s| {
+                // The first list on the new, open stream is the full list.
                 want.iter().all(|(r, n)| {
-                    s.device_count(r) == Some(*n) && s.resources[*r].registrations >= round
+                    let res = &s.resources[*r];
+                    s.device_count(r) == Some(*n) && res.registrations >= round && res.streaming
                 })
             })
             .await
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        for (r, _) in want {
-            // The first list on the new stream is the full list.
-            assert!(state.resources[r].streaming, "{r}");
-        }
+        assert_eq!(state.resources.len(), want.len());
     }
     d.stop().await;
 }
@@ -282,5 +281,190 @@ async fn policy_reload_changes_only_what_changed_and_survives_a_bad_edit() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!gone.exists());
+    d.stop().await;
+}
+
+/// The simulated node's MIG devices: (GPU index, MIG UUID, profile), in (GPU, MIG) order.
+fn mig_devices(node_file: &std::path::Path) -> Vec<(u32, String, String)> {
+    let (inv, _) = slicelet::daemon::discover(&slicelet::daemon::Settings {
+        simulate: Some(node_file.to_path_buf()),
+        ..slicelet::daemon::Settings::new("/nonexistent", "/nonexistent")
+    })
+    .unwrap();
+    inv.gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig_devices
+                .iter()
+                .map(move |m| (g.index, m.uuid.clone(), m.profile.clone()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
+    let policy = "version: v1\nflags:\n  migStrategy: mixed\n";
+    let node = Node::new(policy);
+    let emu = emulator(&node).await;
+    let sim = node_file("h100-80gb-x8-mig-mixed.yaml");
+    let d = Daemon::start(node.settings(&sim));
+    let want = [
+        ("nvidia.com/mig-1g.10gb", 8),
+        ("nvidia.com/mig-2g.20gb", 3),
+        ("nvidia.com/mig-3g.40gb", 2),
+        ("nvidia.com/gpu", 5),
+    ];
+    let state = wait_lists(&emu, &want).await;
+    assert_eq!(state.resources.len(), 4, "{state:#?}");
+    for (r, n) in want {
+        let res = &state.resources[r];
+        assert_eq!(res.registrations, 1, "{r}");
+        assert_eq!(
+            res.endpoint,
+            format!("slicelet-{}.sock", r.replace('/', "_")),
+            "{r}"
+        );
+        assert_eq!(state.healthy_count(r), Some(n), "{r}");
+    }
+    let migs = mig_devices(&sim);
+    let ids = |r: &str| -> Vec<String> {
+        state.resources[r]
+            .devices
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|d| d.id.clone())
+            .collect()
+    };
+    let of = |profile: &str| -> Vec<String> {
+        migs.iter()
+            .filter(|(_, _, p)| p == profile)
+            .map(|(_, u, _)| u.clone())
+            .collect()
+    };
+    assert_eq!(ids("nvidia.com/mig-1g.10gb"), of("1g.10gb"));
+    assert_eq!(ids("nvidia.com/mig-2g.20gb"), of("2g.20gb"));
+    assert_eq!(ids("nvidia.com/mig-3g.40gb"), of("3g.40gb"));
+    assert_eq!(ids("nvidia.com/gpu"), uuids(&sim)[3..].to_vec());
+
+    // Allocate a MIG device: its MIG UUID in both variables, not the parent GPU's UUID.
+    let slice = of("2g.20gb")[1].clone();
+    let mut client = emu.client("nvidia.com/mig-2g.20gb").await.unwrap();
+    let resp = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![slice.clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let envs = &resp.container_responses[0].envs;
+    assert_eq!(envs["NVIDIA_VISIBLE_DEVICES"], slice);
+    assert_eq!(envs["CUDA_VISIBLE_DEVICES"], slice);
+    // A GPU UUID is no device of a MIG resource.
+    let status = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![uuids(&sim)[1].clone()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    // The example MIG policy time-slices the 1g.10gb slices 2 ways, in place: only that
+    // resource changes.
+    node.write_policy(&std::fs::read_to_string(repo().join("config/policy-mig.yaml")).unwrap());
+    let state = wait_lists(
+        &emu,
+        &[
+            ("nvidia.com/mig-1g.10gb", 16),
+            ("nvidia.com/mig-2g.20gb", 3),
+            ("nvidia.com/mig-3g.40gb", 2),
+            ("nvidia.com/gpu", 5),
+        ],
+    )
+    .await;
+    let small = ids_of(&state, "nvidia.com/mig-1g.10gb");
+    let first = &of("1g.10gb")[0];
+    assert_eq!(small[..2], [format!("{first}::0"), format!("{first}::1")]);
+    let mut client = emu.client("nvidia.com/mig-1g.10gb").await.unwrap();
+    // Two replicas of two different slices on GPU 0: both MIG UUIDs, in MIG order.
+    let two = [format!("{}::1", of("1g.10gb")[3]), format!("{first}::0")];
+    let resp = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: two.to_vec(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.container_responses[0].envs["CUDA_VISIBLE_DEVICES"],
+        format!("{first},{}", of("1g.10gb")[3])
+    );
+    // GetPreferredAllocation spreads over slices first.
+    let resp = client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: small.iter().rev().cloned().collect(),
+                must_include_device_i_ds: vec![],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.container_responses[0].device_i_ds,
+        vec![format!("{first}::0"), format!("{}::0", of("1g.10gb")[1])]
+    );
+    let state = emu.state();
+    for r in [
+        "nvidia.com/mig-2g.20gb",
+        "nvidia.com/mig-3g.40gb",
+        "nvidia.com/gpu",
+    ] {
+        assert_eq!(state.resources[r].registrations, 1, "{r} re-registered");
+    }
+    d.stop().await;
+}
+
+fn ids_of(state: &slicelet::emulator::State, r: &str) -> Vec<String> {
+    state.resources[r]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_mig_node_advertises_every_mig_device_as_gpu() {
+    let node = Node::new("version: v1\nflags:\n  migStrategy: single\n");
+    let emu = emulator(&node).await;
+    let sim = node_file("a100-40gb-x8-mig-single.yaml");
+    let d = Daemon::start(node.settings(&sim));
+    let state = wait_lists(&emu, &[("nvidia.com/gpu", 56)]).await;
+    assert_eq!(state.resources.len(), 1);
+    let migs: Vec<String> = mig_devices(&sim).into_iter().map(|(_, u, _)| u).collect();
+    assert_eq!(ids_of(&state, "nvidia.com/gpu"), migs);
+    let mut client = emu.client("nvidia.com/gpu").await.unwrap();
+    let resp = client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![migs[9].clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
+        migs[9]
+    );
     d.stop().await;
 }

@@ -1,7 +1,6 @@
 //! Every policy in ../shared/fixtures/policies is accepted or rejected exactly as its header
-//! comment says, and every shipped YAML in config/ is valid.
-
-use std::path::Path;
+//! comment says, and every shipped YAML in config/ is valid and uses real GPU models and the
+//! MIG profiles those models offer.
 
 use slicelet::inventory::simulated;
 use slicelet::plan;
@@ -34,11 +33,8 @@ fn header(text: &str) -> (String, Option<String>) {
 fn shared_policies_are_judged_as_their_headers_say() {
     let dir = shared_fixtures().join("policies");
     let mut seen = 0;
-    let node = simulated::parse(
-        Path::new("h100"),
-        &std::fs::read_to_string(node_file("h100-80gb-x8.yaml")).unwrap(),
-    )
-    .unwrap();
+    let node = shipped_node("h100-80gb-x8.yaml");
+    let mig_node = shipped_node("h100-80gb-x8-mig-mixed.yaml");
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -58,28 +54,65 @@ fn shared_policies_are_judged_as_their_headers_say() {
             }
             "accept" => {
                 let p = result.unwrap_or_else(|e| panic!("{name}: {e}"));
-                let built = plan::build(&p, &node).unwrap_or_else(|e| panic!("{name}: {e}"));
-                assert!(!built.plan.resources.is_empty(), "{name}");
-                // MIG slices (issue 3) are pending: those files are accepted and, on a node
-                // without MIG, advertise whole GPUs. MPS files plan MPS resources.
-                if p.mps.resources.is_empty() {
-                    assert!(built.plan.mps_wanted().daemons.is_empty(), "{name}");
-                } else {
-                    assert!(
-                        built
-                            .plan
-                            .resources
-                            .values()
-                            .any(|r| r.strategy == plan::Strategy::Mps),
-                        "{name}"
-                    );
+                // "accept (MIG-capable node)" is judged on the mixed MIG H100 node; every
+                // accepted file must also plan on both nodes (one ConfigMap, mixed fleet).
+                let on_mig = text.contains("accept (MIG-capable node)");
+                for n in [&node, &mig_node] {
+                    let built = plan::build(&p, n).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    assert!(!built.plan.resources.is_empty(), "{name}");
                 }
+                if on_mig {
+                    check_mig_mixed_ts(&name, &p, &mig_node);
+                }
+                // MPS files plan MPS resources (one control daemon per GPU).
+                let built = plan::build(&p, &node).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let mps = built
+                    .plan
+                    .resources
+                    .values()
+                    .any(|r| r.strategy == plan::Strategy::Mps);
+                assert_eq!(mps, !p.mps.resources.is_empty(), "{name}");
             }
             other => panic!("{name}: header has no accept/reject verdict ({other})"),
         }
         seen += 1;
     }
     assert!(seen >= 9, "only {seen} fixtures found in {}", dir.display());
+}
+
+fn shipped_node(name: &str) -> slicelet::inventory::Inventory {
+    let path = node_file(name);
+    simulated::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// mig-mixed-ts.yaml on the mixed H100 node: one resource per MIG profile, the 1g.10gb slices
+/// time-sliced 2 ways as MIG-<uuid>::0 and ::1.
+fn check_mig_mixed_ts(name: &str, p: &policy::Policy, node: &slicelet::inventory::Inventory) {
+    let built = plan::build(p, node).unwrap();
+    let counts: Vec<(&str, usize)> = built
+        .plan
+        .resources
+        .iter()
+        .map(|(n, r)| (n.as_str(), r.devices.len()))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("nvidia.com/gpu", 5),
+            ("nvidia.com/mig-1g.10gb", 16),
+            ("nvidia.com/mig-2g.20gb", 3),
+            ("nvidia.com/mig-3g.40gb", 2),
+        ],
+        "{name}"
+    );
+    let small = &built.plan.resources["nvidia.com/mig-1g.10gb"];
+    assert_eq!(small.strategy, plan::Strategy::TimeSlicing, "{name}");
+    for pair in small.devices.chunks(2) {
+        let uuid = &pair[0].gpu_uuid;
+        assert!(uuid.starts_with("MIG-"), "{name}: {uuid}");
+        assert_eq!(pair[0].id, format!("{uuid}::0"), "{name}");
+        assert_eq!(pair[1].id, format!("{uuid}::1"), "{name}");
+    }
 }
 
 #[test]
@@ -113,12 +146,92 @@ fn shipped_policy_and_nodes_are_valid_and_use_real_models() {
                 g.memory_mib
             );
         }
+        // The example policy has migStrategy none: MIG-enabled GPUs are shared whole too.
         let built = plan::build(&p, &inv).unwrap();
         assert_eq!(
             built.plan.resources["nvidia.com/gpu-shared"].devices.len(),
             inv.gpus.len() * 4
         );
     }
+}
+
+#[test]
+fn shipped_mig_layouts_use_the_profiles_each_model_offers() {
+    let text = std::fs::read_to_string(shared_fixtures().join("gpu-models.yaml")).unwrap();
+    let models = yaml_to_json(&text);
+    let mut mig_gpus = 0;
+    for entry in std::fs::read_dir(repo().join("config/nodes")).unwrap() {
+        let path = entry.unwrap().path();
+        let inv = simulated::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        for g in inv.gpus.iter().filter(|g| g.mig_enabled) {
+            mig_gpus += 1;
+            let at = format!("{} GPU {} ({})", path.display(), g.index, g.model);
+            let model = models["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == g.model.as_str())
+                .unwrap_or_else(|| panic!("{at}: model not in gpu-models.yaml"));
+            let offered = model["mig"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{at}: this model has no MIG"));
+            let mut per_profile: std::collections::BTreeMap<&str, u64> = Default::default();
+            for m in &g.mig_devices {
+                *per_profile.entry(m.profile.as_str()).or_default() += 1;
+            }
+            for (profile, count) in per_profile {
+                let max = offered
+                    .get(profile)
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or_else(|| {
+                        panic!("{at}: {profile} is not a profile this model offers")
+                    });
+                assert!(
+                    count <= max,
+                    "{at}: {count}x {profile}, the model fits {max}"
+                );
+            }
+            let slices: u32 = g.mig_devices.iter().map(|m| m.gpu_slices).sum();
+            assert!(slices <= 7, "{at}: {slices} GPU slices");
+        }
+    }
+    assert!(
+        mig_gpus >= 3 + 8,
+        "the MIG nodes are missing ({mig_gpus} MIG GPUs)"
+    );
+}
+
+#[test]
+fn shipped_mig_policy_plans_as_its_comment_says() {
+    let p = policy::load(&repo().join("config/policy-mig.yaml")).unwrap();
+    assert_eq!(p.mig_strategy, policy::MigStrategy::Mixed);
+    let built = plan::build(&p, &shipped_node("h100-80gb-x8-mig-mixed.yaml")).unwrap();
+    let counts: Vec<(&str, usize)> = built
+        .plan
+        .resources
+        .iter()
+        .map(|(n, r)| (n.as_str(), r.devices.len()))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("nvidia.com/gpu", 5),
+            ("nvidia.com/mig-1g.10gb", 16),
+            ("nvidia.com/mig-2g.20gb", 3),
+            ("nvidia.com/mig-3g.40gb", 2),
+        ]
+    );
+    assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+    // On a node without MIG: every GPU whole, and a warning that the entry matches nothing.
+    let built = plan::build(&p, &shipped_node("h100-80gb-x8.yaml")).unwrap();
+    assert_eq!(built.plan.resources["nvidia.com/gpu"].devices.len(), 8);
+    assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+    // On the uniform A100 node its 1g.5gb slices are advertised, and nothing is shared.
+    let built = plan::build(&p, &shipped_node("a100-40gb-x8-mig-single.yaml")).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/mig-1g.5gb"].devices.len(),
+        56
+    );
 }
 
 fn yaml_to_json(text: &str) -> serde_json::Value {

@@ -105,6 +105,35 @@ fn simulated_overlay_node_is_a_shipped_node() {
 }
 
 #[test]
+fn mig_overlay_ships_the_mig_policy_and_the_caps_under_its_proc_root() {
+    let k = yaml(&repo().join("manifests/overlays/mig/kustomization.yaml"));
+    let mut policy = None;
+    let mut proc_root = None;
+    let mut caps_mount = None;
+    for patch in k["patches"].as_array().unwrap() {
+        let ops: serde_json::Value =
+            yaml_serde::from_str(patch["patch"].as_str().unwrap()).unwrap();
+        for op in ops.as_array().unwrap() {
+            let v = &op["value"];
+            if op["path"] == "/data/config.yaml" {
+                policy = v.as_str().map(str::to_string);
+            } else if v["name"] == "SLICELET_PROC_ROOT" {
+                proc_root = v["value"].as_str().map(str::to_string);
+            } else if v["name"] == "nvidia-caps" && v.get("mountPath").is_some() {
+                caps_mount = v["mountPath"].as_str().map(str::to_string);
+            }
+        }
+    }
+    let example = std::fs::read_to_string(repo().join("config/policy-mig.yaml")).unwrap();
+    assert_eq!(policy.as_deref(), Some(example.as_str()));
+    let root = proc_root.expect("SLICELET_PROC_ROOT");
+    assert_eq!(
+        Path::new(&root).join("proc/driver/nvidia-caps"),
+        Path::new(&caps_mount.expect("nvidia-caps mount"))
+    );
+}
+
+#[test]
 fn mps_overlay_splits_the_daemons_into_their_own_daemonset() {
     let dir = repo().join("manifests/overlays/mps");
     let k = yaml(&dir.join("kustomization.yaml"));

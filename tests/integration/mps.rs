@@ -453,3 +453,22 @@ async fn mps_health_never_touches_time_sliced_devices() {
     assert!(read_journal(&root).iter().all(|l| l.uuid == gpus[1]));
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_control_binary_keeps_the_devices_unhealthy() {
+    let node = Node::new("");
+    let root = mps_root(&node);
+    node.write_policy(&mps_policy(&root, 2));
+    let sim = h100s(&node, 1);
+    let emu = emulator(&node).await;
+    let mut settings = mps_settings(&node, &sim);
+    settings.mps.control_binary = node.tmp.path().join("no-such-nvidia-cuda-mps-control");
+    let mut d = Daemon::start(settings);
+    // Registered and listed, but never Healthy: no daemon enforces the limits.
+    let state = wait_lists(&emu, &[(MPS, 2)]).await;
+    assert_eq!(state.healthy_count(MPS), Some(0));
+    let status = d.wait_status(|s| s.generation == 1).await;
+    assert!(status.mps_ready.is_empty());
+    d.stop().await;
+    assert!(!mps_dirs(&root, &uuids(&sim)[0]).base.exists());
+}

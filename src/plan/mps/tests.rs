@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::inventory::test_node;
+use crate::inventory::{test_mig, test_node};
 use crate::plan::build;
 use crate::policy::parse;
 
@@ -190,34 +190,68 @@ fn time_slicing_and_mps_on_one_node() {
 }
 
 #[test]
-fn mps_on_a_mig_device_gets_the_slice_memory() {
-    let node = test_node(1);
-    let g = &node.gpus[0];
-    let slice = MigDevice {
-        index: 0,
-        uuid: "MIG-11111111-2222-3333-4444-555555555555".into(),
-        profile: "1g.10gb".into(),
-        memory_mib: 9728,
-    };
-    let policy = parse("sharing:\n  mps:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n").unwrap();
-    let entry = &policy.mps.resources[0];
-    let target = MpsTarget::mig(g, &slice);
-    assert_eq!(target.memory_mib, 9728);
-    let r = mps_resource(&entry.shared.advertised, entry, &[target], &policy).unwrap();
+fn mps_on_mig_devices_runs_one_daemon_per_slice() {
+    // GPU 0 in MIG mode with three 1g.10gb slices and one 3g.40gb; GPU 1 whole.
+    let mut node = test_node(2);
+    node.gpus[0].mig_enabled = true;
+    node.gpus[0].mig_devices = test_mig(0, &[("1g.10gb", 3), ("3g.40gb", 1)]);
+    let policy = parse("flags:\n  migStrategy: mixed\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: mig-1g.10gb-mps\n        devices: [\"0:0\", \"0:2\"]\n        replicas: 2\n").unwrap();
+    let built = build(&policy, &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/mig-1g.10gb-mps"];
+    assert_eq!(r.strategy, Strategy::Mps);
+    let slices = &node.gpus[0].mig_devices;
     let ids: Vec<&str> = r.devices.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(
         ids,
-        [format!("{}::0", slice.uuid), format!("{}::1", slice.uuid)]
+        [
+            format!("{}::0", slices[0].uuid),
+            format!("{}::1", slices[0].uuid),
+            format!("{}::0", slices[2].uuid),
+            format!("{}::1", slices[2].uuid)
+        ]
     );
-    assert!(r.devices.iter().all(|d| d.gpu_uuid == g.uuid));
-    let d = &r.mps.as_ref().unwrap().daemons[&slice.uuid];
+    // The container gets the MIG device; the daemon runs on it, with the slice's memory.
+    assert_eq!(r.devices[0].gpu_uuid, slices[0].uuid);
+    assert_eq!(
+        r.devices[0].mig.as_ref().unwrap().parent_uuid,
+        node.gpus[0].uuid
+    );
+    let mps = r.mps.as_ref().unwrap();
+    assert_eq!(mps.daemons.len(), 2);
+    let d = &mps.daemons[&slices[2].uuid];
     assert!(d.mig);
-    assert_eq!(d.gpu_uuid, g.uuid);
-    assert_eq!(d.limits.pinned_memory_mib, 4864);
+    assert_eq!(d.gpu_uuid, node.gpus[0].uuid);
     assert_eq!(d.limits.active_thread_percentage, 50);
-    // On a node without MIG resources the entry is a warning, not an error.
-    let built = build(&policy, &node).unwrap();
+    assert_eq!(d.limits.pinned_memory_mib, slices[2].memory_mib / 2);
+    // The unshared slice stays whole under its profile's resource; compute mode is never set on
+    // a GPU for its MIG devices.
+    assert_eq!(
+        built.plan.resources["nvidia.com/mig-1g.10gb"].devices[0].id,
+        slices[1].uuid
+    );
+    let mut wanted = built.plan.mps_wanted();
+    wanted.exclusive_process = true;
+    assert!(wanted.exclusive_gpus().is_empty());
+
+    // Two entries on one slice: an error naming both.
+    let twice = parse("flags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: ts\n        devices: [\"0:1\"]\n        replicas: 2\n  mps:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: mps\n        devices: [\"0:1\"]\n        replicas: 2\n").unwrap();
+    let e = build(&twice, &node).unwrap_err();
+    assert!(
+        matches!(e, PlanError::MigClaimedTwice { gpu: 0, mig: 1, .. }),
+        "{e}"
+    );
+    // Memory limits are checked against the slice.
+    let big = parse("flags:\n  migStrategy: mixed\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: m\n        replicas: 2\n        pinnedDeviceMemoryLimit: 6Gi\n").unwrap();
+    let e = build(&big, &node).unwrap_err();
+    assert!(matches!(e, PlanError::MpsMemory { .. }), "{e}");
+    // Without MIG resources (migStrategy none) the entry is a warning, not an error.
+    let none = parse("sharing:\n  mps:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n").unwrap();
+    let built = build(&none, &test_node(1)).unwrap();
     assert!(built.warnings.iter().any(|w| w.contains("mig-1g.10gb")));
+    // A MIG target built directly carries the slice.
+    let t = MpsTarget::mig(&node.gpus[0], &slices[3]);
+    assert_eq!(t.memory_mib, slices[3].memory_mib);
+    assert_eq!(t.mig.unwrap().profile, "3g.40gb");
 }
 
 #[test]
