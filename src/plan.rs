@@ -399,6 +399,68 @@ impl<'a> Unit<'a> {
 /// The node's resources before sharing, by name; each list in (GPU index, MIG index) order.
 type Units<'a> = BTreeMap<String, Vec<Unit<'a>>>;
 
+/// The devices of the node resource `entry` names that its `devices` selects, each recorded in
+/// `claimed` (one device claimed by two entries is an error naming both); `None`, with a
+/// warning, when the entry matches nothing on this node.
+fn claim_units<'a>(
+    entry: &'a SharedResource,
+    mig_strategy: MigStrategy,
+    base: &Units<'a>,
+    claimed: &mut HashMap<&'a str, &'a str>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Vec<Unit<'a>>>, PlanError> {
+    let Some(units) = base.get(entry.source.as_str()) else {
+        let have = if base.is_empty() {
+            "none".to_string()
+        } else {
+            base.keys().cloned().collect::<Vec<_>>().join(", ")
+        };
+        let hint = if entry.source.as_str().starts_with("nvidia.com/mig-")
+            && mig_strategy != MigStrategy::Mixed
+        {
+            format!(
+                "; MIG profiles are resources only under migStrategy mixed (this policy: {})",
+                mig_strategy.as_str()
+            )
+        } else {
+            String::new()
+        };
+        warnings.push(format!(
+            "{}.name: {} is not a resource of this node (here: {have}){hint}; entry ignored here",
+            entry.path, entry.source
+        ));
+        return Ok(None);
+    };
+    let picked = select(entry, units, warnings);
+    if picked.is_empty() {
+        warnings.push(format!(
+            "{}: matches no device on this node; nothing advertised as {}",
+            entry.path, entry.advertised
+        ));
+        return Ok(None);
+    }
+    for u in &picked {
+        if let Some(first) = claimed.insert(u.uuid(), &entry.path) {
+            return Err(match u.mig {
+                None => PlanError::GpuClaimedTwice {
+                    gpu: u.gpu.index,
+                    uuid: u.gpu.uuid.clone(),
+                    first: first.to_string(),
+                    second: entry.path.clone(),
+                },
+                Some(m) => PlanError::MigClaimedTwice {
+                    gpu: u.gpu.index,
+                    mig: m.index,
+                    uuid: m.uuid.clone(),
+                    first: first.to_string(),
+                    second: entry.path.clone(),
+                },
+            });
+        }
+    }
+    Ok(Some(picked))
+}
+
 /// Builds the plan for `policy` on `inventory`.
 ///
 /// # Errors
@@ -411,56 +473,15 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
     let mut claimed: HashMap<&str, &str> = HashMap::new();
     let mut shared: Vec<(&SharedResource, Vec<Unit<'_>>)> = Vec::new();
     for entry in &policy.time_slicing.resources {
-        let Some(units) = base.get(entry.source.as_str()) else {
-            let have = if base.is_empty() {
-                "none".to_string()
-            } else {
-                base.keys().cloned().collect::<Vec<_>>().join(", ")
-            };
-            let hint = if entry.source.as_str().starts_with("nvidia.com/mig-")
-                && policy.mig_strategy != MigStrategy::Mixed
-            {
-                format!(
-                    "; MIG profiles are resources only under migStrategy mixed (this policy: {})",
-                    policy.mig_strategy.as_str()
-                )
-            } else {
-                String::new()
-            };
-            warnings.push(format!(
-                "{}.name: {} is not a resource of this node (here: {have}){hint}; entry ignored here",
-                entry.path, entry.source
-            ));
-            continue;
-        };
-        let picked = select(entry, units, &mut warnings);
-        if picked.is_empty() {
-            warnings.push(format!(
-                "{}: matches no device on this node; nothing advertised as {}",
-                entry.path, entry.advertised
-            ));
-            continue;
+        if let Some(picked) = claim_units(
+            entry,
+            policy.mig_strategy,
+            &base,
+            &mut claimed,
+            &mut warnings,
+        )? {
+            shared.push((entry, picked));
         }
-        for u in &picked {
-            if let Some(first) = claimed.insert(u.uuid(), &entry.path) {
-                return Err(match u.mig {
-                    None => PlanError::GpuClaimedTwice {
-                        gpu: u.gpu.index,
-                        uuid: u.gpu.uuid.clone(),
-                        first: first.to_string(),
-                        second: entry.path.clone(),
-                    },
-                    Some(m) => PlanError::MigClaimedTwice {
-                        gpu: u.gpu.index,
-                        mig: m.index,
-                        uuid: m.uuid.clone(),
-                        first: first.to_string(),
-                        second: entry.path.clone(),
-                    },
-                });
-            }
-        }
-        shared.push((entry, picked));
     }
     let mps_claimed = mps::claim(policy, &base, &mut claimed, &mut warnings)?;
 

@@ -72,23 +72,33 @@ pub struct Control {
 }
 
 impl Control {
+    /// The binary with this daemon's directories in its environment, killed when dropped.
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.env(CUDA_MPS_PIPE_DIRECTORY, &self.dirs.pipe)
+            .env(CUDA_MPS_LOG_DIRECTORY, &self.dirs.log)
+            .kill_on_drop(true);
+        c
+    }
+
+    fn spawn(&self, mut command: Command) -> Result<Child, ControlError> {
+        command.spawn().map_err(|source| ControlError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })
+    }
+
     /// Sends one command and returns the reply (stdout).
     ///
     /// # Errors
     /// [`ControlError`] when the client cannot start, times out or exits with an error.
     pub async fn send(&self, command: &str) -> Result<String, ControlError> {
-        let mut child = Command::new(&self.binary)
-            .env(CUDA_MPS_PIPE_DIRECTORY, &self.dirs.pipe)
-            .env(CUDA_MPS_LOG_DIRECTORY, &self.dirs.log)
+        let mut client = self.command();
+        client
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| ControlError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+            .stderr(Stdio::piped());
+        let mut child = self.spawn(client)?;
         let io = |source| ControlError::Io {
             command: command.to_string(),
             source,
@@ -131,20 +141,14 @@ impl Control {
     /// # Errors
     /// [`ControlError::Spawn`] when the binary cannot be started.
     pub fn spawn_daemon(&self, uuid: &str) -> Result<Child, ControlError> {
-        let mut child = Command::new(&self.binary)
+        let mut daemon = self.command();
+        daemon
             .arg("-f")
             .env(CUDA_VISIBLE_DEVICES, uuid)
-            .env(CUDA_MPS_PIPE_DIRECTORY, &self.dirs.pipe)
-            .env(CUDA_MPS_LOG_DIRECTORY, &self.dirs.log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| ControlError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+            .stderr(Stdio::piped());
+        let mut child = self.spawn(daemon)?;
         if let Some(stderr) = child.stderr.take() {
             let uuid = uuid.to_string();
             tokio::spawn(async move {

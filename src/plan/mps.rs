@@ -24,8 +24,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::{
-    device_encoded_len, framed, id_len, replica_id, select, MigInfo, Plan, PlanError, ResourcePlan,
-    Strategy, Unit, Units, VirtualDevice, MAX_LIST_BYTES,
+    claim_units, device_encoded_len, framed, id_len, replica_id, MigInfo, Plan, PlanError,
+    ResourcePlan, Strategy, Unit, Units, VirtualDevice, MAX_LIST_BYTES,
 };
 use crate::inventory::{Gpu, MigDevice};
 use crate::policy::mps::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
@@ -222,47 +222,11 @@ pub(super) fn claim<'a>(
 ) -> Result<Vec<(&'a MpsEntry, Vec<MpsTarget>)>, PlanError> {
     let mut out = Vec::new();
     for entry in &policy.mps.resources {
-        let shared = &entry.shared;
-        let Some(units) = base.get(shared.source.as_str()) else {
-            let have = if base.is_empty() {
-                "none".to_string()
-            } else {
-                base.keys().cloned().collect::<Vec<_>>().join(", ")
-            };
-            warnings.push(format!(
-                "{}.name: {} is not a resource of this node (here: {have}); entry ignored here",
-                shared.path, shared.source
-            ));
-            continue;
-        };
-        let picked = select(shared, units, warnings);
-        if picked.is_empty() {
-            warnings.push(format!(
-                "{}: matches no device on this node; nothing advertised as {}",
-                shared.path, shared.advertised
-            ));
-            continue;
+        if let Some(picked) =
+            claim_units(&entry.shared, policy.mig_strategy, base, claimed, warnings)?
+        {
+            out.push((entry, picked.iter().map(MpsTarget::of).collect()));
         }
-        for u in &picked {
-            if let Some(first) = claimed.insert(u.uuid(), &shared.path) {
-                return Err(match u.mig {
-                    None => PlanError::GpuClaimedTwice {
-                        gpu: u.gpu.index,
-                        uuid: u.gpu.uuid.clone(),
-                        first: first.to_string(),
-                        second: shared.path.clone(),
-                    },
-                    Some(m) => PlanError::MigClaimedTwice {
-                        gpu: u.gpu.index,
-                        mig: m.index,
-                        uuid: m.uuid.clone(),
-                        first: first.to_string(),
-                        second: shared.path.clone(),
-                    },
-                });
-            }
-        }
-        out.push((entry, picked.iter().map(MpsTarget::of).collect()));
     }
     Ok(out)
 }

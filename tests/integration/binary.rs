@@ -153,21 +153,7 @@ fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
 
 /// Reads the child's log until a line contains `needle`; returns what it read.
 async fn wait_for_log(child: &mut Child, needle: &str) -> String {
-    use tokio::io::AsyncReadExt;
-    let stderr = child.stderr.as_mut().unwrap();
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        while !seen.contains(needle) {
-            let n = stderr.read(&mut buf).await.unwrap();
-            assert!(n > 0, "slicelet exited before logging {needle:?}: {seen}");
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    };
-    tokio::time::timeout(WAIT, read)
-        .await
-        .unwrap_or_else(|_| panic!("no {needle:?} in log"));
-    seen
+    wait_for_log_count(child, needle, 1).await
 }
 
 async fn sigterm_and_wait(mut child: Child) -> (Option<i32>, String) {
