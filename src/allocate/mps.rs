@@ -3,7 +3,7 @@
 //! Per container: `NVIDIA_VISIBLE_DEVICES` = the GPU (or MIG) UUID and no `CUDA_VISIBLE_DEVICES`
 //! (an MPS client must not select devices itself: its daemon serves exactly one);
 //! `CUDA_MPS_PIPE_DIRECTORY=/mps/<uuid>/pipe`, bind-mounted from the host pipe directory of that
-//! GPU's daemon; the GPU's shm directory mounted at `/dev/shm`; and the per-replica share in
+//! GPU's daemon; the shared `<mpsRoot>/shm` (the daemons' `/dev/shm`) mounted at `/dev/shm`; and the per-replica share in
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`. Those two
 //! are informative: a client can only lower what the daemon enforces.
 //!

@@ -2,7 +2,7 @@
 //! supervised, configured with each client's limits, and reported as health events.
 //!
 //! - **Start.** For each daemon the plan wants ([`crate::plan::MpsWanted`]): create
-//!   `<mpsRoot>/<uuid>/{pipe,log,shm}` (pipe 0755, shm 1777 like `/dev/shm`), send `quit` to any
+//!   `<mpsRoot>/<uuid>/{pipe,log}` and the shared `<mpsRoot>/shm` (pipe 0755, shm 1777 like `/dev/shm`), send `quit` to any
 //!   daemon already answering there (left by an earlier run), start `<binary> -f` with
 //!   `CUDA_VISIBLE_DEVICES=<uuid>`, `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY`, wait
 //!   until it answers `get_server_list`, then set one replica's share as its defaults:

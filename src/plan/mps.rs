@@ -109,7 +109,10 @@ pub struct MpsDirs {
     pub pipe: PathBuf,
     /// `<root>/<uuid>/log`: `CUDA_MPS_LOG_DIRECTORY`.
     pub log: PathBuf,
-    /// `<root>/<uuid>/shm`: mounted into clients at `/dev/shm`.
+    /// `<root>/shm`, shared by every daemon and client: the MPS server and its clients exchange
+    /// memory through `/dev/shm`, so the daemons' container and every client mount this one
+    /// host directory at `/dev/shm` (as NVIDIA's MPS daemon does). A per-GPU directory cannot
+    /// work: all daemons run in one container with one `/dev/shm`.
     pub shm: PathBuf,
 }
 
@@ -119,7 +122,7 @@ pub fn mps_dirs(root: &Path, uuid: &str) -> MpsDirs {
     MpsDirs {
         pipe: base.join("pipe"),
         log: base.join("log"),
-        shm: base.join("shm"),
+        shm: root.join("shm"),
         base,
     }
 }

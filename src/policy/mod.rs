@@ -123,7 +123,7 @@ pub struct Policy {
     /// `sharing.mps`.
     pub mps: Mps,
     /// `flags.mpsRoot` (default `/run/nvidia/mps`): each GPU under MPS gets
-    /// `<mpsRoot>/<uuid>/{pipe,log,shm}`.
+    /// `<mpsRoot>/<uuid>/{pipe,log}` and the shared `<mpsRoot>/shm`.
     pub mps_root: PathBuf,
     /// Keys of NVIDIA's schema that are set but that slicelet does not act on yet; one warning
     /// each, by field path.

@@ -326,6 +326,10 @@ fn dirs_under_the_root() {
     assert_eq!(d.base, PathBuf::from("/run/nvidia/mps/GPU-x"));
     assert_eq!(d.pipe, PathBuf::from("/run/nvidia/mps/GPU-x/pipe"));
     assert_eq!(d.log, PathBuf::from("/run/nvidia/mps/GPU-x/log"));
-    assert_eq!(d.shm, PathBuf::from("/run/nvidia/mps/GPU-x/shm"));
+    assert_eq!(
+        d.shm,
+        PathBuf::from("/run/nvidia/mps/shm"),
+        "one shm shared with the daemons"
+    );
     assert_eq!(container_pipe_dir("GPU-x"), "/mps/GPU-x/pipe");
 }
