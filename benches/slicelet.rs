@@ -16,7 +16,6 @@ use hdrhistogram::Histogram;
 use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugin_server};
 use slicelet::daemon::{self, Settings};
 use slicelet::emulator::KubeletEmulator;
-use slicelet::inventory::{Gpu, Inventory};
 use slicelet::plan;
 use slicelet::{allocate, kubelet, plugin, policy};
 use tokio::runtime::Runtime;
@@ -83,25 +82,14 @@ fn runtime(workers: usize) -> Runtime {
         .unwrap()
 }
 
-/// A node of `gpus` GPUs with UUID-shaped IDs (`GPU-…`, 40 characters, as NVML's).
-fn node(gpus: u32) -> Inventory {
-    Inventory::new(
-        (0..gpus)
-            .map(|i| Gpu {
-                index: i,
-                uuid: format!("GPU-{i:08x}-1111-2222-3333-444444444444"),
-                model: "NVIDIA H100 80GB HBM3".into(),
-                memory_mib: 81559,
-                minor: Some(i),
-                compute_capability: Some((9, 0)),
-                numa_node: Some(i64::from(i % 2)),
-                mig_enabled: false,
-                mig_devices: vec![],
-                healthy: true,
-            })
-            .collect(),
-    )
-}
+/// 8× H100 80GB, each in MIG mode with 7× 1g.10gb: 56 MIG devices.
+const MIG_NODE: &str = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    count: 8\n    numaNode: 0\n    mig:\n      devices:\n        - profile: 1g.10gb\n          count: 7\n";
+
+/// Every 1g.10gb slice time-sliced 48 ways: 8 × 7 × 48 = 2,688 devices.
+const MIG_POLICY: &str = "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 48\n";
+
+/// The resource of the 2,688-device node.
+const MIG_RESOURCE: &str = "nvidia.com/mig-1g.10gb";
 
 fn ts_policy(replicas: u32) -> String {
     format!("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: {replicas}\n")
@@ -301,12 +289,12 @@ fn main() {
         server_rt.block_on(d).unwrap().unwrap();
     }
 
-    // 2. GetPreferredAllocation over 2,688 available IDs (56 devices x 48 replicas: the ID count
-    //    of 8 GPUs x 7 MIG slices x 48 replicas).
-    let big_policy = policy::parse(&ts_policy(48)).unwrap();
-    let big_node = node(56);
+    // 2. GetPreferredAllocation over 2,688 available IDs (8 GPUs x 7 MIG slices x 48 replicas).
+    let big_policy = policy::parse(MIG_POLICY).unwrap();
+    let big_node = slicelet::inventory::simulated::parse(Path::new("mig-node"), MIG_NODE).unwrap();
     let big = plan::build(&big_policy, &big_node).unwrap().plan;
-    let big_res = big.resources["nvidia.com/gpu-shared"].clone();
+    let big_res = big.resources[MIG_RESOURCE].clone();
+    assert_eq!(big_res.devices.len(), 2688);
     {
         let mut avail: Vec<String> = big_res.devices.iter().map(|d| d.id.clone()).collect();
         shuffle(&mut avail);
@@ -339,10 +327,10 @@ fn main() {
         let (tx, rx) = watch::channel(Arc::new(big.clone()));
         let stop = CancellationToken::new();
         let socket = server_rt
-            .block_on(async { plugin::bind(&dir, "nvidia.com/gpu-shared") })
+            .block_on(async { plugin::bind(&dir, MIG_RESOURCE) })
             .unwrap();
         let path = socket.path.clone();
-        let svc = plugin::Service::new("nvidia.com/gpu-shared", rx, stop.clone(), "/");
+        let svc = plugin::Service::new(MIG_RESOURCE, rx, stop.clone(), "/");
         let _srv = {
             let _guard = server_rt.enter();
             plugin::serve(socket, svc, stop.clone())
@@ -359,7 +347,7 @@ fn main() {
             stream.message().await.unwrap().unwrap();
             let mut node = big_node.clone();
             for i in 0..(200 / scale) {
-                node.gpus[i % 56].healthy = !node.gpus[i % 56].healthy;
+                node.gpus[i % 8].healthy = !node.gpus[i % 8].healthy;
                 let next = plan::build(&big_policy, &node).unwrap().plan;
                 let t = Instant::now();
                 tx.send_replace(Arc::new(next));
@@ -507,10 +495,10 @@ fn main() {
                 Some(8.0),
             ),
             (
-                "2,688 devices",
+                "2,688 devices (8 GPUs x 7 MIG slices x 48)",
                 56,
-                ts_policy(48),
-                vec![("nvidia.com/gpu-shared", 2688)],
+                MIG_POLICY.to_string(),
+                vec![(MIG_RESOURCE, 2688)],
                 None,
             ),
         ] {
@@ -521,7 +509,13 @@ fn main() {
             let emu = client_rt
                 .block_on(KubeletEmulator::start(&plugins))
                 .unwrap();
-            let sim = sim_file(&dir, gpus);
+            let sim = if gpus == 56 {
+                let p = dir.join("mig-node.yaml");
+                std::fs::write(&p, MIG_NODE).unwrap();
+                p
+            } else {
+                sim_file(&dir, gpus)
+            };
             let mut child = std::process::Command::new(bin)
                 .args(["run", "--config"])
                 .arg(dir.join("policy/config.yaml"))
