@@ -122,7 +122,11 @@ pub fn allocate(
             resource: res.name.to_string(),
             id: id.clone(),
         })?;
-        distinct_ids.insert(id.as_str());
+        // failRequestsGreaterThanOne counts replicas (`<uuid>::<n>`) only, as NVIDIA's
+        // plugin: two whole GPUs under a renamed `replicas: 1` resource are fine.
+        if dev.replica.is_some() {
+            distinct_ids.insert(id.as_str());
+        }
         units.entry(dev.unit_order()).or_insert(dev);
     }
     if res.strategy == Strategy::Mps {

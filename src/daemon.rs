@@ -46,6 +46,16 @@ pub const POLICY_DEBOUNCE: Duration = Duration::from_millis(100);
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(4);
 /// How long shutdown waits for MPS control daemons to quit before killing them.
 pub const MPS_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
+/// First delay before registering again after the kubelet closed a stream; also a grace
+/// period in which a kubelet restart (new kubelet.sock) supersedes it, so one restart costs one
+/// registration.
+const LOST_STREAM_MIN_DELAY: Duration = Duration::from_millis(100);
+/// Longest delay between re-registrations of a resource whose streams keep being closed.
+const LOST_STREAM_MAX_DELAY: Duration = Duration::from_secs(30);
+/// A stream that lasted this long resets the re-registration backoff.
+const LOST_STREAM_RESET: Duration = Duration::from_secs(60);
+/// How often resources whose socket could not be bound are tried again.
+const BIND_RETRY: Duration = Duration::from_secs(1);
 /// How long a restart waits for the previous server of a resource before aborting it.
 const RESTART_DEADLINE: Duration = Duration::from_millis(200);
 
@@ -167,6 +177,12 @@ struct Supervisor {
     xid_policy: XidPolicy,
     epoch: u64,
     lost_tx: mpsc::UnboundedSender<StreamLost>,
+    /// Resources whose socket could not be bound; retried every second and when a socket of
+    /// ours disappears.
+    unserved: std::collections::BTreeSet<String>,
+    /// Per resource: the backoff between re-registrations after lost streams, and when the
+    /// last stream was lost (quiet for [`LOST_STREAM_RESET`] resets it).
+    lost_backoff: BTreeMap<String, (backon::ExponentialBackoff, Instant)>,
     /// The MPS daemons' supervisor (None once shut down).
     mps: Option<mps::Supervisor>,
     /// What it last reported per GPU/MIG UUID.
@@ -280,6 +296,8 @@ pub async fn run_with_status(
         xid_policy: xid_env,
         epoch: 0,
         lost_tx,
+        unserved: Default::default(),
+        lost_backoff: BTreeMap::new(),
         mps: Some(mps),
         mps_observed: BTreeMap::new(),
         mps_pending: Default::default(),
@@ -303,6 +321,8 @@ pub async fn run_with_status(
     inventory_resync.tick().await;
     let mut nvml_retry = tokio::time::interval(sup.settings.nvml_retry_interval);
     nvml_retry.tick().await;
+    let mut bind_retry = tokio::time::interval(BIND_RETRY);
+    bind_retry.tick().await;
     loop {
         let recovery = sup.tracker.next_deadline().map(Instant::from_std);
         tokio::select! {
@@ -322,7 +342,10 @@ pub async fn run_with_status(
                             tracing::info!("kubelet.sock created: kubelet restart seen; re-registering every resource");
                             restart = true;
                         }
-                        Event::PluginSocketRemoved(name) => restart |= sup.socket_lost(&name),
+                        Event::PluginSocketRemoved(name) => {
+                            restart |= sup.socket_lost(&name);
+                            sup.retry_unserved();
+                        }
                     }
                     next = rx.try_recv().ok();
                 }
@@ -361,6 +384,7 @@ pub async fn run_with_status(
             _ = resync.tick() => sup.reload_policy(false),
             _ = inventory_resync.tick(), if sup.source.is_some() => sup.resync_inventory(),
             _ = nvml_retry.tick(), if sup.source.is_none() => sup.retry_inventory(),
+            _ = bind_retry.tick(), if !sup.unserved.is_empty() => sup.retry_unserved(),
         }
     }
     // Stop serving and stop the MPS daemons together (each has its own deadline).
@@ -729,14 +753,25 @@ impl Supervisor {
     }
 
     fn start_server(&mut self, name: &str) {
+        self.start_server_after(name, Duration::ZERO);
+    }
+
+    /// Binds and serves `name`, registering after `register_after`. A socket that cannot be
+    /// bound (another live process holds it, a non-socket file is in the way) is retried.
+    fn start_server_after(&mut self, name: &str, register_after: Duration) {
         let dir = &self.settings.device_plugin_path;
         let socket = match plugin::bind(dir, name) {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(resource = %name, error = %e, "cannot serve resource");
+                if self.unserved.insert(name.to_string()) {
+                    tracing::error!(resource = %name, error = %e, retry_every = ?BIND_RETRY, "cannot serve resource; retrying");
+                }
                 return;
             }
         };
+        if self.unserved.remove(name) {
+            tracing::info!(resource = %name, "socket bound after earlier failures");
+        }
         self.epoch += 1;
         let stop = self.shutdown.child_token();
         let path = socket.path.clone();
@@ -757,6 +792,12 @@ impl Supervisor {
         let status = Arc::clone(&self.status);
         let metrics = Arc::clone(&self.metrics);
         let register = tokio::spawn(async move {
+            if !register_after.is_zero() {
+                tokio::select! {
+                    _ = rstop.cancelled() => return,
+                    _ = tokio::time::sleep(register_after) => {}
+                }
+            }
             let done = crate::kubelet::register_until_done(
                 &kubelet, &endpoint, &resource, &appeared, &rstop,
             )
@@ -845,6 +886,7 @@ impl Supervisor {
     /// new registration, or kubelet 1.32 drops the new one), then bind, serve and register
     /// every resource again.
     async fn restart_all(&mut self) {
+        self.lost_backoff.clear();
         self.stop_all(RESTART_DEADLINE).await;
         let names: Vec<String> = self.plans.borrow().resources.keys().cloned().collect();
         for name in names {
@@ -859,15 +901,50 @@ impl Supervisor {
         if current != Some(lost.epoch) {
             return; // a server we already replaced
         }
-        tracing::warn!(resource = %lost.resource, "the kubelet closed the ListAndWatch stream; registering again");
+        let now = Instant::now();
+        let entry = self
+            .lost_backoff
+            .entry(lost.resource.clone())
+            .or_insert_with(|| (lost_stream_backoff(), now));
+        if now.duration_since(entry.1) > LOST_STREAM_RESET {
+            entry.0 = lost_stream_backoff();
+        }
+        entry.1 = now;
+        let delay = entry.0.next().unwrap_or(LOST_STREAM_MAX_DELAY);
+        tracing::warn!(resource = %lost.resource, register_in = ?delay, "the kubelet closed the ListAndWatch stream; registering again");
         if let Some(s) = self.servers.remove(&lost.resource) {
             self.stop_servers(vec![(lost.resource.clone(), s)], RESTART_DEADLINE)
                 .await;
         }
         if self.plans.borrow().resources.contains_key(&lost.resource) {
-            self.start_server(&lost.resource);
+            self.start_server_after(&lost.resource, delay);
         }
     }
+
+    /// Tries again to serve resources whose socket could not be bound.
+    fn retry_unserved(&mut self) {
+        let wanted: Vec<String> = self
+            .unserved
+            .iter()
+            .filter(|n| self.plans.borrow().resources.contains_key(*n))
+            .cloned()
+            .collect();
+        self.unserved.retain(|n| wanted.contains(n));
+        for name in wanted {
+            if !self.servers.contains_key(&name) {
+                self.start_server(&name);
+            }
+        }
+    }
+}
+
+fn lost_stream_backoff() -> backon::ExponentialBackoff {
+    backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(LOST_STREAM_MIN_DELAY)
+            .with_max_delay(LOST_STREAM_MAX_DELAY)
+            .without_max_times(),
+    )
 }
 
 /// The socket path a resource is served on in `dir` (for tests and tools).

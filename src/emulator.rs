@@ -297,16 +297,14 @@ impl Registration for Registrar {
             .await?
             .into_inner();
         let resource = req.resource_name.clone();
-        // A new registration replaces the old endpoint: the kubelet stops the old client.
-        if let Some(old) = self
-            .shared
-            .streams
-            .lock()
-            .expect("poisoned")
-            .remove(&resource)
-        {
+        // A new registration replaces the old endpoint: the kubelet stops the old client. The
+        // streams map stays locked until the new stream's task is recorded, so restart() and
+        // drop_streams() never miss it.
+        let mut streams = self.shared.streams.lock().expect("poisoned");
+        if let Some(old) = streams.remove(&resource) {
             old.abort();
         }
+        let mut generation = 0;
         self.shared.update(|s| {
             let r = s.resources.entry(resource.clone()).or_default();
             r.endpoint = req.endpoint.clone();
@@ -315,32 +313,41 @@ impl Registration for Registrar {
             r.devices = None;
             r.lists_received = 0;
             r.streaming = true;
+            generation = r.registrations;
         });
         let shared = self.shared.clone();
         let name = resource.clone();
+        // Only this registration's stream may change the state (an older stream ending late
+        // must not mark the new one closed).
         let handle = tokio::spawn(async move {
             let stream = client.list_and_watch(api::Empty {}).await;
             if let Ok(stream) = stream {
                 let mut stream = stream.into_inner();
                 while let Ok(Some(msg)) = stream.message().await {
                     shared.update(|s| {
-                        let r = s.resources.entry(name.clone()).or_default();
-                        r.devices = Some(msg.devices);
-                        r.lists_received += 1;
+                        if let Some(r) = s
+                            .resources
+                            .get_mut(&name)
+                            .filter(|r| r.registrations == generation)
+                        {
+                            r.devices = Some(msg.devices);
+                            r.lists_received += 1;
+                        }
                     });
                 }
             }
             shared.update(|s| {
-                if let Some(r) = s.resources.get_mut(&name) {
+                if let Some(r) = s
+                    .resources
+                    .get_mut(&name)
+                    .filter(|r| r.registrations == generation)
+                {
                     r.streaming = false;
                 }
             });
         });
-        self.shared
-            .streams
-            .lock()
-            .expect("poisoned")
-            .insert(resource, handle);
+        streams.insert(resource, handle);
+        drop(streams);
         Ok(Response::new(api::Empty {}))
     }
 }

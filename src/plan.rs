@@ -754,22 +754,17 @@ fn resource(
     pass_device_specs: bool,
     units: &[Unit<'_>],
 ) -> Result<ResourcePlan, PlanError> {
-    // Size the ListAndWatch message before allocating anything: a typo like
-    // `replicas: 40000000` must be an error, not an out-of-memory kill.
-    let mut bytes: u64 = 0;
-    for u in units {
-        for n in 0..replicas {
-            let id_len = id_len(u.uuid(), replicas, n);
-            bytes += framed(device_encoded_len(id_len, u.healthy(), u.gpu.numa_node));
-            if bytes > MAX_LIST_BYTES as u64 {
-                return Err(PlanError::MessageTooLarge {
-                    resource: name.to_string(),
-                    devices: units.len() as u64 * u64::from(replicas),
-                    bytes: estimate_total(units, replicas),
-                    limit: MAX_LIST_BYTES,
-                });
-            }
-        }
+    // Size the ListAndWatch message before allocating anything, in closed form (no loop over
+    // replicas): a typo like `replicas: 4000000000` must be an immediate error, not an
+    // out-of-memory kill or minutes of arithmetic.
+    let bytes = encoded_size(units, replicas);
+    if bytes > MAX_LIST_BYTES as u64 {
+        return Err(PlanError::MessageTooLarge {
+            resource: name.to_string(),
+            devices: units.len() as u64 * u64::from(replicas),
+            bytes,
+            limit: MAX_LIST_BYTES,
+        });
     }
     let mut devices = Vec::with_capacity(units.len() * replicas as usize);
     for u in units {
@@ -827,19 +822,27 @@ fn id_len(uuid: &str, replicas: u32, n: u32) -> usize {
     }
 }
 
-fn estimate_total(units: &[Unit<'_>], replicas: u32) -> u64 {
-    units
-        .iter()
-        .flat_map(|u| {
-            (0..replicas).map(move |n| {
-                framed(device_encoded_len(
-                    id_len(u.uuid(), replicas, n),
-                    u.healthy(),
-                    u.gpu.numa_node,
-                ))
-            })
-        })
-        .sum()
+/// Encoded size of the ListAndWatch message for `replicas` devices per unit, bytes, in
+/// O(units × digits): replica IDs `<uuid>::<n>` only differ in the digit count of `n`.
+fn encoded_size(units: &[Unit<'_>], replicas: u32) -> u64 {
+    let mut total = 0u64;
+    for u in units {
+        let device =
+            |id_len: usize| framed(device_encoded_len(id_len, u.healthy(), u.gpu.numa_node));
+        if replicas <= 1 {
+            total = total.saturating_add(u64::from(replicas) * device(u.uuid().len()));
+            continue;
+        }
+        let mut lo = 0u64;
+        let mut hi = 10u64;
+        for digits in 1..=10usize {
+            let count = u64::from(replicas).min(hi).saturating_sub(lo);
+            total = total.saturating_add(count.saturating_mul(device(u.uuid().len() + 2 + digits)));
+            lo = hi;
+            hi = hi.saturating_mul(10);
+        }
+    }
+    total
 }
 
 fn decimal_len(mut n: u64) -> usize {

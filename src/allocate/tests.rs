@@ -448,3 +448,18 @@ fn preferred_treats_mig_slices_of_one_gpu_as_distinct_units() {
     let got = preferred(&r, &avail, &must, 2);
     assert_eq!(got, [format!("{}::0", mig_uuid(1, 0)), must[0].clone()]);
 }
+
+#[test]
+fn fail_requests_greater_than_one_counts_replicas_only() {
+    // Regression: `replicas: 1` advertises whole GPUs under a new name; a pod asking for two of
+    // them was refused as "2 replicas".
+    let r = resource(
+        "    failRequestsGreaterThanOne: true\n    resources:\n      - name: nvidia.com/gpu\n        rename: whole\n        replicas: 1\n",
+        2,
+    );
+    let a = allocate(&r, &[uuid(1), uuid(0)], "/").unwrap();
+    assert_eq!(
+        a.envs[NVIDIA_VISIBLE_DEVICES],
+        format!("{},{}", uuid(0), uuid(1))
+    );
+}

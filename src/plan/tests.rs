@@ -738,3 +738,46 @@ fn plus_profiles_become_dotted_resource_names() {
         ]
     );
 }
+
+#[test]
+fn a_huge_replica_count_is_refused_at_once() {
+    // Regression: the error message summed the size of every device (3.2e10 steps for this
+    // policy), freezing the daemon and `validate` for minutes.
+    let node = test_node(8);
+    let p = policy("    resources:\n      - name: nvidia.com/gpu\n        replicas: 4000000000\n");
+    match build(&p, &node).unwrap_err() {
+        PlanError::MessageTooLarge { devices, bytes, .. } => {
+            assert_eq!(devices, 32_000_000_000);
+            // 8 GPUs x 4e9 replicas x at least 60 bytes each.
+            assert!(bytes > 8 * 4_000_000_000 * 60, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn closed_form_size_matches_the_encoded_message() {
+    for replicas in [1u32, 2, 9, 10, 11, 99, 100, 101, 1000] {
+        let node = test_node(3);
+        let p = policy(&format!(
+            "    resources:\n      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
+        ));
+        let built = build(&p, &node).unwrap();
+        let r = &built.plan.resources["nvidia.com/gpu"];
+        let units: Vec<Unit<'_>> = node
+            .gpus
+            .iter()
+            .map(|g| Unit { gpu: g, mig: None })
+            .collect();
+        let by_device: u64 = r
+            .devices
+            .iter()
+            .map(|d| framed(device_encoded_len(d.id.len(), d.healthy, d.numa_node)))
+            .sum();
+        assert_eq!(
+            encoded_size(&units, replicas),
+            by_device,
+            "replicas {replicas}"
+        );
+    }
+}

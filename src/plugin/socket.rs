@@ -94,7 +94,11 @@ pub fn bind(dir: &Path, resource: &str) -> Result<BoundSocket, SocketError> {
             if std::os::unix::net::UnixStream::connect(&path).is_ok() {
                 return Err(SocketError::InUse { path });
             }
-            std::fs::remove_file(&path).map_err(io)?;
+            // The kubelet may wipe the directory at the same moment: gone is as good as removed.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
         }
         Ok(_) => return Err(SocketError::NotASocket { path }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

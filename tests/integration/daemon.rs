@@ -468,3 +468,25 @@ async fn single_mig_node_advertises_every_mig_device_as_gpu() {
     );
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_held_by_another_process_is_served_once_freed() {
+    // Regression: a bind failure (another live process on our socket path) was logged once and
+    // the resource was never served, leaving /readyz at 503 for good.
+    let node = Node::new(&ts_policy(2));
+    let sock = node.plugins().join("slicelet-nvidia.com_gpu-shared.sock");
+    let squatter = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    let st = d.wait_status(|s| s.generation == 1).await;
+    assert!(
+        st.registered.is_empty(),
+        "the squatter's socket must not be taken over"
+    );
+    assert!(emu.state().resources.is_empty());
+    drop(squatter);
+    std::fs::remove_file(&sock).unwrap();
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    d.wait_status(|s| s.ready().is_ok()).await;
+    d.stop().await;
+}
