@@ -515,9 +515,8 @@ impl<'de> Visitor<'de> for DeviceSelectorVisitor {
             }
             out.push(item.0);
         }
-        if out.is_empty() {
-            return Err(de::Error::invalid_length(0, &"at least one device"));
-        }
+        // An empty list is valid (NVIDIA's plugin accepts it): the entry claims nothing, which
+        // the plan reports as a warning.
         Ok(DeviceSelector::List(out))
     }
 }
