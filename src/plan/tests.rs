@@ -789,5 +789,9 @@ fn an_empty_devices_list_is_accepted_and_claims_nothing() {
     let p = policy("    resources:\n      - name: nvidia.com/gpu\n        rename: none-here\n        devices: []\n        replicas: 2\n");
     let built = build(&p, &node).unwrap();
     assert_eq!(counts(&built), [("nvidia.com/gpu".to_string(), 2)]);
-    assert!(built.warnings.iter().any(|w| w.contains("resources[0]")), "{:?}", built.warnings);
+    assert!(
+        built.warnings.iter().any(|w| w.contains("resources[0]")),
+        "{:?}",
+        built.warnings
+    );
 }

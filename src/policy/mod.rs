@@ -170,8 +170,20 @@ pub fn load(path: &Path) -> Result<Policy, LoadError> {
 /// [`PolicyError`] naming the field path, with line and column when the parser knows them.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     let de = yaml_serde::Deserializer::from_str(text);
-    let file: schema::ConfigFile = serde_path_to_error::deserialize(de).map_err(from_serde)?;
+    let file: schema::ConfigFile = match serde_path_to_error::deserialize(de) {
+        Ok(f) => f,
+        // YAML merge keys (`<<: *anchor`), which NVIDIA's parser resolves: resolve them and try
+        // again; if that fails too, report the first error (it has line and column).
+        Err(e) if text.contains("<<") => merged(text).ok_or_else(|| from_serde(e))?,
+        Err(e) => return Err(from_serde(e)),
+    };
     validate(file)
+}
+
+fn merged(text: &str) -> Option<schema::ConfigFile> {
+    let mut value: yaml_serde::Value = yaml_serde::from_str(text).ok()?;
+    value.apply_merge().ok()?;
+    serde_path_to_error::deserialize(value).ok()
 }
 
 fn from_serde(err: serde_path_to_error::Error<yaml_serde::Error>) -> PolicyError {

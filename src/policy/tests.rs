@@ -256,3 +256,22 @@ fn health_extension() {
     let e = parse("health:\n  ignoredXIDs: [79]\n").unwrap_err();
     assert_eq!(e.path, "health.ignoredXIDs");
 }
+
+#[test]
+fn yaml_merge_keys_are_resolved() {
+    // NVIDIA's parser resolves merge keys; an anchored entry reused with `<<` must work here too.
+    let text = "sharing:\n  timeSlicing:\n    resources:\n      - &base\n        name: nvidia.com/gpu\n        rename: a\n        devices: [0]\n        replicas: 2\n      - <<: *base\n        rename: b\n        devices: [1]\n";
+    let p = parse(text).unwrap();
+    let r = &p.time_slicing.resources;
+    assert_eq!(
+        (r[1].advertised.as_str(), r[1].replicas),
+        ("nvidia.com/b", 2)
+    );
+    // A merge that still leaves an unknown key is an error with its line.
+    let bad = text.replace(
+        "        rename: b\n",
+        "        rename: b\n        replica: 3\n",
+    );
+    let e = parse(&bad).unwrap_err();
+    assert!(e.location.is_some(), "{e}");
+}
