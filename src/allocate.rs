@@ -221,13 +221,7 @@ pub fn preferred(
     }
     // Units are keyed by the position of their first device in res.devices, which orders them
     // by (GPU index, MIG index).
-    let mut first_of: HashMap<&str, usize> = HashMap::new();
-    let mut total: HashMap<usize, usize> = HashMap::new();
-    for (p, d) in res.devices.iter().enumerate() {
-        let u = *first_of.entry(d.gpu_uuid.as_str()).or_insert(p);
-        *total.entry(u).or_default() += 1;
-    }
-    let unit = |p: usize| first_of[res.devices[p].gpu_uuid.as_str()];
+    let unit = |p: usize| res.unit_at(p).0;
     // Candidates grouped by unit, each list ascending by position (= replica order).
     let mut per_unit: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for id in available {
@@ -250,7 +244,7 @@ pub fn preferred(
         .iter()
         .map(|(&u, list)| {
             let mine = picked.get(&u).copied().unwrap_or(0);
-            (u, total[&u].saturating_sub(list.len() + mine))
+            (u, res.unit_at(u).1.saturating_sub(list.len() + mine))
         })
         .collect();
     let numa_of = |p: usize| res.devices[p].numa_node;

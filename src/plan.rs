@@ -121,6 +121,10 @@ pub struct ResourcePlan {
     /// MPS resources: the control daemons behind the devices and their limits.
     pub mps: Option<MpsResource>,
     by_id: HashMap<String, usize>,
+    /// Per device position: the position of the first device of its physical unit (GPU or
+    /// MIG device), and how many devices that unit has. Precomputed for
+    /// GetPreferredAllocation.
+    units: Vec<(usize, usize)>,
 }
 
 impl ResourcePlan {
@@ -139,6 +143,18 @@ impl ResourcePlan {
             .enumerate()
             .map(|(i, d)| (d.id.clone(), i))
             .collect();
+        let mut first: HashMap<&str, usize> = HashMap::new();
+        let mut count: HashMap<usize, usize> = HashMap::new();
+        let firsts: Vec<usize> = devices
+            .iter()
+            .enumerate()
+            .map(|(p, d)| {
+                let f = *first.entry(d.gpu_uuid.as_str()).or_insert(p);
+                *count.entry(f).or_default() += 1;
+                f
+            })
+            .collect();
+        let units = firsts.iter().map(|&f| (f, count[&f])).collect();
         ResourcePlan {
             name,
             strategy,
@@ -148,7 +164,14 @@ impl ResourcePlan {
             devices,
             mps: None,
             by_id,
+            units,
         }
+    }
+
+    /// The physical unit (GPU or MIG device) of the device at `position`: the position of the
+    /// unit's first device, and the unit's device count.
+    pub fn unit_at(&self, position: usize) -> (usize, usize) {
+        self.units[position]
     }
 
     /// The device with this ID, in O(1).
