@@ -180,6 +180,8 @@ struct Supervisor {
     /// Resources whose socket could not be bound; retried every second and when a socket of
     /// ours disappears.
     unserved: std::collections::BTreeSet<String>,
+    /// The last re-discovery error, so it is logged once until it changes or clears.
+    discovery_error: Option<String>,
     /// Per resource: the backoff between re-registrations after lost streams, and when the
     /// last stream was lost (quiet for [`LOST_STREAM_RESET`] resets it).
     lost_backoff: BTreeMap<String, (backon::ExponentialBackoff, Instant)>,
@@ -297,6 +299,7 @@ pub async fn run_with_status(
         epoch: 0,
         lost_tx,
         unserved: Default::default(),
+        discovery_error: None,
         lost_backoff: BTreeMap::new(),
         mps: Some(mps),
         mps_observed: BTreeMap::new(),
@@ -469,8 +472,18 @@ impl Supervisor {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "GPU re-discovery failed; keeping the last inventory")
+                // Once per distinct error, not at every re-read.
+                let text = e.to_string();
+                if self.discovery_error.as_deref() != Some(&text) {
+                    tracing::error!(error = %text, "GPU re-discovery failed; keeping the last inventory");
+                    self.discovery_error = Some(text);
+                }
+                self.take_source_events();
+                return;
             }
+        }
+        if self.discovery_error.take().is_some() {
+            tracing::info!("GPU re-discovery succeeds again");
         }
         self.take_source_events();
     }
@@ -481,21 +494,25 @@ impl Supervisor {
             .as_mut()
             .map(|s| s.take_events())
             .unwrap_or_default();
-        for ev in events {
-            self.on_xid(ev);
-        }
+        // One re-plan for the whole batch (an edit can report Xids on many GPUs at once).
+        let ts: Vec<Transition> = events.into_iter().filter_map(|ev| self.xid(ev)).collect();
+        self.transitions(ts);
     }
 
     /// An Xid on a device: counted, and when critical the device goes Unhealthy everywhere.
     fn on_xid(&mut self, ev: XidEvent) {
+        let t = self.xid(ev);
+        self.transitions(t.into_iter().collect());
+    }
+
+    /// Counts and logs an Xid; returns the health transition it causes, if any.
+    fn xid(&mut self, ev: XidEvent) -> Option<Transition> {
         self.metrics.xid(&ev.uuid, ev.xid);
         self.status.send_modify(|s| s.xid_events += 1);
         let critical = self.xid_policy.is_critical(ev.xid);
         tracing::warn!(gpu = %ev.uuid, xid = ev.xid, critical, "Xid event");
         let now = Instant::now().into_std();
-        if let Some(t) = self.tracker.on_xid(&self.xid_policy, &ev.uuid, ev.xid, now) {
-            self.transitions(vec![t]);
-        }
+        self.tracker.on_xid(&self.xid_policy, &ev.uuid, ev.xid, now)
     }
 
     /// An event from the GPU source's watcher.

@@ -687,7 +687,7 @@ fn node_resources<'a>(
             for g in &inv.gpus {
                 if g.mig_enabled {
                     warnings.push(format!(
-                        "flags.migStrategy: GPU {} ({}) has MIG enabled, but migStrategy is none: it is advertised whole as {WHOLE_GPU_RESOURCE} and containers get none of its MIG devices; use single or mixed",
+                        "flags.migStrategy: GPU {} ({}) has MIG enabled, but migStrategy is none: it is advertised as a whole GPU (under {WHOLE_GPU_RESOURCE} or the entry sharing it) and containers get none of its MIG devices; use single or mixed",
                         g.index, g.uuid
                     ));
                 }

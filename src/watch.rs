@@ -104,6 +104,21 @@ pub fn start(
     Ok(watches)
 }
 
+/// Whether an event in a watched file's directory can change that file: not an access, and
+/// about the file itself or a `..`-prefixed entry (a ConfigMap volume swaps `..data`, so no
+/// event names the file). Other files in the directory (a log written next to the policy,
+/// say) are ignored, so writing them cannot make slicelet re-read in a loop.
+fn concerns(ev: &notify::Event, file: Option<&std::ffi::OsStr>) -> bool {
+    if matches!(ev.kind, EventKind::Access(_)) {
+        return false;
+    }
+    ev.paths.is_empty()
+        || ev.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| Some(n) == file || n.to_string_lossy().starts_with(".."))
+        })
+}
+
 /// Watches the policy file's parent directory and, for a simulated node, the node file's
 /// directory (`slicelet mps`, which has no kubelet).
 ///
@@ -116,15 +131,17 @@ pub fn start_policy(
 ) -> Result<Watches, WatchError> {
     let mut watchers = Vec::new();
     let ptx = tx.clone();
+    let policy_name = policy_file.file_name().map(OsString::from);
     watchers.push(watch_dir(&parent(policy_file), move |ev| {
-        if !matches!(ev.kind, EventKind::Access(_)) {
+        if concerns(&ev, policy_name.as_deref()) {
             let _ = ptx.send(Event::PolicyDirChanged);
         }
     })?);
     if let Some(node) = node_file {
         let ntx = tx.clone();
+        let node_name = node.file_name().map(OsString::from);
         watchers.push(watch_dir(&parent(node), move |ev| {
-            if !matches!(ev.kind, EventKind::Access(_)) {
+            if concerns(&ev, node_name.as_deref()) {
                 let _ = ntx.send(Event::NodeDirChanged);
             }
         })?);
@@ -132,4 +149,59 @@ pub fn start_policy(
     Ok(Watches {
         _watchers: watchers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, CreateKind, ModifyKind, RenameMode};
+
+    fn ev(kind: EventKind, paths: &[&str]) -> notify::Event {
+        let mut e = notify::Event::new(kind);
+        for p in paths {
+            e = e.add_path(PathBuf::from(p));
+        }
+        e
+    }
+
+    #[test]
+    fn only_the_file_and_configmap_entries_concern_it() {
+        let file = Some(std::ffi::OsStr::new("config.yaml"));
+        let modify = EventKind::Modify(ModifyKind::Any);
+        // Regression: a log file written next to a simulated node made slicelet re-read the
+        // node ten times a second (and log each failure).
+        assert!(!concerns(&ev(modify, &["/etc/slicelet/run.log"]), file));
+        assert!(!concerns(
+            &ev(
+                EventKind::Access(AccessKind::Any),
+                &["/etc/slicelet/config.yaml"]
+            ),
+            file
+        ));
+        assert!(concerns(&ev(modify, &["/etc/slicelet/config.yaml"]), file));
+        assert!(concerns(
+            &ev(
+                EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+                &["/etc/slicelet/..data"]
+            ),
+            file
+        ));
+        assert!(concerns(
+            &ev(
+                EventKind::Create(CreateKind::Any),
+                &["/etc/slicelet/..2026_11_30_1"]
+            ),
+            file
+        ));
+        assert!(concerns(
+            &ev(
+                EventKind::Modify(ModifyKind::Name(RenameMode::Both)),
+                &[
+                    "/etc/slicelet/.config.yaml.swp",
+                    "/etc/slicelet/config.yaml"
+                ]
+            ),
+            file
+        ));
+    }
 }
