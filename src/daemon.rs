@@ -249,6 +249,9 @@ pub async fn run_with_status(
         &[],
         &[],
     )?;
+    for e in &xid_env.skipped {
+        tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let _watches = fswatch::start(
         &settings.config,
@@ -434,6 +437,7 @@ impl Supervisor {
                 }
                 self.source = Some(source);
                 self.inventory = inv;
+                self.status.send_modify(|s| s.discovery_error = None);
                 if let Some(s) = self.source.as_mut() {
                     s.watch_events(Arc::clone(&self.events));
                 }
@@ -444,6 +448,8 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!(error = %e, retry_in = ?self.settings.nvml_retry_interval,
                     "GPU discovery failed; failOnInitError is false, so advertising nothing and retrying");
+                self.status
+                    .send_modify(|s| s.discovery_error = Some(e.to_string()));
                 Ok(())
             }
         }
@@ -452,6 +458,17 @@ impl Supervisor {
     fn retry_inventory(&mut self) {
         if self.open_inventory(false).is_ok() && self.source.is_some() {
             self.take_source_events();
+            self.inventory_changed();
+        }
+    }
+
+    /// New GPUs: re-plan; a policy that was rejected for the old GPUs (a MIG strategy that did
+    /// not fit the layout, say) is tried again, since it may fit now.
+    fn inventory_changed(&mut self) {
+        let rejected = self.status.borrow().policy_error.is_some();
+        if rejected || self.policy.is_none() {
+            self.reload_policy(true);
+        } else {
             self.replan();
         }
     }
@@ -468,7 +485,7 @@ impl Supervisor {
                     tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
                     self.inventory = inv;
                     source.watch_events(Arc::clone(&self.events));
-                    self.replan();
+                    self.inventory_changed();
                 }
             }
             Err(e) => {

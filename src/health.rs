@@ -43,6 +43,11 @@ pub struct XidPolicy {
     critical_all: bool,
     ignored: BTreeSet<u64>,
     critical: BTreeSet<u64>,
+    /// The policy file's `ignoredXids`: wins over everything from the environment, even
+    /// `DP_ENABLE_HEALTHCHECKS=all`.
+    policy_ignored: BTreeSet<u64>,
+    /// Items of the environment variables that were not understood and skipped.
+    pub skipped: Vec<XidEnvError>,
 }
 
 impl Default for XidPolicy {
@@ -52,30 +57,36 @@ impl Default for XidPolicy {
             critical_all: false,
             ignored: DEFAULT_IGNORED_XIDS.into_iter().collect(),
             critical: BTreeSet::new(),
+            policy_ignored: BTreeSet::new(),
+            skipped: Vec::new(),
         }
     }
 }
 
+/// Reads one of NVIDIA's variables: Xid numbers and words, comma separated. Items that are
+/// neither are skipped (and reported), as NVIDIA's plugin skips them.
 fn parse_list(
     var: &'static str,
     value: &str,
     words: &[&str],
-) -> Result<(bool, BTreeSet<u64>), XidEnvError> {
+    skipped: &mut Vec<XidEnvError>,
+) -> (bool, BTreeSet<u64>) {
     let mut all = false;
     let mut set = BTreeSet::new();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if words.contains(&item.to_ascii_lowercase().as_str()) {
             all = true;
+        } else if let Ok(x) = item.parse::<u64>() {
+            set.insert(x);
         } else {
-            let x = item.parse::<u64>().map_err(|_| XidEnvError {
+            skipped.push(XidEnvError {
                 var,
                 value: value.to_string(),
                 item: item.to_string(),
-            })?;
-            set.insert(x);
+            });
         }
     }
-    Ok((all, set))
+    (all, set)
 }
 
 impl XidPolicy {
@@ -91,29 +102,37 @@ impl XidPolicy {
         policy_critical: &[u64],
     ) -> Result<Self, XidEnvError> {
         let mut p = XidPolicy::default();
+        let mut skipped = Vec::new();
         if let Some(v) = disable_env {
-            let (all, set) = parse_list("DP_DISABLE_HEALTHCHECKS", v, &["all", "xids"])?;
+            let (all, set) =
+                parse_list("DP_DISABLE_HEALTHCHECKS", v, &["all", "xids"], &mut skipped);
             p.ignore_all = all;
             p.ignored.extend(set);
         }
         if let Some(v) = enable_env {
-            let (all, set) = parse_list("DP_ENABLE_HEALTHCHECKS", v, &["all"])?;
+            let (all, set) =
+                parse_list("DP_ENABLE_HEALTHCHECKS", v, &["all", "xids"], &mut skipped);
             p.critical_all = all;
             p.critical.extend(set);
         }
         for x in policy_ignored {
             p.critical.remove(x);
             p.ignored.insert(*x);
+            p.policy_ignored.insert(*x);
         }
         for x in policy_critical {
             p.ignored.remove(x);
             p.critical.insert(*x);
         }
+        p.skipped = skipped;
         Ok(p)
     }
 
     /// Whether Xid `xid` marks the device Unhealthy.
     pub fn is_critical(&self, xid: u64) -> bool {
+        if self.policy_ignored.contains(&xid) {
+            return false;
+        }
         if self.critical_all || self.critical.contains(&xid) {
             return true;
         }
@@ -282,9 +301,15 @@ mod tests {
                 assert!(!p.is_critical(*x), "{dis:?} {en:?}: {x} ignored");
             }
         }
-        let e = XidPolicy::new(Some("79,abc"), None, &[], &[]).unwrap_err();
-        assert_eq!(e.var, "DP_DISABLE_HEALTHCHECKS");
-        assert_eq!(e.item, "abc");
+        // Regression: a malformed item stopped slicelet; NVIDIA skips it.
+        let p = XidPolicy::new(Some("79,xid48"), Some("xids"), &[], &[]).unwrap();
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].var, "DP_DISABLE_HEALTHCHECKS");
+        assert_eq!(p.skipped[0].item, "xid48");
+        assert!(
+            p.is_critical(13),
+            "xids in DP_ENABLE_HEALTHCHECKS means every Xid"
+        );
     }
 
     #[test]
@@ -292,6 +317,10 @@ mod tests {
         let p = XidPolicy::new(None, Some("79"), &[79], &[13]).unwrap();
         assert!(!p.is_critical(79));
         assert!(p.is_critical(13));
+        // Regression: DP_ENABLE_HEALTHCHECKS=all beat the policy's ignoredXids.
+        let p = XidPolicy::new(None, Some("all"), &[79], &[]).unwrap();
+        assert!(!p.is_critical(79));
+        assert!(p.is_critical(48));
     }
 
     #[test]

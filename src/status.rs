@@ -41,6 +41,8 @@ pub struct Status {
     pub address: Option<SocketAddr>,
     /// Xid events processed since start (critical or not).
     pub xid_events: u64,
+    /// Why GPU discovery failed, while slicelet runs without GPUs (`failOnInitError: false`).
+    pub discovery_error: Option<String>,
     /// GPUs (or MIG devices) whose MPS control daemon is ready.
     pub mps_ready: BTreeSet<String>,
     /// GPUs with an MPS limit change pending until their clients are gone.
@@ -55,6 +57,9 @@ impl Status {
     /// # Errors
     /// A sentence saying what is missing.
     pub fn ready(&self) -> Result<(), String> {
+        if let Some(e) = &self.discovery_error {
+            return Err(format!("GPU discovery failed: {e}"));
+        }
         if let Some(e) = &self.policy_error {
             return Err(format!("policy rejected: {e}"));
         }
@@ -343,6 +348,10 @@ mod tests {
         assert!(s.ready().is_ok());
         s.policy_error = Some("x: bad".into());
         assert!(s.ready().unwrap_err().contains("x: bad"));
+        // Regression: running without GPUs (failOnInitError: false) reported ready.
+        s.policy_error = None;
+        s.discovery_error = Some("initialising NVML: driver not loaded".into());
+        assert!(s.ready().unwrap_err().contains("driver not loaded"));
     }
 
     #[test]

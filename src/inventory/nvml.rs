@@ -253,7 +253,29 @@ impl GpuSource for NvmlSource {
                             ..prev.clone()
                         });
                     }
-                    None => return Err(e),
+                    // Never seen answering: advertise it Unhealthy when its UUID is known, so
+                    // the node is not dark because of one GPU (and the kubelet sees the
+                    // capacity it cannot use); without a UUID it cannot be named at all.
+                    None => match self.nvml.device_by_index(i).and_then(|d| d.uuid()) {
+                        Ok(uuid) => {
+                            tracing::error!(gpu = i, uuid = %uuid, error = %e, "GPU does not answer NVML; advertising it Unhealthy");
+                            gpus.push(Gpu {
+                                index: i,
+                                uuid,
+                                model: String::new(),
+                                memory_mib: 0,
+                                minor: None,
+                                compute_capability: None,
+                                numa_node: None,
+                                mig_enabled: false,
+                                mig_devices: Vec::new(),
+                                healthy: false,
+                            });
+                        }
+                        Err(uuid_err) => {
+                            tracing::error!(gpu = i, error = %e, uuid_error = %uuid_err, "GPU does not answer NVML, not even its UUID; it is left out");
+                        }
+                    },
                 },
             }
         }
@@ -356,15 +378,24 @@ struct EventTarget {
 }
 
 impl EventTarget {
-    /// The device an event with these instance ids concerns: a MIG device, or the GPU.
-    fn uuid_for(&self, gi: u32, ci: u32) -> &str {
+    /// The devices an event with these instance ids concerns: the GPU (GI id 0xFFFFFFFF, or
+    /// ids that match no MIG device), or every MIG device of that GPU instance (CI id
+    /// 0xFFFFFFFF), or the one MIG device.
+    fn uuids_for(&self, gi: u32, ci: u32) -> Vec<&str> {
         if gi == WHOLE_GPU {
-            return &self.uuid;
+            return vec![&self.uuid];
         }
-        self.migs
+        let migs: Vec<&str> = self
+            .migs
             .iter()
-            .find(|(g, c, _)| *g == gi && (ci == WHOLE_GPU || *c == ci))
-            .map_or(&self.uuid, |(_, _, u)| u)
+            .filter(|(g, c, _)| *g == gi && (ci == WHOLE_GPU || *c == ci))
+            .map(|(_, _, u)| u.as_str())
+            .collect();
+        if migs.is_empty() {
+            vec![&self.uuid]
+        } else {
+            migs
+        }
     }
 }
 
@@ -532,12 +563,12 @@ fn event_loop(
                     else {
                         continue;
                     };
-                    sink(DeviceEvent::Xid(XidEvent {
-                        uuid: t
-                            .uuid_for(data.gpuInstanceId, data.computeInstanceId)
-                            .to_string(),
-                        xid: data.eventData,
-                    }));
+                    for uuid in t.uuids_for(data.gpuInstanceId, data.computeInstanceId) {
+                        sink(DeviceEvent::Xid(XidEvent {
+                            uuid: uuid.to_string(),
+                            xid: data.eventData,
+                        }));
+                    }
                 }
                 Ok(()) | Err(NvmlError::Timeout) => {}
                 Err(e) => {
@@ -606,6 +637,24 @@ impl NvmlSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xid_instance_ids_select_devices() {
+        let t = EventTarget {
+            index: 0,
+            uuid: "GPU-0".into(),
+            migs: vec![
+                (2, 0, "MIG-a".into()),
+                (2, 1, "MIG-b".into()),
+                (3, 0, "MIG-c".into()),
+            ],
+        };
+        assert_eq!(t.uuids_for(WHOLE_GPU, WHOLE_GPU), ["GPU-0"]);
+        assert_eq!(t.uuids_for(2, 1), ["MIG-b"]);
+        // Regression: a GPU-instance-scoped Xid marked only the first compute instance.
+        assert_eq!(t.uuids_for(2, WHOLE_GPU), ["MIG-a", "MIG-b"]);
+        assert_eq!(t.uuids_for(9, 0), ["GPU-0"]);
+    }
 
     #[test]
     fn bus_id_to_sysfs_form() {

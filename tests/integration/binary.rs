@@ -591,6 +591,7 @@ async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
     let l4 = "GPU-cccccccc-0000-0000-0000-000000000000";
     emu.wait_for(WAIT, |s| {
         s.device_count("nvidia.com/mig-1g.10gb") == Some(2)
+            && s.device_count("nvidia.com/mig-3g.40gb") == Some(1)
             && s.device_count("nvidia.com/gpu") == Some(2)
             && s.healthy_count("nvidia.com/gpu") == Some(1)
     })
@@ -772,4 +773,26 @@ async fn mps_subcommand_with_run_mps_external() {
     let (code, log) = sigterm_and_wait(mps).await;
     assert_eq!(code, Some(0), "{log}");
     assert_daemons_quit(&root, &gpus);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_lost_gpu_at_start_does_not_darken_the_node() {
+    // Regression: a GPU that does not answer NVML at the first discovery failed the whole
+    // discovery (exit 1 with failOnInitError, or nothing advertised).
+    let mut inv = two_gpus();
+    inv["gpus"][1]["lost"] = serde_json::json!(true);
+    let node = Node::new(&ts_policy(2));
+    let inventory = write_inventory(node.tmp.path(), inv);
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[("FAKE_NVML_INVENTORY", &inventory)],
+    );
+    let state = wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    assert_eq!(state.healthy_count("nvidia.com/gpu-shared"), Some(2));
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("left out"), "{log}");
 }

@@ -201,3 +201,32 @@ async fn a_stream_the_kubelet_drops_is_registered_again() {
     .unwrap_or_else(|e| panic!("{e}"));
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_rejected_for_the_node_is_retried_when_the_node_changes() {
+    // Regression: `migStrategy: single` on a node whose GPUs mix MIG and non-MIG is rejected;
+    // after the layout became uniform (mig-parted) the node stayed dark until SIGHUP.
+    let node = Node::new("version: v1\nflags:\n  migStrategy: single\n");
+    let sim = node_dir(&node);
+    let mig = "    mig:\n      devices:\n        - profile: 1g.10gb\n          count: 7\n";
+    let gpu = |i: usize, with_mig: bool| {
+        format!(
+            "  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    uuid: GPU-{i:08}-aaaa-bbbb-cccc-dddddddddddd\n{}",
+            if with_mig { mig } else { "" }
+        )
+    };
+    let write = |text: String| {
+        let tmp = sim.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &sim).unwrap();
+    };
+    write(format!("gpus:\n{}{}", gpu(0, true), gpu(1, false)));
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&sim));
+    let st = d.wait_status(|s| s.policy_error.is_some()).await;
+    assert!(st.policy_error.unwrap().contains("GPU"), "names the GPUs");
+    write(format!("gpus:\n{}{}", gpu(0, true), gpu(1, true)));
+    wait_lists(&emu, &[("nvidia.com/gpu", 14)]).await;
+    assert!(d.wait_status(|s| s.policy_error.is_none()).await.generation >= 1);
+    d.stop().await;
+}
