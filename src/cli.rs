@@ -82,6 +82,9 @@ pub struct MpsArgs {
     /// Seconds between policy re-reads without a file event (safety net).
     #[arg(long, env = "SLICELET_POLICY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub policy_resync_seconds: u64,
+    /// Seconds between GPU re-discoveries (MIG layout changes); SIGHUP also does it.
+    #[arg(long, env = "SLICELET_INVENTORY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub inventory_resync_seconds: u64,
 }
 
 impl MpsArgs {
@@ -90,6 +93,7 @@ impl MpsArgs {
         let mut s = self.node.settings();
         s.mps = self.daemons.config();
         s.policy_resync_interval = Duration::from_secs(self.policy_resync_seconds);
+        s.inventory_resync_interval = Duration::from_secs(self.inventory_resync_seconds);
         s
     }
 }

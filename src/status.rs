@@ -255,8 +255,10 @@ pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
     if s.is_empty() {
         return Ok(None);
     }
+    // `:8080` means every interface, IPv6 and IPv4 (a dual-stack socket, as Go's); `serve`
+    // falls back to IPv4 where the node has no IPv6.
     let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
+        format!("[::]{s}")
     } else {
         s.to_string()
     };
@@ -304,7 +306,12 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Err(_) if addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) => {
+            tokio::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, addr.port())).await?
+        }
+        other => other?,
+    };
     let local = listener.local_addr()?;
     let app = Router::new()
         .route("/healthz", get(healthz))
@@ -327,8 +334,9 @@ mod tests {
     fn addresses() {
         assert_eq!(parse_address("").unwrap(), None);
         assert_eq!(
+            // Regression: `:8080` bound IPv4 only, so probes failed on IPv6-only clusters.
             parse_address(":8080").unwrap(),
-            Some("0.0.0.0:8080".parse().unwrap())
+            Some("[::]:8080".parse().unwrap())
         );
         assert_eq!(
             parse_address("127.0.0.1:9").unwrap(),

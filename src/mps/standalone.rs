@@ -64,6 +64,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let mut debounce: Option<Instant> = None;
     let mut resync = tokio::time::interval(s.settings.policy_resync_interval);
     resync.tick().await;
+    // MIG layout changes (mig-parted) on a real node raise no file event: re-discover
+    // periodically, as `slicelet run` does.
+    let mut inventory_resync = tokio::time::interval(s.settings.inventory_resync_interval);
+    inventory_resync.tick().await;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -83,6 +87,11 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
                 s.reload(true);
             }
             _ = resync.tick() => s.reload(false),
+            _ = inventory_resync.tick() => {
+                // A changed inventory clears the applied hash, so this re-plans only then.
+                s.rediscover();
+                s.reload(false);
+            }
         }
     }
     let Standalone {

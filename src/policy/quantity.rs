@@ -75,7 +75,10 @@ pub fn parse_bytes(text: &str) -> Result<u128, String> {
             None => return Err(bad()),
         },
     };
-    let exp = exp10 - frac_len;
+    // Checked: `1.5e-2147483648` must be an error, not an overflow panic.
+    let exp = exp10
+        .checked_sub(frac_len)
+        .ok_or_else(|| format!("`{text}` is too small"))?;
     let pow = |e: i32| -> Result<u128, String> {
         10u128
             .checked_pow(e.unsigned_abs())
@@ -129,6 +132,14 @@ mod tests {
         for (text, bytes) in cases {
             assert_eq!(parse_bytes(text), Ok(*bytes), "{text}");
         }
+    }
+
+    #[test]
+    fn extreme_exponents_are_errors_or_zero_never_panics() {
+        // Regression: `exp10 - frac_len` overflowed (a panic in debug builds).
+        assert!(parse_bytes("1.5e-2147483648").is_err());
+        assert_eq!(parse_bytes("1e-2147483648"), Ok(0));
+        assert!(parse_bytes("1e2147483647").is_err());
     }
 
     #[test]

@@ -341,6 +341,13 @@ impl<'de> Deserialize<'de> for MemoryQuantity {
                 let bytes = super::quantity::parse_bytes(v).map_err(E::custom)?;
                 MemoryQuantity::from_bytes(v.to_string(), bytes)
             }
+            // YAML reads an unquoted `1e10` as a float; Kubernetes accepts it as a quantity.
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<MemoryQuantity, E> {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(E::invalid_value(Unexpected::Float(v), &self));
+                }
+                self.visit_str(&format!("{v:e}"))
+            }
         }
         d.deserialize_any(V)
     }

@@ -56,6 +56,8 @@ fn explicit_limits() {
         ),
         ("        pinnedDeviceMemoryLimit: 8G\n", 25, Some(7629)),
         ("        pinnedDeviceMemoryLimit: 1.5Gi\n", 25, Some(1536)),
+        // Regression: an unquoted exponent is a YAML float; Kubernetes accepts it.
+        ("        pinnedDeviceMemoryLimit: 1e10\n", 25, Some(9536)),
         (
             "        pinnedDeviceMemoryLimit: 1073741824\n",
             25,
