@@ -37,34 +37,43 @@ fn cancel_on_signal(token: CancellationToken) -> anyhow::Result<tokio::task::Joi
     }))
 }
 
+/// Runs `body` on a runtime of `workers` threads until it returns; SIGTERM/SIGINT cancel the
+/// token it is given.
+fn run_until_signal<F, E>(
+    workers: usize,
+    what: &'static str,
+    body: impl FnOnce(CancellationToken) -> F,
+) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let token = CancellationToken::new();
+        let signals = cancel_on_signal(token.clone())?;
+        let result = body(token).await;
+        signals.abort();
+        result.context(what)
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(usize::from(args.worker_threads))
-                .enable_all()
-                .build()
-                .context("starting the tokio runtime")?;
-            runtime.block_on(async {
-                let token = CancellationToken::new();
-                let signals = cancel_on_signal(token.clone())?;
-                let result = slicelet::daemon::run(args.settings(), token).await;
-                signals.abort();
-                result.context("slicelet run")
+            let settings = args.settings();
+            run_until_signal(usize::from(args.worker_threads), "slicelet run", |token| {
+                slicelet::daemon::run(settings, token)
             })
         }
         Command::Mps(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .context("starting the tokio runtime")?;
-            runtime.block_on(async {
-                let token = CancellationToken::new();
-                let signals = cancel_on_signal(token.clone())?;
-                let result = slicelet::mps::standalone::run(args.settings(), token).await;
-                signals.abort();
-                result.context("slicelet mps")
+            let settings = args.settings();
+            run_until_signal(2, "slicelet mps", |token| {
+                slicelet::mps::standalone::run(settings, token)
             })
         }
         Command::Plan(args) => {
