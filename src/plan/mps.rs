@@ -409,11 +409,32 @@ impl Plan {
                     (applied != d.limits).then(|| (u.clone(), applied))
                 })
                 .collect();
+            // While a change is pending the daemon still enforces its old per-client memory
+            // limit: only as many replicas as fit the memory the policy planned for at that
+            // limit are allocatable, the rest are Unhealthy until the GPU drains (else, e.g.,
+            // ×4 → ×8 would hand out 8 × a quarter of the GPU).
+            let allowed: BTreeMap<&str, u32> = stale
+                .iter()
+                .filter_map(|(u, applied)| {
+                    let d = mps.daemons.get(u)?;
+                    let budget = u64::from(d.replicas) * d.limits.pinned_memory_mib;
+                    let fit = budget
+                        .checked_div(applied.pinned_memory_mib)
+                        .map_or(d.replicas, |n| u32::try_from(n).unwrap_or(u32::MAX));
+                    Some((u.as_str(), fit.min(d.replicas)))
+                })
+                .collect();
             let sick: Vec<usize> = res
                 .devices
                 .iter()
                 .enumerate()
-                .filter(|(_, d)| d.healthy && unready.contains(&super::physical_uuid(&d.id)))
+                .filter(|(_, d)| {
+                    let unit = super::physical_uuid(&d.id);
+                    let over = allowed
+                        .get(unit)
+                        .is_some_and(|&n| d.replica.unwrap_or(0) >= n);
+                    d.healthy && (unready.contains(&unit) || over)
+                })
                 .map(|(i, _)| i)
                 .collect();
             if sick.is_empty() && stale.is_empty() {

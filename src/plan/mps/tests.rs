@@ -317,7 +317,12 @@ fn daemon_health_folds_into_its_devices_only() {
     let mps = p.resources["nvidia.com/gpu-mps"].mps.clone().unwrap();
     assert_eq!(mps.daemons[&node.gpus[2].uuid].limits, old);
     assert_eq!(mps.daemons[&node.gpus[1].uuid].limits, limits);
-    assert_eq!(health(&p, "nvidia.com/gpu-mps"), [true; 8]);
+    // Regression: all 4 replicas of GPU 2 stayed allocatable at the old 40000 MiB each (an
+    // over-commit of the GPU); only the 2 that fit the planned memory are.
+    assert_eq!(
+        health(&p, "nvidia.com/gpu-mps"),
+        [true, true, true, true, true, true, false, false]
+    );
 }
 
 #[test]
