@@ -66,7 +66,7 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
         Err(e) => {
             let _ = writeln!(
                 out,
-                "valid: {path} ({}, migStrategy {}); node checks skipped: {e}",
+                "valid: {path} ({}, migStrategy {}); node checks skipped (no NVML here; --simulate NODE.yaml checks against a node file): {e}",
                 sections,
                 policy.mig_strategy.as_str()
             );

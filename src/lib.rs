@@ -13,7 +13,6 @@
 //! v1beta1 `DevicePlugin` API per resource; [`kubelet`] registers with the kubelet;
 //! [`inventory`] discovers GPUs through NVML or a simulated node file.
 
-
 #![warn(missing_docs)]
 
 pub mod allocate;
