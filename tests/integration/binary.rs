@@ -633,6 +633,9 @@ async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
         Some(1),
         "xid 13 is ignored"
     );
+    // A failed event wait: the set is re-created and every GPU re-registered, nothing is
+    // marked by the failure itself, and later Xids still arrive.
+    inject(&events, "fail");
     inject(&events, "1 79");
     emu.wait_for(WAIT, |s| s.healthy_count("nvidia.com/gpu") == Some(0))
         .await
