@@ -253,11 +253,11 @@ pub async fn run_with_status(
         tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _watches = fswatch::start(
+    let mut _watches = fswatch::start(
         &settings.config,
         &settings.device_plugin_path,
         settings.simulate.as_deref(),
-        tx,
+        tx.clone(),
     )?;
     let status = Arc::new(status);
     let metrics = Arc::new(Metrics::new());
@@ -339,6 +339,16 @@ pub async fn run_with_status(
                 while let Some(ev) = next {
                     match ev {
                         Event::PolicyDirChanged => {
+                            policy_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
+                        }
+                        Event::PolicyDirReplaced => {
+                            match fswatch::start(&sup.settings.config, &sup.settings.device_plugin_path, sup.settings.simulate.as_deref(), tx.clone()) {
+                                Ok(w) => {
+                                    tracing::info!("the policy directory was replaced; watching the new one");
+                                    _watches = w;
+                                }
+                                Err(e) => tracing::error!(error = %e, "re-watching the replaced policy directory failed; the periodic re-read still applies"),
+                            }
                             policy_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
                         }
                         Event::NodeDirChanged => {

@@ -24,6 +24,9 @@ pub enum Event {
     PluginSocketRemoved(OsString),
     /// Something in the simulated node file's directory changed (debounce and re-read).
     NodeDirChanged,
+    /// The policy file's directory itself was replaced (renamed away and created anew): the
+    /// watches must be re-attached to the new directory.
+    PolicyDirReplaced,
 }
 
 /// Watching a directory failed.
@@ -130,6 +133,34 @@ pub fn start_policy(
     tx: UnboundedSender<Event>,
 ) -> Result<Watches, WatchError> {
     let mut watchers = Vec::new();
+    // The directory's parent, for the directory itself being replaced (an inotify watch
+    // follows the old directory, not the path). Best effort: `/` has no parent to watch.
+    let dir = parent(policy_file);
+    if let (Some(grand), Some(dir_name)) = (dir.parent(), dir.file_name()) {
+        let dir_name = dir_name.to_os_string();
+        let gtx = tx.clone();
+        let grand = if grand.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            grand
+        };
+        if let Ok(w) = watch_dir(grand, move |ev| {
+            let created = matches!(
+                ev.kind,
+                EventKind::Create(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
+            );
+            if created
+                && ev
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name() == Some(dir_name.as_os_str()))
+            {
+                let _ = gtx.send(Event::PolicyDirReplaced);
+            }
+        }) {
+            watchers.push(w);
+        }
+    }
     let ptx = tx.clone();
     let policy_name = policy_file.file_name().map(OsString::from);
     watchers.push(watch_dir(&parent(policy_file), move |ev| {

@@ -230,3 +230,26 @@ async fn a_policy_rejected_for_the_node_is_retried_when_the_node_changes() {
     assert!(d.wait_status(|s| s.policy_error.is_none()).await.generation >= 1);
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_policy_directory_is_watched_again() {
+    // Regression: after the policy's directory was renamed away and created anew, the watch
+    // stayed on the old directory and later edits waited for the 60 s re-read.
+    let node = Node::new(&ts_policy(2));
+    let emu = emulator(&node).await;
+    let d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    let dir = node.tmp.path().join("policy");
+    std::fs::rename(&dir, node.tmp.path().join("policy.old")).unwrap();
+    let staging = node.tmp.path().join("policy.new");
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::write(staging.join("config.yaml"), ts_policy(3)).unwrap();
+    std::fs::rename(&staging, &dir).unwrap();
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 3)]).await;
+    // A later edit inside the new directory is seen too.
+    let tmp = dir.join(".config.yaml.tmp");
+    std::fs::write(&tmp, ts_policy(5)).unwrap();
+    std::fs::rename(&tmp, dir.join("config.yaml")).unwrap();
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 5)]).await;
+    d.stop().await;
+}
