@@ -142,12 +142,7 @@ pub async fn register_until_done(
     kubelet_appeared: &Notify,
     stop: &CancellationToken,
 ) -> bool {
-    let mut delays = backon::ExponentialBuilder::default()
-        .with_min_delay(BACKOFF_MIN)
-        .with_max_delay(BACKOFF_MAX)
-        .with_jitter()
-        .without_max_times()
-        .build();
+    let mut delays = backoff();
     let mut attempt = 0u32;
     loop {
         // Subscribe before trying, so a kubelet.sock created during the attempt is not missed.

@@ -39,6 +39,26 @@ pub struct MigDevice {
     pub healthy: bool,
 }
 
+impl MigDevice {
+    /// A MIG device laid out as simulated nodes (and tests) lay them out: the `index`-th slot,
+    /// GPU-instance id `index + 1`, compute-instance id 0, memory and slice counts from the
+    /// profile, Healthy, cap minors unknown.
+    pub fn laid_out(index: u32, uuid: String, profile_name: &str, profile: &mig::Profile) -> Self {
+        MigDevice {
+            index,
+            uuid,
+            profile: profile_name.to_string(),
+            memory_mib: profile.memory_gb * 1024,
+            gi_id: index + 1,
+            ci_id: 0,
+            gpu_slices: profile.gpu_slices,
+            compute_slices: profile.compute_slices,
+            caps: None,
+            healthy: true,
+        }
+    }
+}
+
 /// The `N`s of `/dev/nvidia-caps/nvidia-cap<N>` for one MIG device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigCaps {
@@ -108,18 +128,8 @@ pub(crate) fn test_mig(gpu: u32, layout: &[(&str, u32)]) -> Vec<MigDevice> {
         let p = mig::Profile::parse(profile).expect("test profile");
         for _ in 0..*count {
             let m = out.len() as u32;
-            out.push(MigDevice {
-                index: m,
-                uuid: format!("MIG-{gpu:04}{m:04}-0000-0000-0000-000000000000"),
-                profile: profile.to_string(),
-                memory_mib: p.memory_gb * 1024,
-                gi_id: m + 1,
-                ci_id: 0,
-                gpu_slices: p.gpu_slices,
-                compute_slices: p.compute_slices,
-                caps: None,
-                healthy: true,
-            });
+            let uuid = format!("MIG-{gpu:04}{m:04}-0000-0000-0000-000000000000");
+            out.push(MigDevice::laid_out(m, uuid, profile, &p));
         }
     }
     out

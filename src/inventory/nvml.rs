@@ -433,6 +433,16 @@ impl Drop for EventWatch {
     }
 }
 
+/// Delays between attempts to create the event set: 100 ms doubling to 30 s.
+fn event_set_backoff() -> backon::ExponentialBackoff {
+    backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(100))
+            .with_max_delay(std::time::Duration::from_secs(30))
+            .without_max_times(),
+    )
+}
+
 type Unwatched = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
 
 fn event_loop(
@@ -474,12 +484,7 @@ fn event_loop(
             });
         }
     };
-    let mut delays = backon::BackoffBuilder::build(
-        backon::ExponentialBuilder::default()
-            .with_min_delay(std::time::Duration::from_millis(100))
-            .with_max_delay(std::time::Duration::from_secs(30))
-            .without_max_times(),
-    );
+    let mut delays = event_set_backoff();
     while !stop.load(Ordering::Relaxed) {
         let mut set: nvmlEventSet_t = std::ptr::null_mut();
         // SAFETY: NVML's `nvmlEventSetCreate(nvmlEventSet_t *)`; `set` is a valid out pointer.
@@ -542,12 +547,7 @@ fn event_loop(
                 }
             }
         }
-        delays = backon::BackoffBuilder::build(
-            backon::ExponentialBuilder::default()
-                .with_min_delay(std::time::Duration::from_millis(100))
-                .with_max_delay(std::time::Duration::from_secs(30))
-                .without_max_times(),
-        );
+        delays = event_set_backoff();
         loop {
             if stop.load(Ordering::Relaxed) {
                 // SAFETY: the set was created above and is freed once.

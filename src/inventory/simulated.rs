@@ -322,18 +322,8 @@ fn mig_layout(
                 ));
             }
             let m = out.len() as u32;
-            out.push(MigDevice {
-                index: m,
-                uuid: derive_uuid("MIG", &format!("{gpu_uuid}/{m}")),
-                profile: d.profile.clone(),
-                memory_mib: p.memory_gb * 1024,
-                gi_id: m + 1,
-                ci_id: 0,
-                gpu_slices: p.gpu_slices,
-                compute_slices: p.compute_slices,
-                caps: None,
-                healthy: true,
-            });
+            let uuid = derive_uuid("MIG", &format!("{gpu_uuid}/{m}"));
+            out.push(MigDevice::laid_out(m, uuid, &d.profile, &p));
         }
     }
     Ok(out)
