@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::daemon::Settings;
+use crate::settings::Settings;
 
 /// slicelet: share NVIDIA GPUs in Kubernetes (time-slicing, MPS, MIG) through the kubelet's
 /// device-plugin API.

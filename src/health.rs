@@ -18,13 +18,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::inventory::Inventory;
+
 /// Xids NVIDIA's plugin ignores by default (application errors, not hardware faults).
 pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// Default quiet period before an Unhealthy device may recover.
 pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(300);
 
-/// An environment variable that cannot be read as NVIDIA's format.
+/// An item of an environment variable that cannot be read as NVIDIA's format (skipped).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{var}={value:?}: `{item}` is not an Xid number, `all` or `xids`")]
 pub struct XidEnvError {
@@ -91,16 +93,14 @@ fn parse_list(
 
 impl XidPolicy {
     /// Builds the policy from NVIDIA's environment variables (their raw values, if set) and the
-    /// policy file's lists, which win over the environment.
-    ///
-    /// # Errors
-    /// [`XidEnvError`] naming the variable and the item it cannot read.
+    /// policy file's lists, which win over the environment. Items of the variables it cannot
+    /// read are skipped, as NVIDIA's plugin skips them, and listed in [`XidPolicy::skipped`].
     pub fn new(
         disable_env: Option<&str>,
         enable_env: Option<&str>,
         policy_ignored: &[u64],
         policy_critical: &[u64],
-    ) -> Result<Self, XidEnvError> {
+    ) -> Self {
         let mut p = XidPolicy::default();
         let mut skipped = Vec::new();
         if let Some(v) = disable_env {
@@ -125,7 +125,7 @@ impl XidPolicy {
             p.critical.insert(*x);
         }
         p.skipped = skipped;
-        Ok(p)
+        p
     }
 
     /// Whether Xid `xid` marks the device Unhealthy.
@@ -140,13 +140,84 @@ impl XidPolicy {
     }
 }
 
+/// A device's health as the kubelet sees it (the v1beta1 `Device.health` strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Health {
+    /// Usable: advertised `Healthy`.
+    #[default]
+    Healthy,
+    /// Not usable: advertised `Unhealthy` (the kubelet allocates it to nobody new).
+    Unhealthy,
+}
+
+impl Health {
+    /// `Healthy` or `Unhealthy`, as the kubelet's device-plugin API spells it
+    /// (`pluginapi.Healthy` / `pluginapi.Unhealthy`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        }
+    }
+
+    /// `Healthy` when `healthy`.
+    pub const fn from_bool(healthy: bool) -> Self {
+        if healthy {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        }
+    }
+
+    /// True for [`Health::Healthy`].
+    pub const fn is_healthy(self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one source of device health observed about one device (a GPU or a MIG device, by
+/// UUID). Every source of health arrives as one of these into the [`Tracker`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// An Xid on the device (NVML event, or a simulated node's `xid:`). Critical ones (see
+    /// [`XidPolicy`]) make it Unhealthy until the quiet period passed and a probe answers.
+    Xid {
+        /// The device's UUID.
+        uuid: String,
+        /// The Xid number.
+        xid: u64,
+    },
+    /// Whether the device is watched for Xid events (NVML event registration). Not watched
+    /// means fail closed: Unhealthy until a later registration succeeds.
+    Watched {
+        /// The device's UUID.
+        uuid: String,
+        /// Registration failure, or `None` when it is watched (or cannot report Xids at all).
+        failure: Option<String>,
+    },
+    /// Whether the device's MPS control daemon is ready (running, answering, limits set).
+    /// Only counts for devices the plan runs a daemon for ([`Tracker::set_mps_wanted`]).
+    MpsReady {
+        /// The GPU or MIG UUID the daemon serves.
+        uuid: String,
+        /// Ready or not.
+        ready: bool,
+    },
+}
+
 /// A health change of one physical device (GPU or MIG device), for logs and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transition {
     /// The device's UUID.
     pub uuid: String,
     /// The new state.
-    pub healthy: bool,
+    pub health: Health,
     /// Why: `xid 79`, `NVML: GPU is lost`, `quiet for 300 s and NVML answers`.
     pub reason: String,
 }
@@ -157,11 +228,23 @@ struct Sick {
     reason: String,
 }
 
-/// Tracks Unhealthy devices and their recovery. Devices not tracked are Healthy.
+/// The one owner of device health. It folds every source — discovery (a GPU lost or a
+/// simulated `health: Unhealthy`), Xid events with their recovery, event-watch failures and
+/// MPS daemon readiness — into one verdict per UUID; [`Tracker::effective`] applies it to an
+/// inventory before the plan is built. Devices nothing holds Unhealthy are Healthy.
+///
+/// Conditions, by kind:
+/// - Xid (edge): held until [`Tracker::due`] lists it after the quiet period and a probe
+///   answers ([`Tracker::probed`]); a failed probe restarts the quiet period.
+/// - discovery, watch failure, MPS not ready (level): held exactly while the source says so.
 #[derive(Debug, Clone)]
 pub struct Tracker {
     recovery: Option<Duration>,
     sick: BTreeMap<String, Sick>,
+    lost: BTreeMap<String, String>,
+    unwatched: BTreeMap<String, String>,
+    mps_wanted: BTreeSet<String>,
+    mps_ready: BTreeSet<String>,
 }
 
 impl Tracker {
@@ -171,6 +254,10 @@ impl Tracker {
         Tracker {
             recovery: recovery.filter(|d| !d.is_zero()),
             sick: BTreeMap::new(),
+            lost: BTreeMap::new(),
+            unwatched: BTreeMap::new(),
+            mps_wanted: BTreeSet::new(),
+            mps_ready: BTreeSet::new(),
         }
     }
 
@@ -179,31 +266,62 @@ impl Tracker {
         self.recovery = recovery.filter(|d| !d.is_zero());
     }
 
-    /// Whether the device is Healthy as far as events go.
-    pub fn is_healthy(&self, uuid: &str) -> bool {
-        !self.sick.contains_key(uuid)
+    /// Why the device is Unhealthy (the first condition holding it), or `None` when Healthy.
+    pub fn reason(&self, uuid: &str) -> Option<&str> {
+        if let Some(r) = self.lost.get(uuid) {
+            return Some(r);
+        }
+        if let Some(r) = self.unwatched.get(uuid) {
+            return Some(r);
+        }
+        if let Some(s) = self.sick.get(uuid) {
+            return Some(&s.reason);
+        }
+        (self.mps_wanted.contains(uuid) && !self.mps_ready.contains(uuid))
+            .then_some("MPS control daemon not ready")
     }
 
-    /// UUIDs currently Unhealthy.
+    /// The device's health as far as every source goes.
+    pub fn health(&self, uuid: &str) -> Health {
+        Health::from_bool(self.reason(uuid).is_none())
+    }
+
+    /// Whether the device is Healthy as far as every source goes.
+    pub fn is_healthy(&self, uuid: &str) -> bool {
+        self.health(uuid).is_healthy()
+    }
+
+    /// UUIDs currently Unhealthy because of an event (Xid) waiting for recovery.
     pub fn unhealthy(&self) -> impl Iterator<Item = &str> {
         self.sick.keys().map(String::as_str)
+    }
+
+    /// Runs `change` and returns the transition of `uuid` it caused, if any.
+    fn track(&mut self, uuid: &str, change: impl FnOnce(&mut Self)) -> Option<Transition> {
+        let before = self.health(uuid);
+        change(self);
+        let after = self.health(uuid);
+        (before != after).then(|| Transition {
+            uuid: uuid.to_string(),
+            health: after,
+            reason: self
+                .reason(uuid)
+                .unwrap_or("no condition holds it")
+                .to_string(),
+        })
     }
 
     /// Marks the device Unhealthy (or restarts its quiet period) for `reason`. Returns the
     /// transition when it was Healthy.
     pub fn fail(&mut self, uuid: &str, reason: String, now: Instant) -> Option<Transition> {
-        let was_healthy = self.is_healthy(uuid);
-        self.sick.insert(
-            uuid.to_string(),
-            Sick {
-                last_event: now,
-                reason: reason.clone(),
-            },
-        );
-        was_healthy.then(|| Transition {
-            uuid: uuid.to_string(),
-            healthy: false,
-            reason,
+        self.track(uuid, |t| {
+            t.sick.insert(
+                uuid.to_string(),
+                Sick {
+                    last_event: now,
+                    reason,
+                },
+            );
         })
     }
 
@@ -221,40 +339,162 @@ impl Tracker {
         self.fail(uuid, format!("xid {xid}"), now)
     }
 
-    /// Recovers every device quiet for the recovery period for which `answers` (an NVML probe)
-    /// is true. Devices whose probe fails stay Unhealthy and start a new quiet period.
+    /// Folds one [`HealthEvent`]; returns the transition it caused, if any.
+    pub fn apply(
+        &mut self,
+        policy: &XidPolicy,
+        event: &HealthEvent,
+        now: Instant,
+    ) -> Option<Transition> {
+        match event {
+            HealthEvent::Xid { uuid, xid } => self.on_xid(policy, uuid, *xid, now),
+            HealthEvent::Watched { uuid, failure } => self.track(uuid, |t| match failure {
+                Some(reason) => {
+                    t.unwatched.insert(uuid.clone(), reason.clone());
+                }
+                None => {
+                    t.unwatched.remove(uuid);
+                }
+            }),
+            HealthEvent::MpsReady { uuid, ready } => self.track(uuid, |t| {
+                if *ready {
+                    t.mps_ready.insert(uuid.clone());
+                } else {
+                    t.mps_ready.remove(uuid);
+                }
+            }),
+        }
+    }
+
+    /// Takes discovery's verdict: the devices `inventory` reports unusable (a GPU lost, a
+    /// simulated `health: Unhealthy`) are held Unhealthy until a discovery reports them usable
+    /// again; devices no longer present drop every level condition.
+    pub fn observe_discovery(&mut self, inventory: &Inventory) -> Vec<Transition> {
+        let mut present = BTreeMap::new();
+        for g in &inventory.gpus {
+            present.insert(g.uuid.clone(), g.healthy);
+            for m in &g.mig_devices {
+                present.insert(m.uuid.clone(), m.healthy);
+            }
+        }
+        let gone: Vec<String> = self
+            .lost
+            .keys()
+            .chain(self.unwatched.keys())
+            .filter(|u| !present.contains_key(*u))
+            .cloned()
+            .collect();
+        let mut out = Vec::new();
+        for uuid in gone {
+            out.extend(self.track(&uuid, |t| {
+                t.lost.remove(&uuid);
+                t.unwatched.remove(&uuid);
+            }));
+        }
+        for (uuid, healthy) in present {
+            out.extend(self.track(&uuid, |t| {
+                if healthy {
+                    t.lost.remove(&uuid);
+                } else {
+                    t.lost
+                        .insert(uuid.clone(), "discovery reports it unusable".to_string());
+                }
+            }));
+        }
+        out
+    }
+
+    /// The devices the plan runs an MPS control daemon for: each is Unhealthy until its
+    /// daemon reports ready ([`HealthEvent::MpsReady`]); others are not held by MPS.
+    pub fn set_mps_wanted(&mut self, wanted: &BTreeSet<String>) -> Vec<Transition> {
+        let touched: BTreeSet<String> = self.mps_wanted.union(wanted).cloned().collect();
+        let mut out = Vec::new();
+        for uuid in touched {
+            out.extend(self.track(&uuid, |t| {
+                if wanted.contains(&uuid) {
+                    t.mps_wanted.insert(uuid.clone());
+                } else {
+                    t.mps_wanted.remove(&uuid);
+                    t.mps_ready.remove(&uuid);
+                }
+            }));
+        }
+        out
+    }
+
+    /// MPS daemons the tracker knows to be ready.
+    pub fn mps_ready(&self) -> &BTreeSet<String> {
+        &self.mps_ready
+    }
+
+    /// The inventory with every condition applied: a GPU or MIG device is healthy when no
+    /// source holds it Unhealthy (its discovery flag included).
+    pub fn effective(&self, inventory: &Inventory) -> Inventory {
+        let mut inv = inventory.clone();
+        for g in &mut inv.gpus {
+            g.healthy = g.healthy && self.is_healthy(&g.uuid);
+            for m in &mut g.mig_devices {
+                m.healthy = m.healthy && self.is_healthy(&m.uuid);
+            }
+        }
+        inv
+    }
+
+    /// Devices held by an Xid whose quiet period has passed at `now`: probe each and report
+    /// the answer with [`Tracker::probed`].
+    pub fn due(&self, now: Instant) -> Vec<String> {
+        let Some(period) = self.recovery else {
+            return Vec::new();
+        };
+        self.sick
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.last_event) >= period)
+            .map(|(u, _)| u.clone())
+            .collect()
+    }
+
+    /// A probe of `uuid` answered (`answers`) at `now`: a device still due recovers from its
+    /// Xid condition; one whose probe failed starts a new quiet period. A device that had a
+    /// new critical Xid since [`Tracker::due`] listed it is left alone.
+    pub fn probed(&mut self, uuid: &str, answers: bool, now: Instant) -> Option<Transition> {
+        let period = self.recovery?;
+        let last = self.sick.get(uuid)?.last_event;
+        if now.saturating_duration_since(last) < period {
+            return None;
+        }
+        if !answers {
+            if let Some(s) = self.sick.get_mut(uuid) {
+                s.last_event = now;
+            }
+            return None;
+        }
+        let reason = self.sick.get(uuid).map(|s| s.reason.clone())?;
+        let mut t = self.track(uuid, |t| {
+            t.sick.remove(uuid);
+        })?;
+        if t.health.is_healthy() {
+            t.reason = format!(
+                "no critical event for {} s since {reason} and NVML answers",
+                period.as_secs_f64()
+            );
+        }
+        Some(t)
+    }
+
+    /// Recovers every due device for which `answers` (a probe) is true, in one step (for
+    /// callers that can probe synchronously, and tests).
     pub fn recover(
         &mut self,
         now: Instant,
         mut answers: impl FnMut(&str) -> bool,
     ) -> Vec<Transition> {
-        let Some(period) = self.recovery else {
-            return Vec::new();
-        };
-        let due: Vec<String> = self
-            .sick
-            .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.last_event) >= period)
-            .map(|(u, _)| u.clone())
-            .collect();
-        let mut out = Vec::new();
-        for uuid in due {
-            if answers(&uuid) {
-                let sick = self.sick.remove(&uuid).expect("listed above");
-                out.push(Transition {
-                    uuid,
-                    healthy: true,
-                    reason: format!(
-                        "no critical event for {} s since {} and NVML answers",
-                        period.as_secs_f64(),
-                        sick.reason
-                    ),
-                });
-            } else if let Some(s) = self.sick.get_mut(&uuid) {
-                s.last_event = now;
-            }
-        }
-        out
+        let due = self.due(now);
+        due.into_iter()
+            .filter_map(|u| {
+                let a = answers(&u);
+                self.probed(&u, a, now)
+            })
+            .collect()
     }
 
     /// When the next device could recover, if any.
@@ -293,7 +533,7 @@ mod tests {
             (Some(" 79 , 48 "), None, &[62], &[79, 48]),
         ];
         for (dis, en, crit, not) in cases {
-            let p = XidPolicy::new(*dis, *en, &[], &[]).unwrap();
+            let p = XidPolicy::new(*dis, *en, &[], &[]);
             for x in *crit {
                 assert!(p.is_critical(*x), "{dis:?} {en:?}: {x} critical");
             }
@@ -302,7 +542,7 @@ mod tests {
             }
         }
         // Regression: a malformed item stopped slicelet; NVIDIA skips it.
-        let p = XidPolicy::new(Some("79,xid48"), Some("xids"), &[], &[]).unwrap();
+        let p = XidPolicy::new(Some("79,xid48"), Some("xids"), &[], &[]);
         assert_eq!(p.skipped.len(), 1);
         assert_eq!(p.skipped[0].var, "DP_DISABLE_HEALTHCHECKS");
         assert_eq!(p.skipped[0].item, "xid48");
@@ -314,11 +554,11 @@ mod tests {
 
     #[test]
     fn policy_wins_over_env() {
-        let p = XidPolicy::new(None, Some("79"), &[79], &[13]).unwrap();
+        let p = XidPolicy::new(None, Some("79"), &[79], &[13]);
         assert!(!p.is_critical(79));
         assert!(p.is_critical(13));
         // Regression: DP_ENABLE_HEALTHCHECKS=all beat the policy's ignoredXids.
-        let p = XidPolicy::new(None, Some("all"), &[79], &[]).unwrap();
+        let p = XidPolicy::new(None, Some("all"), &[79], &[]);
         assert!(!p.is_critical(79));
         assert!(p.is_critical(48));
     }
@@ -330,7 +570,7 @@ mod tests {
         let mut t = Tracker::new(Some(Duration::from_secs(300)));
         assert_eq!(t.on_xid(&policy, "GPU-a", 13, t0), None, "ignored Xid");
         let tr = t.on_xid(&policy, "GPU-a", 79, t0).unwrap();
-        assert!(!tr.healthy && tr.reason == "xid 79");
+        assert!(tr.health == Health::Unhealthy && tr.reason == "xid 79");
         assert!(!t.is_healthy("GPU-a") && t.is_healthy("GPU-b"));
         // A second critical Xid restarts the quiet period but is not a new transition.
         assert_eq!(
@@ -348,7 +588,7 @@ mod tests {
         assert!(!t.is_healthy("GPU-a"));
         let back = t.recover(t0 + Duration::from_secs(700), |_| true);
         assert_eq!(back.len(), 1);
-        assert!(back[0].healthy);
+        assert!(back[0].health.is_healthy());
         assert!(t.is_healthy("GPU-a"));
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use backon::BackoffBuilder;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -46,6 +46,13 @@ pub enum RegisterError {
         /// The kubelet's status.
         status: tonic::Status,
     },
+    /// `kubelet.sock` is not (or no longer) the socket of the kubelet this registration was
+    /// meant for: that kubelet restarted, and the registration is not sent.
+    #[error("registration of {resource} superseded: kubelet.sock changed")]
+    Superseded {
+        /// The resource.
+        resource: String,
+    },
     /// The call did not finish within [`REGISTER_TIMEOUT`].
     #[error("registration of {resource} timed out after {REGISTER_TIMEOUT:?}")]
     Timeout {
@@ -69,13 +76,44 @@ pub async fn connect(path: &Path) -> Result<Channel, tonic::transport::Error> {
         .await
 }
 
+/// The identity of one `kubelet.sock`: one kubelet process's socket. A restarted kubelet
+/// removes the old socket and binds a new one, so device, inode and change time (ns) differ;
+/// the change time tells a new socket from an old one even when the file system reuses the
+/// inode number at once (tmpfs does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KubeletId {
+    dev: u64,
+    ino: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl KubeletId {
+    /// The identity of the socket at `path` now, or `None` when there is none (the kubelet is
+    /// down or restarting).
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let m = std::fs::symlink_metadata(path).ok()?;
+        m.file_type().is_socket().then(|| KubeletId {
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
+        })
+    }
+}
+
 /// One registration of `resource`, served on `endpoint` (a file name in the same directory as
-/// `kubelet_socket`).
+/// `kubelet_socket`), sent only to the kubelet whose socket is `expected`: the socket is
+/// checked before and after connecting, so a registration meant for a kubelet that has since
+/// restarted is never delivered to its successor (which would then count two).
 ///
 /// # Errors
-/// [`RegisterError`] when the kubelet is unreachable, refuses, or takes too long.
+/// [`RegisterError`] when the kubelet is unreachable, refuses, takes too long, or its socket
+/// is no longer `expected` ([`RegisterError::Superseded`]).
 pub async fn register(
     kubelet_socket: &Path,
+    expected: KubeletId,
     endpoint: &str,
     resource: &str,
 ) -> Result<(), RegisterError> {
@@ -85,13 +123,22 @@ pub async fn register(
         resource_name: resource.to_string(),
         options: Some(crate::plugin::options()),
     };
+    let superseded = || RegisterError::Superseded {
+        resource: resource.to_string(),
+    };
     let call = async {
+        if KubeletId::of(kubelet_socket) != Some(expected) {
+            return Err(superseded());
+        }
         let channel = connect(kubelet_socket)
             .await
             .map_err(|source| RegisterError::Connect {
                 path: kubelet_socket.to_path_buf(),
                 source,
             })?;
+        if KubeletId::of(kubelet_socket) != Some(expected) {
+            return Err(superseded());
+        }
         RegistrationClient::new(channel)
             .register(request)
             .await
@@ -132,32 +179,48 @@ fn backoff() -> backon::ExponentialBackoff {
         .build()
 }
 
-/// Registers until it succeeds or `stop` is cancelled (then returns false). Between attempts it
-/// waits the next backoff delay ([`BACKOFF_MIN`] doubling up to [`BACKOFF_MAX`], with jitter), or
-/// less when `kubelet_appeared` is notified (a new kubelet.sock was created).
+/// Registers until it succeeds (returns the identity of the kubelet it registered with) or
+/// `stop` is cancelled (returns `None`). It registers only with the kubelet `identity` names
+/// (the supervisor's view of the current `kubelet.sock`; `None`: no kubelet yet, so it waits).
+/// Between failed attempts it waits the next backoff delay ([`BACKOFF_MIN`] doubling up to
+/// [`BACKOFF_MAX`], with jitter), or less when `identity` changes (a new kubelet, and a fresh
+/// backoff). When the socket on disk is not the one `identity` names, `recheck` is notified
+/// so the supervisor looks again (an event it may have missed), and the attempt waits.
 pub async fn register_until_done(
     kubelet_socket: &Path,
     endpoint: &str,
     resource: &str,
-    kubelet_appeared: &Notify,
+    identity: &mut watch::Receiver<Option<KubeletId>>,
+    recheck: &Notify,
     stop: &CancellationToken,
-) -> bool {
+) -> Option<KubeletId> {
     let mut delays = backoff();
     let mut attempt = 0u32;
     loop {
-        // Subscribe before trying, so a kubelet.sock created during the attempt is not missed.
-        let appeared = kubelet_appeared.notified();
-        tokio::pin!(appeared);
-        appeared.as_mut().enable();
+        let Some(expected) = *identity.borrow_and_update() else {
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                changed = identity.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    continue;
+                }
+            }
+        };
         let result = tokio::select! {
-            _ = stop.cancelled() => return false,
-            r = register(kubelet_socket, endpoint, resource) => r,
+            _ = stop.cancelled() => return None,
+            r = register(kubelet_socket, expected, endpoint, resource) => r,
         };
         attempt += 1;
-        match result {
+        let delay = match result {
             Ok(()) => {
                 tracing::info!(resource, endpoint, attempt, "registered with the kubelet");
-                return true;
+                return Some(expected);
+            }
+            Err(RegisterError::Superseded { .. }) => {
+                recheck.notify_one();
+                delays.next().unwrap_or(BACKOFF_MAX)
             }
             Err(e) => {
                 let delay = delays.next().unwrap_or(BACKOFF_MAX);
@@ -167,13 +230,17 @@ pub async fn register_until_done(
                     tracing::warn!(resource, attempt, error = %chain(&e), retry_in = ?delay,
                         "registration failed; retrying (logged at attempt 1 and every 10th)");
                 }
-                tokio::select! {
-                    _ = stop.cancelled() => return false,
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = appeared => {
-                        delays = backoff();
-                    }
+                delay
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(delay) => {}
+            changed = identity.changed() => {
+                if changed.is_err() {
+                    return None;
                 }
+                delays = backoff();
             }
         }
     }

@@ -28,5 +28,6 @@ pub mod mps;
 pub mod plan;
 pub mod plugin;
 pub mod policy;
+pub mod settings;
 pub mod status;
 pub mod watch;

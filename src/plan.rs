@@ -388,6 +388,10 @@ pub struct Built {
     pub plan: Plan,
     /// Entries that match nothing here, devices this node lacks, empty MIG GPUs, …
     pub warnings: Vec<String>,
+    /// The MPS control daemons the policy wants, with the limits it plans (what the MPS
+    /// supervisor must enforce; the plan itself may advertise older limits while a change is
+    /// pending, see [`build_with`]).
+    pub mps_wanted: MpsWanted,
 }
 
 /// One physical unit that can be advertised: a whole GPU or one MIG device of it.
@@ -489,6 +493,27 @@ fn claim_units<'a>(
 /// # Errors
 /// [`PlanError`] naming the GPUs, entries or resource at fault.
 pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
+    build_with(policy, inventory, &BTreeMap::new())
+}
+
+/// [`build`], with the per-client limits each MPS control daemon enforces now (by GPU or MIG
+/// UUID; see [`Plan::apply_mps_limits`]): a daemon whose limits differ from the planned ones
+/// has a change pending until its clients are gone, and the plan advertises what it enforces.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_with(
+    policy: &Policy,
+    inventory: &Inventory,
+    mps_applied: &BTreeMap<String, MpsLimits>,
+) -> Result<Built, PlanError> {
+    let mut built = build_unobserved(policy, inventory)?;
+    built.mps_wanted = built.plan.mps_wanted();
+    built.plan.apply_mps_limits(mps_applied);
+    Ok(built)
+}
+
+fn build_unobserved(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
     let mut warnings = Vec::new();
     let base = node_resources(policy.mig_strategy, inventory, &mut warnings)?;
 
@@ -576,6 +601,7 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
     Ok(Built {
         plan: Plan { resources },
         warnings,
+        mps_wanted: MpsWanted::default(),
     })
 }
 

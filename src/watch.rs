@@ -7,26 +7,71 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use notify::event::EventKind;
+use std::sync::{Arc, Mutex};
+
+use notify::event::{EventKind, ModifyKind};
 use notify::{RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::Notify;
 
 use crate::api::KUBELET_SOCKET;
 
-/// What changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+/// What changed since the supervisor last looked: one flag per kind of change. File-system
+/// events are hints ("look again"), so repeats coalesce: the inbox is bounded by construction
+/// and never blocks notify's thread, and no kind of change is lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
     /// Something in the policy file's directory changed (debounce and re-read).
-    PolicyDirChanged,
-    /// `kubelet.sock` was created: a kubelet (re)started.
-    KubeletSocketCreated,
-    /// A `slicelet-*.sock` file was removed (by the kubelet wiping the directory, or by hand).
-    PluginSocketRemoved(OsString),
-    /// Something in the simulated node file's directory changed (debounce and re-read).
-    NodeDirChanged,
+    pub policy: bool,
+    /// The ConfigMap volume's `..data` symlink was swapped: the kubelet's atomic writer
+    /// committed a new generation, so the new policy is complete and can be read at once.
+    pub policy_commit: bool,
     /// The policy file's directory itself was replaced (renamed away and created anew): the
     /// watches must be re-attached to the new directory.
-    PolicyDirReplaced,
+    pub policy_dir_replaced: bool,
+    /// Something in the simulated node file's directory changed (debounce and re-read).
+    pub node: bool,
+    /// `kubelet.sock` was created: a kubelet (re)started.
+    pub kubelet: bool,
+    /// A `slicelet-*.sock` file was removed (by the kubelet wiping the directory, or by hand).
+    pub plugin_removed: bool,
+}
+
+impl Pending {
+    /// True when nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        *self == Pending::default()
+    }
+}
+
+/// Where watches deliver [`Pending`] changes; cloned into each watch.
+#[derive(Debug, Clone, Default)]
+pub struct Inbox {
+    pending: Arc<Mutex<Pending>>,
+    notify: Arc<Notify>,
+}
+
+impl Inbox {
+    /// Records a change and wakes the supervisor (a wake-up is kept if nobody waits yet).
+    pub fn mark(&self, f: impl FnOnce(&mut Pending)) {
+        if let Ok(mut p) = self.pending.lock() {
+            f(&mut p);
+        }
+        self.notify.notify_one();
+    }
+
+    /// Takes every pending change, leaving none.
+    pub fn take(&self) -> Pending {
+        self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+
+    /// Waits until something is marked (returns at once if something was marked since the last
+    /// wait).
+    pub async fn changed(&self) {
+        self.notify.notified().await;
+    }
 }
 
 /// Watching a directory failed.
@@ -74,7 +119,7 @@ fn parent(file: &Path) -> PathBuf {
 }
 
 /// Watches the policy file's parent directory, the device-plugin directory and, for a
-/// simulated node, the node file's directory, sending [`Event`]s to `tx`. Access events are
+/// simulated node, the node file's directory, marking changes in `inbox`. Access events are
 /// ignored.
 ///
 /// # Errors
@@ -83,9 +128,10 @@ pub fn start(
     policy_file: &Path,
     device_plugin_dir: &Path,
     node_file: Option<&Path>,
-    tx: UnboundedSender<Event>,
+    inbox: &Inbox,
 ) -> Result<Watches, WatchError> {
-    let mut watches = start_policy(policy_file, node_file, tx.clone())?;
+    let mut watches = start_policy(policy_file, node_file, inbox)?;
+    let tx = inbox.clone();
     watches
         ._watchers
         .push(watch_dir(device_plugin_dir, move |ev| {
@@ -95,10 +141,10 @@ pub fn start(
                 };
                 match ev.kind {
                     EventKind::Create(_) if name == KUBELET_SOCKET => {
-                        let _ = tx.send(Event::KubeletSocketCreated);
+                        tx.mark(|p| p.kubelet = true);
                     }
                     EventKind::Remove(_) if name.to_string_lossy().starts_with("slicelet-") => {
-                        let _ = tx.send(Event::PluginSocketRemoved(name.to_os_string()));
+                        tx.mark(|p| p.plugin_removed = true);
                     }
                     _ => {}
                 }
@@ -122,6 +168,18 @@ fn concerns(ev: &notify::Event, file: Option<&std::ffi::OsStr>) -> bool {
         })
 }
 
+/// Whether an event is the kubelet's atomic writer committing a ConfigMap volume update: the
+/// `..data` symlink renamed into place (or created, the first time).
+fn commits(ev: &notify::Event) -> bool {
+    matches!(
+        ev.kind,
+        EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(_))
+    ) && ev
+        .paths
+        .iter()
+        .any(|p| p.file_name().is_some_and(|n| n == "..data"))
+}
+
 /// Watches the policy file's parent directory and, for a simulated node, the node file's
 /// directory (`slicelet mps`, which has no kubelet).
 ///
@@ -130,8 +188,9 @@ fn concerns(ev: &notify::Event, file: Option<&std::ffi::OsStr>) -> bool {
 pub fn start_policy(
     policy_file: &Path,
     node_file: Option<&Path>,
-    tx: UnboundedSender<Event>,
+    inbox: &Inbox,
 ) -> Result<Watches, WatchError> {
+    let tx = inbox;
     let mut watchers = Vec::new();
     // The directory's parent, for the directory itself being replaced (an inotify watch
     // follows the old directory, not the path). Best effort: `/` has no parent to watch.
@@ -155,7 +214,7 @@ pub fn start_policy(
                     .iter()
                     .any(|p| p.file_name() == Some(dir_name.as_os_str()))
             {
-                let _ = gtx.send(Event::PolicyDirReplaced);
+                gtx.mark(|p| p.policy_dir_replaced = true);
             }
         }) {
             watchers.push(w);
@@ -164,8 +223,10 @@ pub fn start_policy(
     let ptx = tx.clone();
     let policy_name = policy_file.file_name().map(OsString::from);
     watchers.push(watch_dir(&parent(policy_file), move |ev| {
-        if concerns(&ev, policy_name.as_deref()) {
-            let _ = ptx.send(Event::PolicyDirChanged);
+        if commits(&ev) {
+            ptx.mark(|p| p.policy_commit = true);
+        } else if concerns(&ev, policy_name.as_deref()) {
+            ptx.mark(|p| p.policy = true);
         }
     })?);
     if let Some(node) = node_file {
@@ -173,7 +234,7 @@ pub fn start_policy(
         let node_name = node.file_name().map(OsString::from);
         watchers.push(watch_dir(&parent(node), move |ev| {
             if concerns(&ev, node_name.as_deref()) {
-                let _ = ntx.send(Event::NodeDirChanged);
+                ntx.mark(|p| p.node = true);
             }
         })?);
     }
@@ -185,7 +246,7 @@ pub fn start_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{AccessKind, CreateKind, ModifyKind, RenameMode};
+    use notify::event::{AccessKind, CreateKind, RenameMode};
 
     fn ev(kind: EventKind, paths: &[&str]) -> notify::Event {
         let mut e = notify::Event::new(kind);
@@ -193,6 +254,37 @@ mod tests {
             e = e.add_path(PathBuf::from(p));
         }
         e
+    }
+
+    #[test]
+    fn the_data_swap_is_a_commit_and_nothing_else_is() {
+        let to = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        assert!(commits(&ev(to, &["/etc/slicelet/..data"])));
+        assert!(commits(&ev(
+            EventKind::Create(CreateKind::Any),
+            &["/etc/slicelet/..data"]
+        )));
+        assert!(!commits(&ev(
+            EventKind::Remove(notify::event::RemoveKind::Any),
+            &["/etc/slicelet/..data"]
+        )));
+        assert!(!commits(&ev(to, &["/etc/slicelet/..data_tmp"])));
+        assert!(!commits(&ev(to, &["/etc/slicelet/config.yaml"])));
+    }
+
+    #[tokio::test]
+    async fn inbox_coalesces_and_keeps_a_wake_up_for_a_late_waiter() {
+        let inbox = Inbox::default();
+        inbox.mark(|p| p.policy = true);
+        inbox.mark(|p| p.kubelet = true);
+        inbox.mark(|p| p.policy = true);
+        // Nobody waited while marking: the wake-up is kept.
+        tokio::time::timeout(std::time::Duration::from_secs(5), inbox.changed())
+            .await
+            .expect("a stored wake-up");
+        let p = inbox.take();
+        assert!(p.policy && p.kubelet && !p.node);
+        assert!(inbox.take().is_empty());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! a simulated node file ([`simulated::SimulatedSource`]). Nothing here decides sharing.
 //! [`mig`] holds the MIG facts both sources share (profile names, nvidia-caps minors).
 
+pub mod actor;
 pub mod mig;
 pub mod nvml;
 pub mod simulated;
@@ -226,24 +227,13 @@ pub struct XidEvent {
     pub xid: u64,
 }
 
-/// Something the GPU source observed about one device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceEvent {
-    /// An Xid error.
-    Xid(XidEvent),
-    /// The device cannot be watched or stopped answering: fail closed (Unhealthy).
-    Failed {
-        /// UUID of the GPU or MIG device.
-        uuid: String,
-        /// What failed, for the log.
-        reason: String,
-    },
-}
+/// Where a source's background event watcher delivers health events (the hardware actor
+/// forwards them to the supervisor's bounded channel; see [`actor`]).
+pub type EventSink = std::sync::Arc<dyn Fn(crate::health::HealthEvent) + Send + Sync>;
 
-/// Where a source's background event watcher delivers [`DeviceEvent`]s.
-pub type EventSink = std::sync::Arc<dyn Fn(DeviceEvent) + Send + Sync>;
-
-/// A source of GPUs: NVML on a real node, a file for a simulated one.
+/// A source of GPUs: NVML on a real node, a file for a simulated one. Every method may block
+/// (NVML calls can take hundreds of milliseconds): they are called only on the hardware actor's
+/// thread ([`actor::Hardware`]), never on the async runtime.
 pub trait GpuSource: Send {
     /// Discovers every GPU now.
     ///
@@ -251,8 +241,8 @@ pub trait GpuSource: Send {
     /// [`InventoryError`] naming the query or file that failed.
     fn discover(&mut self) -> Result<Inventory, InventoryError>;
 
-    /// Whether the device still answers (NVML: its UUID and memory queries succeed). Used
-    /// before an Unhealthy device may recover.
+    /// Whether the device still answers (NVML: its handle and memory queries succeed). Used
+    /// before a device held Unhealthy by an Xid may recover.
     fn probe(&mut self, _uuid: &str) -> bool {
         true
     }
@@ -276,7 +266,8 @@ pub trait GpuSource: Send {
         Ok(None)
     }
     /// (Re)starts watching the GPUs of the last discovery for events (NVML: Xid critical
-    /// errors on a dedicated thread), delivering them to `sink`. The default watches nothing.
+    /// errors on a dedicated thread, and whether each GPU could be registered for them),
+    /// delivering them to `sink`. The default watches nothing.
     fn watch_events(&mut self, _sink: EventSink) {}
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.

@@ -24,10 +24,8 @@ use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
 use super::mig::{self, Profile};
-use super::{
-    ComputeMode, DeviceEvent, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice,
-    XidEvent,
-};
+use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
+use crate::health::HealthEvent;
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -38,9 +36,6 @@ pub struct NvmlSource {
     nvml: std::sync::Arc<Nvml>,
     /// The Xid event thread, stopped and joined on drop or restart.
     events: Option<EventWatch>,
-    /// GPUs whose event registration failed: they may not recover (fail closed) until a
-    /// registration succeeds.
-    unwatched: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     library: String,
     sysfs_root: PathBuf,
     /// GPUs of the last successful discovery, by index: a GPU that stops answering is reported
@@ -77,7 +72,6 @@ impl NvmlSource {
         Ok(NvmlSource {
             nvml: std::sync::Arc::new(nvml),
             events: None,
-            unwatched: Default::default(),
             library,
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
             last: Default::default(),
@@ -288,17 +282,10 @@ impl GpuSource for NvmlSource {
     }
 
     fn probe(&mut self, uuid: &str) -> bool {
-        let unwatched = self
-            .unwatched
-            .lock()
-            .map(|u| u.contains(uuid))
-            .unwrap_or(true);
-        !unwatched
-            && self
-                .nvml
-                .device_by_uuid(uuid)
-                .and_then(|d| d.memory_info())
-                .is_ok()
+        self.nvml
+            .device_by_uuid(uuid)
+            .and_then(|d| d.memory_info())
+            .is_ok()
     }
 
     fn set_compute_mode(
@@ -358,7 +345,6 @@ impl GpuSource for NvmlSource {
             std::sync::Arc::clone(&self.nvml),
             targets,
             sink,
-            std::sync::Arc::clone(&self.unwatched),
         ));
     }
 }
@@ -408,17 +394,12 @@ struct EventWatch {
 }
 
 impl EventWatch {
-    fn start(
-        nvml: std::sync::Arc<Nvml>,
-        targets: Vec<EventTarget>,
-        sink: EventSink,
-        unwatched: Unwatched,
-    ) -> Self {
+    fn start(nvml: std::sync::Arc<Nvml>, targets: Vec<EventTarget>, sink: EventSink) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("nvml-events".into())
-            .spawn(move || event_loop(&nvml, &targets, &sink, &flag, &unwatched))
+            .spawn(move || event_loop(&nvml, &targets, &sink, &flag))
             .ok();
         EventWatch { stop, thread }
     }
@@ -443,23 +424,19 @@ fn event_set_backoff() -> backon::ExponentialBackoff {
     )
 }
 
-type Unwatched = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
-
 fn event_loop(
     nvml: &Nvml,
     targets: &[EventTarget],
     sink: &EventSink,
     stop: &std::sync::atomic::AtomicBool,
-    unwatched: &Unwatched,
 ) {
-    let mark = |uuid: &str, failed: bool| {
-        if let Ok(mut u) = unwatched.lock() {
-            if failed {
-                u.insert(uuid.to_string());
-            } else {
-                u.remove(uuid);
-            }
-        }
+    // Whether a GPU is watched is a health condition (fail closed while it is not), owned by
+    // the supervisor's health tracker: report it, keep nothing here.
+    let mark = |uuid: &str, failure: Option<String>| {
+        sink(HealthEvent::Watched {
+            uuid: uuid.to_string(),
+            failure,
+        });
     };
     use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
     use std::sync::atomic::Ordering;
@@ -478,10 +455,7 @@ fn event_loop(
     let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok();
     let fail_all = |reason: &str| {
         for t in targets {
-            sink(DeviceEvent::Failed {
-                uuid: t.uuid.clone(),
-                reason: reason.to_string(),
-            });
+            mark(&t.uuid, Some(reason.to_string()));
         }
     };
     let mut delays = event_set_backoff();
@@ -506,11 +480,7 @@ fn event_loop(
             let device = match nvml.device_by_index(t.index) {
                 Ok(d) => d,
                 Err(e) => {
-                    mark(&t.uuid, true);
-                    sink(DeviceEvent::Failed {
-                        uuid: t.uuid.clone(),
-                        reason: format!("nvmlDeviceGetHandleByIndex: {e}"),
-                    });
+                    mark(&t.uuid, Some(format!("nvmlDeviceGetHandleByIndex: {e}")));
                     continue;
                 }
             };
@@ -531,19 +501,15 @@ fn event_loop(
             };
             match rc {
                 Ok(()) => {
-                    mark(&t.uuid, false);
+                    mark(&t.uuid, None);
                     handles.push((handle as usize, t));
                 }
                 Err(NvmlError::NotSupported) => {
-                    mark(&t.uuid, false);
+                    mark(&t.uuid, None);
                     tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
                 }
                 Err(e) => {
-                    mark(&t.uuid, true);
-                    sink(DeviceEvent::Failed {
-                        uuid: t.uuid.clone(),
-                        reason: format!("Xid event registration failed: {e}"),
-                    });
+                    mark(&t.uuid, Some(format!("Xid event registration failed: {e}")));
                 }
             }
         }
@@ -564,10 +530,10 @@ fn event_loop(
                         continue;
                     };
                     for uuid in t.uuids_for(data.gpuInstanceId, data.computeInstanceId) {
-                        sink(DeviceEvent::Xid(XidEvent {
+                        sink(HealthEvent::Xid {
                             uuid: uuid.to_string(),
                             xid: data.eventData,
-                        }));
+                        });
                     }
                 }
                 Ok(()) | Err(NvmlError::Timeout) => {}

@@ -17,7 +17,7 @@ pub(super) struct Task {
     pub(super) config: Arc<Config>,
     pub(super) uuid: String,
     pub(super) dirs: MpsDirs,
-    pub(super) events: mpsc::UnboundedSender<Event>,
+    pub(super) events: mpsc::Sender<Event>,
 }
 
 /// Why a running daemon's supervision ended.
@@ -33,7 +33,7 @@ enum Outcome {
 /// The last state reported, so only changes are sent and logged.
 struct Reporter {
     uuid: String,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::Sender<Event>,
     last: Option<Event>,
 }
 
@@ -68,11 +68,19 @@ impl Reporter {
             tracing::warn!(gpu = %self.uuid, reason = %why, "MPS control daemon not ready; its devices are Unhealthy");
         }
         self.last = Some(ev.clone());
-        let _ = self.events.send(ev);
+        self.send(ev);
+    }
+
+    /// Reports to the supervisor's bounded channel; a full channel (the supervisor stalled
+    /// with hundreds of reports queued) drops the report with an error line.
+    fn send(&self, ev: Event) {
+        if let Err(e) = self.events.try_send(ev) {
+            tracing::error!(gpu = %self.uuid, error = %e, "MPS event not delivered to the supervisor");
+        }
     }
 
     fn removed(&mut self) {
-        let _ = self.events.send(Event {
+        self.send(Event {
             uuid: self.uuid.clone(),
             ready: false,
             applied: None,

@@ -26,7 +26,7 @@
 //!
 //! One owner: the [`Supervisor`] task owns one task per daemon; the desired set comes in
 //! through a `watch` channel, health goes out as [`Event`]s on an `mpsc` channel, which the
-//! daemon folds into device health ([`crate::plan::Plan::apply_mps_observations`]).
+//! supervisor folds into device health ([`crate::health::Tracker`]).
 
 mod compute;
 pub mod control;
@@ -115,7 +115,7 @@ impl std::fmt::Debug for Supervisor {
 
 impl Supervisor {
     /// Starts the supervisor with nothing wanted; events go to `events`.
-    pub fn spawn(config: Config, events: mpsc::UnboundedSender<Event>) -> Self {
+    pub fn spawn(config: Config, events: mpsc::Sender<Event>) -> Self {
         let (wanted, rx) = watch::channel(MpsWanted::default());
         let stop = CancellationToken::new();
         let task = tokio::spawn(manage(Arc::new(config), rx, events, stop.clone()));
@@ -156,7 +156,7 @@ struct Running {
 async fn manage(
     config: Arc<Config>,
     mut wanted: watch::Receiver<MpsWanted>,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::Sender<Event>,
     stop: CancellationToken,
 ) {
     // Dropping the set (an aborted shutdown) aborts every daemon task, which kills its child.

@@ -10,8 +10,10 @@
 //! - `replicas × pinnedDeviceMemoryLimit` above the GPU's memory is [`PlanError::MpsMemory`]
 //!   with the numbers; replicas above the clients a daemon serves on that GPU (48, or 16 before
 //!   compute capability 7.0) is [`PlanError::MpsClientLimit`].
-//! - A daemon's devices are Healthy only while the supervisor reports it ready
-//!   ([`Plan::apply_mps_observations`]); devices of other GPUs are never touched.
+//! - A daemon's devices are Healthy only while it is ready: readiness is device health, held by
+//!   [`crate::health::Tracker`] and folded into the inventory before the plan is built; the
+//!   limits a daemon still enforces while a change is pending are an input of
+//!   [`super::build_with`]. Devices of other GPUs are never touched.
 //!
 //! MIG: an MPS entry may name a MIG resource (`nvidia.com/mig-1g.10gb` under `migStrategy:
 //! mixed`, or `nvidia.com/gpu` under `single`): each selected MIG device gets its own daemon
@@ -388,31 +390,28 @@ impl Plan {
         out
     }
 
-    /// Folds the MPS supervisor's observations into the plan: a daemon's devices are Unhealthy
-    /// unless it is ready (a daemon not observed yet is not ready), and while a limit change is
-    /// pending the limits the daemon enforces now are the ones advertised. Devices of other
-    /// GPUs and of other strategies are untouched.
-    pub fn apply_mps_observations(&mut self, observed: &BTreeMap<String, MpsObserved>) {
+    /// Folds what the MPS daemons enforce now into the plan being built (a step of
+    /// [`super::build_with`], before the plan is published): while a limit change is pending a
+    /// daemon still enforces its old limits, and those are the ones advertised; only as many
+    /// replicas as fit the memory the policy planned for at the old per-client memory limit
+    /// stay allocatable, the rest are Unhealthy until the GPU drains (else, e.g., ×4 → ×8
+    /// would hand out 8 × a quarter of the GPU). Daemon readiness is device health, owned by
+    /// [`crate::health::Tracker`] and folded into the inventory before the build. Devices of
+    /// other GPUs and of other strategies are untouched.
+    pub(super) fn apply_mps_limits(&mut self, applied: &BTreeMap<String, MpsLimits>) {
         for res in self.resources.values_mut() {
             let Some(mps) = &res.mps else { continue };
-            let unready: Vec<&str> = mps
-                .daemons
-                .keys()
-                .filter(|u| !observed.get(*u).is_some_and(|o| o.ready))
-                .map(String::as_str)
-                .collect();
             let stale: Vec<(String, MpsLimits)> = mps
                 .daemons
                 .iter()
                 .filter_map(|(u, d)| {
-                    let applied = observed.get(u)?.applied?;
+                    let applied = *applied.get(u)?;
                     (applied != d.limits).then(|| (u.clone(), applied))
                 })
                 .collect();
-            // While a change is pending the daemon still enforces its old per-client memory
-            // limit: only as many replicas as fit the memory the policy planned for at that
-            // limit are allocatable, the rest are Unhealthy until the GPU drains (else, e.g.,
-            // ×4 → ×8 would hand out 8 × a quarter of the GPU).
+            if stale.is_empty() {
+                continue;
+            }
             let allowed: BTreeMap<&str, u32> = stale
                 .iter()
                 .filter_map(|(u, applied)| {
@@ -424,24 +423,19 @@ impl Plan {
                     Some((u.as_str(), fit.min(d.replicas)))
                 })
                 .collect();
-            let sick: Vec<usize> = res
+            let over: Vec<usize> = res
                 .devices
                 .iter()
                 .enumerate()
                 .filter(|(_, d)| {
-                    let unit = super::physical_uuid(&d.id);
-                    let over = allowed
-                        .get(unit)
-                        .is_some_and(|&n| d.replica.unwrap_or(0) >= n);
-                    d.healthy && (unready.contains(&unit) || over)
+                    allowed
+                        .get(super::physical_uuid(&d.id))
+                        .is_some_and(|&n| d.replica.unwrap_or(0) >= n)
                 })
                 .map(|(i, _)| i)
                 .collect();
-            if sick.is_empty() && stale.is_empty() {
-                continue;
-            }
             let r = Arc::make_mut(res);
-            for i in sick {
+            for i in over {
                 r.devices[i].healthy = false;
             }
             if let Some(mps) = r.mps.as_mut() {

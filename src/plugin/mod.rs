@@ -95,7 +95,7 @@ pub struct Service {
     plans: watch::Receiver<Arc<Plan>>,
     stop: CancellationToken,
     dev_root: String,
-    lost: Option<(mpsc::UnboundedSender<StreamLost>, u64)>,
+    lost: Option<(mpsc::Sender<StreamLost>, u64)>,
 }
 
 /// A ListAndWatch stream ended because the kubelet went away (not because slicelet stopped
@@ -129,11 +129,7 @@ impl Service {
 
     /// Reports on `tx` every ListAndWatch stream the client closes while the server is still
     /// meant to run (the kubelet went away), tagged with `epoch`.
-    pub fn report_lost_streams(
-        mut self,
-        tx: mpsc::UnboundedSender<StreamLost>,
-        epoch: u64,
-    ) -> Self {
+    pub fn report_lost_streams(mut self, tx: mpsc::Sender<StreamLost>, epoch: u64) -> Self {
         self.lost = Some((tx, epoch));
         self
     }
@@ -177,10 +173,12 @@ impl DevicePlugin for Service {
             let report = |resource: &str| {
                 if let Some((lost, epoch)) = &lost {
                     if !stop.is_cancelled() {
-                        let _ = lost.send(StreamLost {
+                        if let Err(e) = lost.try_send(StreamLost {
                             resource: resource.to_string(),
                             epoch: *epoch,
-                        });
+                        }) {
+                            tracing::error!(resource, error = %e, "lost stream not reported to the supervisor");
+                        }
                     }
                 }
             };

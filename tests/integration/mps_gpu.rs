@@ -96,7 +96,7 @@ async fn real_control_daemon_enforces_its_limits() {
     eprintln!("without MPS: {without_mps:?}");
 
     let root = tempfile::tempdir().unwrap();
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut events) = tokio::sync::mpsc::channel(64);
     let sup = Supervisor::spawn(
         Config {
             control_binary: control,

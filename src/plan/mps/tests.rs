@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::inventory::{test_mig, test_node};
-use crate::plan::build;
+use crate::plan::{build, build_with};
 use crate::policy::parse;
 
 fn mps_policy(extra: &str) -> Policy {
@@ -255,72 +255,79 @@ fn mps_on_mig_devices_runs_one_daemon_per_slice() {
 }
 
 #[test]
-fn daemon_health_folds_into_its_devices_only() {
+fn daemon_readiness_folds_into_its_devices_only() {
     let node = test_node(3);
     let text = "flags:\n  mpsRoot: /tmp/mps\nsharing:\n  timeSlicing:\n    resources:\n      - name: gpu\n        rename: gpu-shared\n        devices: [0]\n        replicas: 2\n  mps:\n    resources:\n      - name: gpu\n        rename: gpu-mps\n        devices: [1, 2]\n        replicas: 4\n";
-    let built = build(&parse(text).unwrap(), &node).unwrap();
+    let policy = parse(text).unwrap();
+    let built = build(&policy, &node).unwrap();
     let health = |p: &Plan, r: &str| -> Vec<bool> {
         p.resources[r].devices.iter().map(|d| d.healthy).collect()
     };
-    // Nothing observed yet: every MPS device Unhealthy, time-sliced ones untouched.
-    let mut p = built.plan.clone();
-    p.apply_mps_observations(&BTreeMap::new());
+    // The tracker holds every wanted daemon Unhealthy until it reports ready.
+    let wanted: std::collections::BTreeSet<String> =
+        built.plan.mps_wanted().daemons.keys().cloned().collect();
+    assert_eq!(
+        wanted,
+        [node.gpus[1].uuid.clone(), node.gpus[2].uuid.clone()].into()
+    );
+    let mut tracker = crate::health::Tracker::new(None);
+    let policy_x = crate::health::XidPolicy::default();
+    let now = std::time::Instant::now();
+    assert_eq!(tracker.set_mps_wanted(&wanted).len(), 2);
+    let p = build(&policy, &tracker.effective(&node)).unwrap().plan;
     assert_eq!(health(&p, "nvidia.com/gpu-mps"), [false; 8]);
     assert_eq!(health(&p, "nvidia.com/gpu-shared"), [true; 2]);
-    assert!(Arc::ptr_eq(
-        &p.resources["nvidia.com/gpu-shared"],
-        &built.plan.resources["nvidia.com/gpu-shared"]
-    ));
     // GPU 1's daemon ready: exactly its 4 devices Healthy.
+    let ready = crate::health::HealthEvent::MpsReady {
+        uuid: node.gpus[1].uuid.clone(),
+        ready: true,
+    };
+    assert!(tracker.apply(&policy_x, &ready, now).is_some());
+    let p = build(&policy, &tracker.effective(&node)).unwrap().plan;
+    assert_eq!(
+        health(&p, "nvidia.com/gpu-mps"),
+        [true, true, true, true, false, false, false, false]
+    );
+}
+
+#[test]
+fn pending_limits_are_advertised_and_over_commit_is_unhealthy() {
+    let node = test_node(3);
+    let text = "flags:\n  mpsRoot: /tmp/mps\nsharing:\n  mps:\n    resources:\n      - name: gpu\n        rename: gpu-mps\n        devices: [1, 2]\n        replicas: 4\n";
+    let policy = parse(text).unwrap();
+    let built = build(&policy, &node).unwrap();
+    let health = |p: &Plan| -> Vec<bool> {
+        p.resources["nvidia.com/gpu-mps"]
+            .devices
+            .iter()
+            .map(|d| d.healthy)
+            .collect()
+    };
     let limits = built.plan.resources["nvidia.com/gpu-mps"]
         .mps
         .as_ref()
         .unwrap()
         .daemons[&node.gpus[1].uuid]
         .limits;
-    let mut observed = BTreeMap::new();
-    observed.insert(
-        node.gpus[1].uuid.clone(),
-        MpsObserved {
-            ready: true,
-            applied: Some(limits),
-        },
-    );
-    let mut p = built.plan.clone();
-    p.apply_mps_observations(&observed);
-    assert_eq!(
-        health(&p, "nvidia.com/gpu-mps"),
-        [true, true, true, true, false, false, false, false]
-    );
-    // Both ready with their planned limits: the plan is unchanged (same Arc).
-    observed.insert(
-        node.gpus[2].uuid.clone(),
-        MpsObserved {
-            ready: true,
-            applied: None,
-        },
-    );
-    let mut p = built.plan.clone();
-    p.apply_mps_observations(&observed);
-    assert!(Arc::ptr_eq(
-        &p.resources["nvidia.com/gpu-mps"],
-        &built.plan.resources["nvidia.com/gpu-mps"]
-    ));
+    // Daemons enforcing the planned limits: the plan is the same as without observations.
+    let mut applied = BTreeMap::new();
+    applied.insert(node.gpus[1].uuid.clone(), limits);
+    let p = build_with(&policy, &node, &applied).unwrap().plan;
+    assert_eq!(p, built.plan);
     // A pending change: the daemon still enforces old limits, and those are advertised.
     let old = MpsLimits {
         active_thread_percentage: 50,
         pinned_memory_mib: 40000,
     };
-    observed.get_mut(&node.gpus[2].uuid).unwrap().applied = Some(old);
-    let mut p = built.plan.clone();
-    p.apply_mps_observations(&observed);
+    applied.insert(node.gpus[2].uuid.clone(), old);
+    let p = build_with(&policy, &node, &applied).unwrap().plan;
     let mps = p.resources["nvidia.com/gpu-mps"].mps.clone().unwrap();
     assert_eq!(mps.daemons[&node.gpus[2].uuid].limits, old);
     assert_eq!(mps.daemons[&node.gpus[1].uuid].limits, limits);
     // Regression: all 4 replicas of GPU 2 stayed allocatable at the old 40000 MiB each (an
     // over-commit of the GPU); only the 2 that fit the planned memory are.
     assert_eq!(
-        health(&p, "nvidia.com/gpu-mps"),
+        health(&p),
         [true, true, true, true, true, true, false, false]
     );
 }

@@ -1,0 +1,454 @@
+//! The supervisor's state and its pure step: `fold(state, input, now) → actions`.
+//!
+//! No I/O, no async: inputs are what the outside reported (a policy read and parsed off the
+//! loop, a discovery, a health event, a probe answer, an MPS daemon's state), outputs are what
+//! the shell must do (publish a plan, tell the MPS supervisor and the hardware actor, probe,
+//! count). Time is passed in, so tables of (state, input) → (state, actions) test it.
+//!
+//! Rules:
+//! - An invalid policy never loses state: the last good one keeps serving; at start nothing is
+//!   advertised until a valid one is read. A policy rejected for this node (a MIG strategy that
+//!   does not fit the layout) is tried again when the GPUs change.
+//! - A failed re-discovery keeps the last inventory (logged once per distinct error).
+//! - Health has one owner, the [`Tracker`]: discovery, Xids, watch failures and MPS readiness
+//!   are folded there, and the plan is built from [`Tracker::effective`]; nothing patches a
+//!   plan after it is built.
+//! - MPS: the devices of every daemon the plan wants are Unhealthy until that daemon reports
+//!   ready; the limits a daemon still enforces while a change is pending are an input of
+//!   [`plan::build_with`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
+use crate::inventory::Inventory;
+use crate::mps;
+use crate::plan::{self, MpsLimits, MpsWanted, Plan};
+use crate::policy::{Policy, PolicyError};
+
+/// What the outside reported.
+#[derive(Debug)]
+pub enum Input {
+    /// The policy file was read (off the loop) and parsed.
+    Policy {
+        /// The file.
+        path: PathBuf,
+        /// SHA-256 of its bytes.
+        hash: [u8; 32],
+        /// Apply even if the bytes did not change (start, SIGHUP).
+        force: bool,
+        /// The parsed policy, or why it is invalid.
+        parsed: Result<Policy, PolicyError>,
+    },
+    /// The policy file could not be read.
+    PolicyUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: String,
+    },
+    /// A discovery finished: the inventory and the source's description, or the error.
+    Discovered(Result<(Inventory, String), String>),
+    /// A health event from the hardware.
+    Health(HealthEvent),
+    /// Probe answers for devices due to recover: (UUID, answers).
+    Probed(Vec<(String, bool)>),
+    /// An MPS control daemon's state changed.
+    Mps(mps::Event),
+    /// The earliest recovery deadline ([`State::next_deadline`]) has passed.
+    RecoveryDue,
+}
+
+/// What the shell must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish this plan (it differs from the last one published) and reconcile servers.
+    Publish(Arc<Plan>),
+    /// The MPS control daemons to run now.
+    WantMps(MpsWanted),
+    /// Compute mode EXCLUSIVE_PROCESS on exactly these GPUs.
+    ComputeModes(BTreeSet<String>),
+    /// Probe these devices and report [`Input::Probed`].
+    Probe(Vec<String>),
+    /// Count an Xid (metrics).
+    Xid {
+        /// The device.
+        uuid: String,
+        /// The Xid.
+        xid: u64,
+    },
+    /// Count a health transition (metrics).
+    Transition(Transition),
+    /// A policy was applied with this generation (metrics).
+    PolicyApplied(u64),
+    /// A policy was rejected (metrics).
+    PolicyRejected,
+}
+
+/// The environment the state is built with: NVIDIA's health variables, as read at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthEnv {
+    /// `DP_DISABLE_HEALTHCHECKS`.
+    pub disable: Option<String>,
+    /// `DP_ENABLE_HEALTHCHECKS`.
+    pub enable: Option<String>,
+}
+
+/// Everything the supervisor knows.
+#[derive(Debug)]
+pub struct State {
+    env: HealthEnv,
+    /// The applied policy, if any.
+    pub policy: Option<Policy>,
+    /// Generation of the applied policy (0: none).
+    pub generation: u64,
+    policy_hash: Option<[u8; 32]>,
+    /// Why the last policy read was rejected (cleared when one is applied).
+    pub policy_error: Option<String>,
+    /// A valid policy that did not fit this node's GPUs, tried again when they change.
+    rejected_for_node: Option<Policy>,
+    /// The last good discovery (raw: health not folded in).
+    pub inventory: Option<Inventory>,
+    /// Why discovery failed while there is no inventory (`failOnInitError: false`).
+    pub discovery_error: Option<String>,
+    rediscovery_error: Option<String>,
+    /// The one owner of device health.
+    pub tracker: Tracker,
+    xid_policy: XidPolicy,
+    /// Per MPS daemon (GPU or MIG UUID): the limits it enforces, when known.
+    pub mps_applied: BTreeMap<String, MpsLimits>,
+    /// Daemons with a limit change waiting for their clients to leave.
+    pub mps_pending: BTreeSet<String>,
+    /// The last plan published.
+    pub plan: Arc<Plan>,
+    mps_wanted: MpsWanted,
+    exclusive: BTreeSet<String>,
+    probing: bool,
+    /// Xid events seen since start (critical or not).
+    pub xid_events: u64,
+}
+
+impl State {
+    /// An empty state: no policy, no GPUs, nothing advertised.
+    pub fn new(env: HealthEnv) -> Self {
+        let xid_policy = XidPolicy::new(env.disable.as_deref(), env.enable.as_deref(), &[], &[]);
+        State {
+            env,
+            policy: None,
+            generation: 0,
+            policy_hash: None,
+            policy_error: None,
+            rejected_for_node: None,
+            inventory: None,
+            discovery_error: None,
+            rediscovery_error: None,
+            tracker: Tracker::new(Some(DEFAULT_RECOVERY)),
+            xid_policy,
+            mps_applied: BTreeMap::new(),
+            mps_pending: BTreeSet::new(),
+            plan: Arc::new(Plan::default()),
+            mps_wanted: MpsWanted::default(),
+            exclusive: BTreeSet::new(),
+            probing: false,
+            xid_events: 0,
+        }
+    }
+
+    /// When the shell should report [`Input::RecoveryDue`] (none while a probe is in flight).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.probing {
+            return None;
+        }
+        self.tracker.next_deadline()
+    }
+
+    /// Folds one input at `now`; returns what the shell must do.
+    pub fn fold(&mut self, input: Input, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        match input {
+            Input::Policy {
+                path,
+                hash,
+                force,
+                parsed,
+            } => self.policy_read(&path, hash, force, parsed, &mut out),
+            Input::PolicyUnreadable { path, error } => {
+                if self.policy_error.as_deref() != Some(error.as_str()) {
+                    let keeping = if self.policy.is_some() {
+                        "keeping the last good policy"
+                    } else {
+                        "nothing is advertised until it is readable"
+                    };
+                    tracing::error!(policy = %path.display(), error = %error, "cannot read the policy; {keeping}");
+                }
+                self.policy_hash = None;
+                self.policy_error = Some(error);
+            }
+            Input::Discovered(result) => self.discovered(result, &mut out),
+            Input::Health(ev) => {
+                if let HealthEvent::Xid { uuid, xid } = &ev {
+                    self.xid_events += 1;
+                    let critical = self.xid_policy.is_critical(*xid);
+                    tracing::warn!(gpu = %uuid, xid, critical, "Xid event");
+                    out.push(Action::Xid {
+                        uuid: uuid.clone(),
+                        xid: *xid,
+                    });
+                }
+                let t = self.tracker.apply(&self.xid_policy, &ev, now);
+                self.transitions(t.into_iter().collect(), &mut out);
+            }
+            Input::Probed(answers) => {
+                self.probing = false;
+                let ts = answers
+                    .into_iter()
+                    .filter_map(|(u, ok)| self.tracker.probed(&u, ok, now))
+                    .collect();
+                self.transitions(ts, &mut out);
+            }
+            Input::RecoveryDue => {
+                let due = self.tracker.due(now);
+                if !due.is_empty() && !self.probing {
+                    self.probing = true;
+                    out.push(Action::Probe(due));
+                }
+            }
+            Input::Mps(ev) => {
+                if ev.removed {
+                    self.mps_applied.remove(&ev.uuid);
+                } else if let Some(l) = ev.applied {
+                    self.mps_applied.insert(ev.uuid.clone(), l);
+                } else {
+                    self.mps_applied.remove(&ev.uuid);
+                }
+                if ev.pending.is_some() && !ev.removed {
+                    self.mps_pending.insert(ev.uuid.clone());
+                } else {
+                    self.mps_pending.remove(&ev.uuid);
+                }
+                let ready = HealthEvent::MpsReady {
+                    uuid: ev.uuid,
+                    ready: ev.ready && !ev.removed,
+                };
+                if let Some(t) = self.tracker.apply(&self.xid_policy, &ready, now) {
+                    tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
+                    out.push(Action::Transition(t));
+                }
+                self.replan(&mut out);
+            }
+        }
+        out
+    }
+
+    fn transitions(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) {
+        if ts.is_empty() {
+            return;
+        }
+        for t in ts {
+            tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
+            out.push(Action::Transition(t));
+        }
+        self.replan(out);
+    }
+
+    fn discovered(&mut self, result: Result<(Inventory, String), String>, out: &mut Vec<Action>) {
+        match result {
+            Ok((inv, describe)) => {
+                let first = self.inventory.is_none();
+                if first {
+                    tracing::info!(source = %describe, gpus = inv.gpus.len(), "GPUs discovered");
+                    for g in &inv.gpus {
+                        tracing::info!(gpu = g.index, uuid = %g.uuid, model = %g.model, memory_mib = g.memory_mib, numa = %g.numa_node.map_or("unknown".to_string(), |n| n.to_string()), mig = g.mig_enabled, "GPU");
+                    }
+                }
+                if self.rediscovery_error.take().is_some() {
+                    tracing::info!("GPU re-discovery succeeds again");
+                }
+                self.discovery_error = None;
+                if self.inventory.as_ref() == Some(&inv) {
+                    return;
+                }
+                if !first {
+                    tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
+                }
+                let ts = self.tracker.observe_discovery(&inv);
+                for t in &ts {
+                    tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
+                }
+                out.extend(ts.into_iter().map(Action::Transition));
+                self.inventory = Some(inv);
+                // A policy rejected for the old GPUs may fit the new ones.
+                if let Some(p) = self.rejected_for_node.take() {
+                    self.try_apply(p, "", out);
+                } else {
+                    self.replan(out);
+                }
+            }
+            Err(e) => {
+                if self.inventory.is_none() {
+                    if self.discovery_error.as_deref() != Some(e.as_str()) {
+                        tracing::error!(error = %e, "GPU discovery failed; advertising nothing and retrying");
+                    }
+                    self.discovery_error = Some(e);
+                } else if self.rediscovery_error.as_deref() != Some(e.as_str()) {
+                    tracing::error!(error = %e, "GPU re-discovery failed; keeping the last inventory");
+                    self.rediscovery_error = Some(e);
+                }
+            }
+        }
+    }
+
+    fn policy_read(
+        &mut self,
+        path: &std::path::Path,
+        hash: [u8; 32],
+        force: bool,
+        parsed: Result<Policy, PolicyError>,
+        out: &mut Vec<Action>,
+    ) {
+        if !force && self.policy_hash == Some(hash) {
+            return;
+        }
+        self.policy_hash = Some(hash);
+        let hash_hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        match parsed {
+            Ok(p) => {
+                self.rejected_for_node = None;
+                if self.try_apply(p, &hash_hex, out) {
+                    tracing::info!(generation = self.generation, hash = %hash_hex, policy = %path.display(), "policy applied");
+                }
+            }
+            Err(e) => {
+                let keeping = if self.policy.is_some() {
+                    "keeping the last good policy"
+                } else {
+                    "nothing is advertised until it is fixed"
+                };
+                tracing::error!(policy = %path.display(), field = %e.path, error = %e, hash = %hash_hex, "policy rejected; {keeping}");
+                self.policy_error = Some(e.to_string());
+                out.push(Action::PolicyRejected);
+            }
+        }
+    }
+
+    /// Plans `policy` on the current GPUs and applies it when it fits; true when applied.
+    fn try_apply(&mut self, policy: Policy, hash_hex: &str, out: &mut Vec<Action>) -> bool {
+        let xid_policy = XidPolicy::new(
+            self.env.disable.as_deref(),
+            self.env.enable.as_deref(),
+            &policy.health.ignored_xids,
+            &policy.health.critical_xids,
+        );
+        let empty = Inventory::default();
+        let inv = self.inventory.as_ref().unwrap_or(&empty);
+        match plan::build_with(&policy, &self.tracker.effective(inv), &self.mps_applied) {
+            Ok(built) => {
+                for key in &policy.ignored_keys {
+                    tracing::warn!(key = %key, "policy key is recognised (NVIDIA config v1) but slicelet does not act on it yet; ignored");
+                }
+                for n in &policy.notices {
+                    tracing::info!(notice = %n, "policy notice");
+                }
+                for w in &built.warnings {
+                    tracing::warn!(warning = %w, "policy does not match this node fully");
+                }
+                self.generation += 1;
+                self.tracker
+                    .set_recovery(Some(policy.health.recovery.unwrap_or(DEFAULT_RECOVERY)));
+                self.xid_policy = xid_policy;
+                self.policy = Some(policy);
+                self.policy_error = None;
+                out.push(Action::PolicyApplied(self.generation));
+                self.replan(out);
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, hash = %hash_hex, "policy rejected for this node; keeping the last good policy");
+                self.policy_error = Some(e.to_string());
+                self.rejected_for_node = Some(policy);
+                out.push(Action::PolicyRejected);
+                false
+            }
+        }
+    }
+
+    /// Builds the plan from the applied policy and the effective inventory; publishes it and
+    /// tells the MPS supervisor and the hardware what changed.
+    fn replan(&mut self, out: &mut Vec<Action>) {
+        let Some(policy) = &self.policy else { return };
+        let empty = Inventory::default();
+        let inv = self.inventory.as_ref().unwrap_or(&empty);
+        let build = |tracker: &Tracker| {
+            plan::build_with(policy, &tracker.effective(inv), &self.mps_applied)
+        };
+        let mut built = match build(&self.tracker) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "plan rejected for the current GPUs; keeping the last plan");
+                return;
+            }
+        };
+        // Which daemons the plan wants does not depend on health; the devices of a daemon that
+        // is newly wanted are held Unhealthy until it is ready, so build again when that
+        // changed anything.
+        let wanted = built.mps_wanted.clone();
+        let ts = self
+            .tracker
+            .set_mps_wanted(&wanted.daemons.keys().cloned().collect());
+        if !ts.is_empty() {
+            out.extend(ts.into_iter().map(Action::Transition));
+            match build(&self.tracker) {
+                Ok(b) => built = b,
+                Err(e) => {
+                    tracing::error!(error = %e, "plan rejected for the current GPUs; keeping the last plan");
+                    return;
+                }
+            }
+        }
+        let exclusive = wanted.exclusive_gpus();
+        if exclusive != self.exclusive {
+            self.exclusive = exclusive.clone();
+            out.push(Action::ComputeModes(exclusive));
+        }
+        if wanted != self.mps_wanted {
+            self.mps_wanted = wanted.clone();
+            out.push(Action::WantMps(wanted));
+        }
+        let mut plan = built.plan;
+        plan.reuse_unchanged(&self.plan);
+        if plan == *self.plan {
+            return;
+        }
+        log_changes(&self.plan, &plan);
+        self.plan = Arc::new(plan);
+        out.push(Action::Publish(Arc::clone(&self.plan)));
+    }
+}
+
+fn log_changes(old: &Plan, new: &Plan) {
+    for (name, res) in &new.resources {
+        match old.resources.get(name) {
+            None => {
+                tracing::info!(resource = %name, devices = res.devices.len(), "resource added")
+            }
+            Some(prev) if !Arc::ptr_eq(prev, res) => {
+                let now: std::collections::HashSet<&str> =
+                    res.devices.iter().map(|d| d.id.as_str()).collect();
+                let gone: Vec<&str> = prev
+                    .devices
+                    .iter()
+                    .map(|d| d.id.as_str())
+                    .filter(|id| !now.contains(id))
+                    .collect();
+                tracing::info!(resource = %name, devices = res.devices.len(), removed = gone.len(), removed_ids = ?gone,
+                    "resource changed (running pods keep the devices they were given)");
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

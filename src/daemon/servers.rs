@@ -1,0 +1,430 @@
+//! Reconciling the device-plugin servers with the plan: one gRPC server per resource on its
+//! unix socket, registered once per kubelet.
+//!
+//! Rules (kubelet 1.32 device manager):
+//! - A resource's socket serves before `Register` is sent (the kubelet dials back inside it).
+//! - A kubelet restart is known by the identity of `kubelet.sock` ([`KubeletId`]), not by
+//!   counting directory events: however many events one restart produces (our sockets removed,
+//!   the old `kubelet.sock` removed, the new one created), the servers registered with the old
+//!   kubelet are restarted once, and a registration still pending is re-aimed at the new
+//!   kubelet instead of being sent twice.
+//! - The old server's ListAndWatch stream ends before the new registration is sent (the kubelet
+//!   drops a registration when an older stream closes after it).
+//! - Every task (servers, registrations) is tracked in one `JoinSet`; shutdown has one overall
+//!   deadline, after which whatever still runs is aborted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::KUBELET_SOCKET;
+use crate::kubelet::KubeletId;
+use crate::plan::Plan;
+use crate::plugin::{self, StreamLost};
+use crate::status::{Metrics, Status};
+
+/// First delay before registering again after the kubelet closed a stream; a kubelet restart
+/// in that window supersedes it, so one restart costs one registration.
+const LOST_STREAM_MIN_DELAY: Duration = Duration::from_millis(100);
+/// Longest delay between re-registrations of a resource whose streams keep being closed.
+const LOST_STREAM_MAX_DELAY: Duration = Duration::from_secs(30);
+/// A stream that lasted this long resets the re-registration backoff.
+const LOST_STREAM_RESET: Duration = Duration::from_secs(60);
+/// How long a new registration waits for the previous server of its resource to stop (its
+/// stream to end) before aborting it.
+const RESTART_DEADLINE: Duration = Duration::from_millis(200);
+/// Capacity of the channels from servers and registrations to the supervisor.
+pub(super) const CHANNEL_CAPACITY: usize = 1024;
+
+/// A registration finished: `resource`'s server of `epoch` is registered with `kubelet`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Registered {
+    pub resource: String,
+    pub epoch: u64,
+    pub kubelet: KubeletId,
+}
+
+struct Server {
+    epoch: u64,
+    stop: CancellationToken,
+    /// Cancelled when the serve task has ended.
+    done: CancellationToken,
+    serve: AbortHandle,
+    register: AbortHandle,
+    path: PathBuf,
+    id: (u64, u64),
+    registered: Option<KubeletId>,
+}
+
+/// The device-plugin servers and their registrations.
+pub(super) struct Servers {
+    dir: PathBuf,
+    dev_root: String,
+    plans: watch::Receiver<Arc<Plan>>,
+    servers: BTreeMap<String, Server>,
+    tasks: JoinSet<()>,
+    identity: watch::Sender<Option<KubeletId>>,
+    recheck: Arc<Notify>,
+    registered_tx: mpsc::Sender<Registered>,
+    lost_tx: mpsc::Sender<StreamLost>,
+    epoch: u64,
+    unserved: BTreeSet<String>,
+    lost_backoff: BTreeMap<String, (backon::ExponentialBackoff, Instant)>,
+    shutdown: CancellationToken,
+    status: Arc<watch::Sender<Status>>,
+    metrics: Arc<Metrics>,
+}
+
+/// What the servers send back to the supervisor's loop.
+pub(super) struct ServerEvents {
+    pub registered: mpsc::Receiver<Registered>,
+    pub lost: mpsc::Receiver<StreamLost>,
+    /// Notified when a registration found `kubelet.sock` to be another socket than expected.
+    pub recheck: Arc<Notify>,
+}
+
+impl Servers {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        dir: PathBuf,
+        dev_root: String,
+        plans: watch::Receiver<Arc<Plan>>,
+        shutdown: CancellationToken,
+        status: Arc<watch::Sender<Status>>,
+        metrics: Arc<Metrics>,
+    ) -> (Self, ServerEvents) {
+        let (registered_tx, registered) = mpsc::channel(CHANNEL_CAPACITY);
+        let (lost_tx, lost) = mpsc::channel(CHANNEL_CAPACITY);
+        let recheck = Arc::new(Notify::new());
+        let identity = KubeletId::of(&dir.join(KUBELET_SOCKET));
+        let servers = Servers {
+            dir,
+            dev_root,
+            plans,
+            servers: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            identity: watch::Sender::new(identity),
+            recheck: Arc::clone(&recheck),
+            registered_tx,
+            lost_tx,
+            epoch: 0,
+            unserved: BTreeSet::new(),
+            lost_backoff: BTreeMap::new(),
+            shutdown,
+            status,
+            metrics,
+        };
+        (
+            servers,
+            ServerEvents {
+                registered,
+                lost,
+                recheck,
+            },
+        )
+    }
+
+    /// Resources whose socket could not be bound (retried).
+    pub(super) fn has_unserved(&self) -> bool {
+        !self.unserved.is_empty()
+    }
+
+    /// Reaps one finished task (a future for the supervisor's `select!`; pending while none).
+    pub(super) async fn reap(&mut self) {
+        if self.tasks.join_next().await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Starts servers for resources that appeared in `plan`, stops those that left it.
+    /// Unchanged resources are left alone (their streams see the new plan, or nothing).
+    pub(super) fn reconcile(&mut self, plan: &Plan) {
+        let removed: Vec<String> = self
+            .servers
+            .keys()
+            .filter(|n| !plan.resources.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in removed {
+            tracing::info!(resource = %name, "resource removed; stopping its server");
+            if let Some(s) = self.servers.remove(&name) {
+                self.retire(&name, &s);
+            }
+            self.lost_backoff.remove(&name);
+        }
+        self.unserved.retain(|n| plan.resources.contains_key(n));
+        let wanted: Vec<String> = plan
+            .resources
+            .keys()
+            .filter(|n| !self.servers.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in wanted {
+            self.start(&name, None, Duration::ZERO);
+        }
+    }
+
+    /// Ends a server: its streams end, its registration is cancelled, its socket removed.
+    fn retire(&self, name: &str, s: &Server) {
+        s.stop.cancel();
+        s.register.abort();
+        plugin::remove_if_ours(&s.path, s.id);
+        self.status
+            .send_if_modified(|st| st.registered.remove(name));
+    }
+
+    /// Binds and serves `name`, registering once `previous` (the server it replaces) has
+    /// stopped and `delay` has passed. A socket that cannot be bound is retried.
+    fn start(
+        &mut self,
+        name: &str,
+        previous: Option<(CancellationToken, AbortHandle)>,
+        delay: Duration,
+    ) {
+        let socket = match plugin::bind(&self.dir, name) {
+            Ok(s) => s,
+            Err(e) => {
+                if self.unserved.insert(name.to_string()) {
+                    tracing::error!(resource = %name, error = %e, "cannot serve resource; retrying every second and when the directory changes");
+                }
+                return;
+            }
+        };
+        if self.unserved.remove(name) {
+            tracing::info!(resource = %name, "socket bound after earlier failures");
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let stop = self.shutdown.child_token();
+        let done = CancellationToken::new();
+        let path = socket.path.clone();
+        let id = socket.id;
+        let endpoint = socket.endpoint.clone();
+        let service = plugin::Service::new(
+            name,
+            self.plans.clone(),
+            stop.clone(),
+            self.dev_root.clone(),
+        )
+        .report_lost_streams(self.lost_tx.clone(), epoch);
+        let serving = plugin::serve(socket, service, stop.clone());
+        let finished = done.clone();
+        let serve = self.tasks.spawn(async move {
+            let _ = serving.await;
+            finished.cancel();
+        });
+        let kubelet = self.dir.join(KUBELET_SOCKET);
+        let resource = name.to_string();
+        let rstop = stop.clone();
+        let mut identity = self.identity.subscribe();
+        let recheck = Arc::clone(&self.recheck);
+        let tx = self.registered_tx.clone();
+        let register = self.tasks.spawn(async move {
+            if let Some((old_done, old_serve)) = previous {
+                if tokio::time::timeout(RESTART_DEADLINE, old_done.cancelled())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(resource = %resource, "previous server did not stop in time; aborting it");
+                    old_serve.abort();
+                }
+            }
+            if !delay.is_zero() {
+                tokio::select! {
+                    _ = rstop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            let registered = crate::kubelet::register_until_done(
+                &kubelet,
+                &endpoint,
+                &resource,
+                &mut identity,
+                &recheck,
+                &rstop,
+            )
+            .await;
+            if let Some(kubelet) = registered {
+                let _ = tx
+                    .send(Registered {
+                        resource,
+                        epoch,
+                        kubelet,
+                    })
+                    .await;
+            }
+        });
+        tracing::debug!(resource = %name, socket = %path.display(), "serving");
+        self.servers.insert(
+            name.to_string(),
+            Server {
+                epoch,
+                stop,
+                done,
+                serve,
+                register,
+                path,
+                id,
+                registered: None,
+            },
+        );
+    }
+
+    /// Replaces `name`'s server: the old one stops (its stream ends) and a new one binds at
+    /// once and registers when the old one has stopped, after `delay`.
+    fn restart(&mut self, name: &str, delay: Duration) {
+        let Some(old) = self.servers.remove(name) else {
+            return;
+        };
+        self.retire(name, &old);
+        if self.plans.borrow().resources.contains_key(name) {
+            self.start(name, Some((old.done, old.serve)), delay);
+        }
+    }
+
+    /// Looks at the device-plugin directory again after an event (or a registration that
+    /// found another socket than expected): a new `kubelet.sock` restarts the servers that were
+    /// registered with the old kubelet (once each, however many events led here) and re-aims
+    /// pending registrations; a socket of ours that is gone is served again.
+    pub(super) fn kubelet_dir_changed(&mut self) {
+        let now = KubeletId::of(&self.dir.join(KUBELET_SOCKET));
+        let changed = self.identity.send_if_modified(|id| {
+            let differs = *id != now;
+            *id = now;
+            differs
+        });
+        if changed && now.is_some() {
+            self.lost_backoff.clear();
+            let stale: Vec<String> = self
+                .servers
+                .iter()
+                .filter(|(_, s)| s.registered.is_some_and(|r| Some(r) != now))
+                .map(|(n, _)| n.clone())
+                .collect();
+            if !stale.is_empty() || !self.servers.is_empty() {
+                tracing::info!(
+                    restarted = stale.len(),
+                    "new kubelet.sock: kubelet restart seen; registering every resource with it"
+                );
+            }
+            for name in stale {
+                self.restart(&name, Duration::ZERO);
+            }
+        }
+        let lost: Vec<String> = self
+            .servers
+            .iter()
+            .filter(|(_, s)| !socket_is(&s.path, s.id))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in lost {
+            tracing::info!(resource = %name, "our socket is gone; serving and registering it again");
+            self.restart(&name, Duration::ZERO);
+        }
+        self.retry_unserved();
+    }
+
+    /// A registration finished.
+    pub(super) fn registered(&mut self, r: Registered) {
+        let current = *self.identity.borrow();
+        let Some(s) = self.servers.get_mut(&r.resource) else {
+            return;
+        };
+        if s.epoch != r.epoch {
+            return;
+        }
+        s.registered = Some(r.kubelet);
+        self.metrics.registered(&r.resource);
+        self.status.send_modify(|st| {
+            st.registered.insert(r.resource.clone());
+        });
+        if current.is_some() && current != Some(r.kubelet) {
+            // The kubelet restarted while this registration was in flight.
+            self.restart(&r.resource, Duration::ZERO);
+        }
+    }
+
+    /// The kubelet closed a resource's ListAndWatch stream while we still serve it (kubelet
+    /// stopped, or dropped the stream): serve it afresh and register again with backoff.
+    pub(super) fn stream_lost(&mut self, lost: StreamLost) {
+        if self.servers.get(&lost.resource).map(|s| s.epoch) != Some(lost.epoch) {
+            return; // a server already replaced
+        }
+        let now = Instant::now();
+        let entry = self
+            .lost_backoff
+            .entry(lost.resource.clone())
+            .or_insert_with(|| (lost_stream_backoff(), now));
+        if now.duration_since(entry.1) > LOST_STREAM_RESET {
+            entry.0 = lost_stream_backoff();
+        }
+        entry.1 = now;
+        let delay = entry.0.next().unwrap_or(LOST_STREAM_MAX_DELAY);
+        tracing::warn!(resource = %lost.resource, register_in = ?delay, "the kubelet closed the ListAndWatch stream; registering again");
+        self.restart(&lost.resource, delay);
+    }
+
+    /// Tries again to serve resources whose socket could not be bound.
+    pub(super) fn retry_unserved(&mut self) {
+        let wanted: Vec<String> = self
+            .unserved
+            .iter()
+            .filter(|n| self.plans.borrow().resources.contains_key(*n))
+            .cloned()
+            .collect();
+        self.unserved.retain(|n| wanted.contains(n));
+        for name in wanted {
+            if !self.servers.contains_key(&name) {
+                self.start(&name, None, Duration::ZERO);
+            }
+        }
+    }
+
+    /// Stops every server and registration within one overall `deadline`, then aborts
+    /// whatever still runs and removes our sockets.
+    pub(super) async fn shutdown(mut self, deadline: Duration) {
+        let servers = std::mem::take(&mut self.servers);
+        for (name, s) in &servers {
+            s.stop.cancel();
+            s.register.abort();
+            self.status
+                .send_if_modified(|st| st.registered.remove(name));
+        }
+        let drained = tokio::time::timeout(deadline, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                left = self.tasks.len(),
+                "servers did not stop in time; aborting them"
+            );
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
+        for s in servers.values() {
+            plugin::remove_if_ours(&s.path, s.id);
+        }
+    }
+}
+
+/// Whether the socket file at `path` is still the one with identity `id`.
+fn socket_is(path: &std::path::Path, id: (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id)
+}
+
+fn lost_stream_backoff() -> backon::ExponentialBackoff {
+    backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(LOST_STREAM_MIN_DELAY)
+            .with_max_delay(LOST_STREAM_MAX_DELAY)
+            .without_max_times(),
+    )
+}

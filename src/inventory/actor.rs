@@ -1,0 +1,286 @@
+//! The hardware actor: the one thread that touches NVML (or the simulated node file).
+//!
+//! NVML calls block, some for hundreds of milliseconds (a GPU falling off the bus, a driver
+//! busy with a reset); on the async runtime they would stall Allocate and ListAndWatch. So every
+//! call — opening the library, discovery, probes, compute-mode changes, re-arming the Xid event
+//! thread — runs here, on a dedicated OS thread that receives [`Command`]s over a channel and
+//! answers with [`Report`]s on the supervisor's **bounded** channel. The Xid event thread the
+//! source starts reports through the same channel.
+//!
+//! A full channel never blocks a hardware thread forever: a report waits at most
+//! [`REPORT_SEND_TIMEOUT`] for room (logged), and is then dropped with an error line.
+
+use std::collections::BTreeSet;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{EventSink, GpuSource, Inventory, InventoryError};
+use crate::health::HealthEvent;
+use crate::mps::ComputeModes;
+
+/// How long a hardware thread waits for room in the supervisor's channel before it drops a
+/// report (and logs it).
+pub const REPORT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens the GPU source (NVML initialisation or the simulated node file); called on the actor
+/// thread, again after each failure when asked to discover.
+pub type Opener = Box<dyn FnMut() -> Result<Box<dyn GpuSource>, InventoryError> + Send>;
+
+/// What the supervisor asks of the hardware.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Discover every GPU now (opening the source first if it is not open): answered by
+    /// [`Report::Discovered`], followed by any Xids the discovery found (simulated `xid:`).
+    /// After a successful discovery that changed the GPUs the Xid watch is re-armed.
+    Discover,
+    /// Ask whether each device still answers: answered by [`Report::Probed`].
+    Probe(Vec<String>),
+    /// Compute mode EXCLUSIVE_PROCESS on exactly these GPUs (MPS with `exclusiveProcess`);
+    /// GPUs that leave the set get their previous mode back.
+    ComputeModes(BTreeSet<String>),
+}
+
+/// What the hardware reports.
+#[derive(Debug)]
+pub enum Report {
+    /// The result of a [`Command::Discover`], with the source's description for logs.
+    Discovered(Result<(Inventory, String), InventoryError>),
+    /// A health event: an Xid, or whether a GPU is watched for Xids.
+    Health(HealthEvent),
+    /// Probe answers: (UUID, answers).
+    Probed(Vec<(String, bool)>),
+}
+
+/// Sends reports from hardware threads into the supervisor's bounded channel.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Report>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Outbox {
+    fn send(&self, report: Report) {
+        match self.tx.try_send(report) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(report)) => {
+                tracing::warn!(
+                    "the supervisor's channel is full; a hardware report waits for room"
+                );
+                let sent = self.runtime.block_on(async {
+                    tokio::time::timeout(REPORT_SEND_TIMEOUT, self.tx.send(report)).await
+                });
+                if sent.is_err() {
+                    tracing::error!(
+                        timeout = ?REPORT_SEND_TIMEOUT,
+                        "the supervisor did not take a hardware report in time; dropped"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The running actor. Dropping it (or [`Hardware::shutdown`]) restores compute modes, stops
+/// the Xid watch and closes the source on the actor thread.
+pub struct Hardware {
+    commands: Option<std_mpsc::Sender<Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Hardware {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hardware").finish_non_exhaustive()
+    }
+}
+
+impl Hardware {
+    /// Starts the actor thread. Nothing is opened until the first [`Command::Discover`].
+    /// Must be called inside a tokio runtime (reports are sent through it).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(open: Opener, reports: mpsc::Sender<Report>) -> Self {
+        let (tx, rx) = std_mpsc::channel();
+        let outbox = Outbox {
+            tx: reports,
+            runtime: tokio::runtime::Handle::current(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("hardware".into())
+            .spawn(move || actor(open, &rx, &outbox))
+            .expect("spawning the hardware thread");
+        Hardware {
+            commands: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Queues a command (never blocks; the actor runs commands in order).
+    pub fn send(&self, command: Command) {
+        if let Some(tx) = &self.commands {
+            let _ = tx.send(command);
+        }
+    }
+
+    /// Stops the actor and waits for it (off the runtime's worker threads) up to `deadline`.
+    pub async fn shutdown(mut self, deadline: Duration) {
+        self.commands = None;
+        if let Some(thread) = self.thread.take() {
+            let join = tokio::task::spawn_blocking(move || thread.join());
+            if tokio::time::timeout(deadline, join).await.is_err() {
+                tracing::warn!(
+                    "the hardware thread did not stop in time (an NVML call is still blocked)"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Hardware {
+    fn drop(&mut self) {
+        // Closing the channel ends the actor; it is not joined here (drop may run on the
+        // runtime, and an NVML call may still be blocked).
+        self.commands = None;
+    }
+}
+
+fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) {
+    let mut source: Option<Box<dyn GpuSource>> = None;
+    let mut compute = ComputeModes::default();
+    let mut last: Option<Inventory> = None;
+    let sink: EventSink = {
+        let outbox = outbox.clone();
+        Arc::new(move |e| outbox.send(Report::Health(e)))
+    };
+    while let Ok(command) = commands.recv() {
+        match command {
+            Command::Discover => {
+                if source.is_none() {
+                    match open() {
+                        Ok(s) => source = Some(s),
+                        Err(e) => {
+                            outbox.send(Report::Discovered(Err(e)));
+                            continue;
+                        }
+                    }
+                }
+                let Some(s) = source.as_mut() else { continue };
+                let result = s.discover();
+                let events = s.take_events();
+                if let Ok(inv) = &result {
+                    if last.as_ref() != Some(inv) {
+                        // Re-arm the Xid watch for the new GPUs (joins the previous event
+                        // thread: up to one NVML wait, here and not on the runtime).
+                        s.watch_events(Arc::clone(&sink));
+                        last = Some(inv.clone());
+                    }
+                }
+                let describe = s.describe();
+                outbox.send(Report::Discovered(result.map(|inv| (inv, describe))));
+                for x in events {
+                    outbox.send(Report::Health(HealthEvent::Xid {
+                        uuid: x.uuid,
+                        xid: x.xid,
+                    }));
+                }
+            }
+            Command::Probe(uuids) => {
+                let answers = uuids
+                    .into_iter()
+                    .map(|u| {
+                        let ok = source.as_mut().is_some_and(|s| s.probe(&u));
+                        (u, ok)
+                    })
+                    .collect();
+                outbox.send(Report::Probed(answers));
+            }
+            Command::ComputeModes(wanted) => {
+                if let Some(s) = source.as_mut() {
+                    compute.sync(s.as_mut(), &wanted);
+                }
+            }
+        }
+    }
+    if let Some(s) = source.as_mut() {
+        compute.restore_all(s.as_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{test_node, XidEvent};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct Slow {
+        calls: Arc<AtomicU32>,
+        events: Vec<XidEvent>,
+    }
+
+    impl GpuSource for Slow {
+        fn discover(&mut self) -> Result<Inventory, InventoryError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok(test_node(2))
+        }
+        fn take_events(&mut self) -> Vec<XidEvent> {
+            std::mem::take(&mut self.events)
+        }
+        fn probe(&mut self, uuid: &str) -> bool {
+            uuid.ends_with('0')
+        }
+        fn describe(&self) -> String {
+            "slow".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_in_order_and_retries_a_failed_open() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let calls = Arc::new(AtomicU32::new(0));
+        let opens = Arc::new(AtomicU32::new(0));
+        let (c, o) = (Arc::clone(&calls), Arc::clone(&opens));
+        let hw = Hardware::spawn(
+            Box::new(move || {
+                if o.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(InventoryError::NvmlCount("not yet".into()));
+                }
+                Ok(Box::new(Slow {
+                    calls: Arc::clone(&c),
+                    events: vec![XidEvent {
+                        uuid: "GPU-x".into(),
+                        xid: 79,
+                    }],
+                }) as Box<dyn GpuSource>)
+            }),
+            tx,
+        );
+        hw.send(Command::Discover);
+        assert!(matches!(rx.recv().await, Some(Report::Discovered(Err(_)))));
+        hw.send(Command::Discover);
+        match rx.recv().await {
+            Some(Report::Discovered(Ok((inv, d)))) => {
+                assert_eq!((inv.gpus.len(), d.as_str()), (2, "slow"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match rx.recv().await {
+            Some(Report::Health(HealthEvent::Xid { uuid, xid })) => {
+                assert_eq!((uuid.as_str(), xid), ("GPU-x", 79))
+            }
+            other => panic!("{other:?}"),
+        }
+        hw.send(Command::Probe(vec!["a0".into(), "a1".into()]));
+        match rx.recv().await {
+            Some(Report::Probed(p)) => {
+                assert_eq!(p, vec![("a0".to_string(), true), ("a1".to_string(), false)])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(opens.load(Ordering::SeqCst), 2);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        hw.shutdown(Duration::from_secs(5)).await;
+    }
+}

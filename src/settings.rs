@@ -1,0 +1,63 @@
+//! [`Settings`]: everything the daemon and `slicelet mps` need, resolved from the command line
+//! ([`crate::cli`]) once and immutable afterwards.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::mps;
+
+/// Everything the daemon needs, resolved from the command line once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The policy file (a ConfigMap mounted as a directory).
+    pub config: PathBuf,
+    /// The kubelet's device-plugin directory.
+    pub device_plugin_path: PathBuf,
+    /// A simulated node file instead of NVML.
+    pub simulate: Option<PathBuf>,
+    /// Where to load libnvidia-ml.so.1 from (default: the dynamic loader's search path).
+    pub nvml_library: Option<PathBuf>,
+    /// Where sysfs is mounted (NUMA node lookup), default `/sys`.
+    pub sysfs_root: PathBuf,
+    /// The host root holding `/dev`, for device specs, default `/`.
+    pub dev_root: String,
+    /// The host root holding `/proc` (MIG nvidia-caps minors in
+    /// `proc/driver/nvidia-caps/mig-minors`), default `/`.
+    pub proc_root: PathBuf,
+    /// How often to retry NVML when it failed at start with `failOnInitError: false`.
+    pub nvml_retry_interval: Duration,
+    /// How often to re-read the policy even without a file event (safety net).
+    pub policy_resync_interval: Duration,
+    /// How often to re-discover GPUs (MIG layout changes, GPUs that fell off the bus).
+    pub inventory_resync_interval: Duration,
+    /// Where `/healthz`, `/readyz` and `/metrics` listen; `None` disables them.
+    pub status_address: Option<std::net::SocketAddr>,
+    /// `DP_DISABLE_HEALTHCHECKS`, as NVIDIA's plugin reads it.
+    pub disable_healthchecks: Option<String>,
+    /// `DP_ENABLE_HEALTHCHECKS`, as NVIDIA's plugin reads it.
+    pub enable_healthchecks: Option<String>,
+    /// MPS control daemons: the binary, in-process or external, check interval, backoff.
+    pub mps: mps::Config,
+}
+
+impl Settings {
+    /// Settings with the defaults for everything but the policy file and directory.
+    pub fn new(config: impl Into<PathBuf>, device_plugin_path: impl Into<PathBuf>) -> Self {
+        Settings {
+            config: config.into(),
+            device_plugin_path: device_plugin_path.into(),
+            simulate: None,
+            nvml_library: None,
+            sysfs_root: PathBuf::from("/sys"),
+            dev_root: "/".to_string(),
+            proc_root: PathBuf::from("/"),
+            nvml_retry_interval: Duration::from_secs(30),
+            policy_resync_interval: Duration::from_secs(60),
+            inventory_resync_interval: Duration::from_secs(60),
+            status_address: None,
+            disable_healthchecks: None,
+            enable_healthchecks: None,
+            mps: mps::Config::default(),
+        }
+    }
+}
