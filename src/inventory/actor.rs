@@ -147,6 +147,22 @@ impl Drop for Hardware {
     }
 }
 
+/// Takes the next command, merging duplicates still queued: every queued `Discover` is
+/// answered by one discovery, and a `ComputeModes` is superseded by a later one.
+fn next_command(queue: &mut std::collections::VecDeque<Command>) -> Option<Command> {
+    let command = queue.pop_front()?;
+    match &command {
+        Command::Discover => queue.retain(|c| *c != Command::Discover),
+        Command::ComputeModes(_) => {
+            if queue.iter().any(|c| matches!(c, Command::ComputeModes(_))) {
+                return None;
+            }
+        }
+        Command::Probe(_) => {}
+    }
+    Some(command)
+}
+
 fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) {
     let mut source: Option<Box<dyn GpuSource>> = None;
     let mut compute = ComputeModes::default();
@@ -155,7 +171,20 @@ fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outb
         let outbox = outbox.clone();
         Arc::new(move |e| outbox.send(Report::Health(e)))
     };
-    while let Ok(command) = commands.recv() {
+    let mut queue: std::collections::VecDeque<Command> = std::collections::VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match commands.recv() {
+                Ok(c) => queue.push_back(c),
+                Err(_) => break,
+            }
+        }
+        // Coalesce what queued up meanwhile (a SIGHUP storm while NVML is slow): one discovery
+        // answers every queued request, and only the last compute-mode set matters.
+        queue.extend(commands.try_iter());
+        let Some(command) = next_command(&mut queue) else {
+            continue;
+        };
         match command {
             Command::Discover => {
                 if source.is_none() {
@@ -234,6 +263,31 @@ mod tests {
         fn describe(&self) -> String {
             "slow".into()
         }
+    }
+
+    #[test]
+    fn queued_commands_coalesce() {
+        let mut q: std::collections::VecDeque<Command> = [
+            Command::Discover,
+            Command::ComputeModes(["a".to_string()].into()),
+            Command::Discover,
+            Command::Probe(vec!["x".into()]),
+            Command::ComputeModes(BTreeSet::new()),
+            Command::Discover,
+        ]
+        .into();
+        let mut out = Vec::new();
+        while !q.is_empty() {
+            out.extend(next_command(&mut q));
+        }
+        assert_eq!(
+            out,
+            [
+                Command::Discover,
+                Command::Probe(vec!["x".into()]),
+                Command::ComputeModes(BTreeSet::new()),
+            ]
+        );
     }
 
     #[tokio::test]
