@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::daemon::{self, Settings};
-use slicelet::emulator::{KubeletEmulator, State};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -150,6 +150,16 @@ async fn kubelet_restart_re_registers_every_resource() {
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(state.resources.len(), want.len());
     }
+    // Every stream of every resource, the old ones included, began with the full list.
+    for (r, n) in want {
+        let streams = emu.streams(r);
+        assert_eq!(streams.len() as u32, emu.registrations(r), "{r}");
+        assert!(emu.register_calls(r) >= emu.registrations(r), "{r}");
+        for log in &streams {
+            assert_eq!(log.lists.first().map(|l| l.len()), Some(n), "{r}: {log:?}");
+        }
+        assert!(streams.last().unwrap().open, "{r}");
+    }
     d.stop().await;
 }
 
@@ -430,7 +440,7 @@ async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
     d.stop().await;
 }
 
-fn ids_of(state: &slicelet::emulator::State, r: &str) -> Vec<String> {
+fn ids_of(state: &kubelet_emulator::State, r: &str) -> Vec<String> {
     state.resources[r]
         .devices
         .as_ref()

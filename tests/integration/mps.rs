@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fake_mps_control::{commands, read_journal, set_clients, JournalLine};
+use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::api;
 use slicelet::daemon::Settings;
-use slicelet::emulator::{KubeletEmulator, State};
 use slicelet::plan::mps_dirs;
 
 use crate::common::*;
