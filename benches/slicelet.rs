@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use kubelet_emulator::KubeletEmulator;
 use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugin_server};
 use slicelet::daemon::{self, Settings};
-use slicelet::emulator::KubeletEmulator;
 use slicelet::plan;
 use slicelet::{allocate, kubelet, plugin, policy};
 use tokio::runtime::Runtime;
@@ -27,16 +27,22 @@ use tonic::{Request, Response, Status};
 /// Counts heap allocations, for "plan build: allocations".
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+// SAFETY: every method forwards its arguments unchanged to the system allocator, so the
+// `GlobalAlloc` contract is the one `System` already keeps; counting touches only an atomic.
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's `Layout` is passed through as `GlobalAlloc::alloc` requires.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` was allocated by `System` (every allocation goes through it) with `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as for dealloc; `n` is the caller's new size, passed through.
         unsafe { System.realloc(p, l, n) }
     }
 }
@@ -737,7 +743,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = after.split_whitespace().collect();
     // Fields after the command: state is index 0, utime 11, stime 12.
-    let get = |i: usize| fields.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    let get = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     get(11) + get(12)
 }
 

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kubelet_emulator::KubeletEmulator;
 use slicelet::api;
 use slicelet::daemon::{self, Settings};
-use slicelet::emulator::KubeletEmulator;
 use slicelet::{plan, policy};
 use tokio_util::sync::CancellationToken;
 

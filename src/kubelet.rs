@@ -245,3 +245,7 @@ pub async fn register_until_done(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "kubelet_tests.rs"]
+mod tests;

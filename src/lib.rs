@@ -13,14 +13,11 @@
 //! v1beta1 `DevicePlugin` API per resource; [`kubelet`] registers with the kubelet;
 //! [`inventory`] discovers GPUs through NVML or a simulated node file.
 
-#![warn(missing_docs)]
-
 pub mod allocate;
 pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
-pub mod emulator;
 pub mod health;
 pub mod inventory;
 pub mod kubelet;

@@ -175,6 +175,8 @@ impl NvmlSource {
 
     /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle,
     /// called through nvml-wrapper's loaded symbol table (it has no safe wrapper for them).
+    // An NVML FFI site: one `unsafe` call, its SAFETY comment at the block.
+    #[allow(unsafe_code)]
     fn instance_id(&self, mig: &Device<'_>, which: InstanceId) -> Result<u32, NvmlError> {
         let lib = self.nvml.lib();
         let sym = match which {
@@ -424,6 +426,9 @@ fn event_set_backoff() -> backon::ExponentialBackoff {
     )
 }
 
+// NVML FFI sites (the event-set calls nvml-wrapper has no safe wrapper for): each `unsafe`
+// block below carries its SAFETY comment.
+#[allow(unsafe_code)]
 fn event_loop(
     nvml: &Nvml,
     targets: &[EventTarget],

@@ -136,8 +136,13 @@ async fn preferred_allocation_rejects_negative_size_only() {
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
 }
 
-#[tokio::test]
+// Paused clock: a timeout elapses only once every task is idle, that is once the stream's task
+// has handled each published plan. So "an unchanged plan sends nothing" is checked without a
+// real-time window, and the watch channel cannot coalesce the unchanged plan into the change
+// that follows it (which would hide a duplicate).
+#[tokio::test(start_paused = true)]
 async fn list_and_watch_sends_full_lists_without_duplicates_and_ends_on_stop() {
+    use std::time::Duration;
     use tokio_stream::StreamExt;
     let policy4 = SHARED4;
     let policy8 = SHARED4.replace("replicas: 4", "replicas: 8");
@@ -147,25 +152,42 @@ async fn list_and_watch_sends_full_lists_without_duplicates_and_ends_on_stop() {
         .await
         .unwrap()
         .into_inner();
+    // Every list the stream sends, in order, by device count.
+    let mut sent = Vec::new();
     let first = stream.next().await.unwrap().unwrap();
-    assert_eq!(first.devices.len(), 8);
     assert!(first.devices.iter().all(|d| d.health == "Healthy"));
     assert_eq!(first.devices[0].topology.as_ref().unwrap().nodes[0].id, 0);
-    // Publishing an equal plan (a new Arc) sends nothing; a changed one sends the full list.
+    sent.push(first.devices.len());
+    // Publishing an equal plan (a new Arc, then the same Arc again) sends nothing: the stream's
+    // task handles each one, then goes idle, and the (virtual) timeout elapses.
     let same = build(&parse(policy4).unwrap(), &test_node(2)).unwrap().plan;
     tx.send_replace(Arc::new(same));
+    if let Ok(dup) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        sent.push(dup.unwrap().unwrap().devices.len());
+    }
+    let again = Arc::clone(&tx.borrow());
+    tx.send_replace(again);
+    if let Ok(dup) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        sent.push(dup.unwrap().unwrap().devices.len());
+    }
+    // A changed plan sends the full list.
     let changed = build(&parse(&policy8).unwrap(), &test_node(2))
         .unwrap()
         .plan;
     tx.send_replace(Arc::new(changed));
-    let second = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
+    let second = tokio::time::timeout(Duration::from_secs(5), stream.next())
         .await
-        .unwrap()
+        .expect("the changed plan must be sent")
         .unwrap()
         .unwrap();
-    assert_eq!(second.devices.len(), 16);
+    sent.push(second.devices.len());
+    assert_eq!(
+        sent,
+        [8, 16],
+        "the initial list and the change, no duplicate"
+    );
     stop.cancel();
-    let end = tokio::time::timeout(std::time::Duration::from_secs(5), stream.next())
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.next())
         .await
         .unwrap();
     assert!(end.is_none(), "stream must end on stop");

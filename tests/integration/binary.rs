@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use slicelet::emulator::KubeletEmulator;
+use kubelet_emulator::{healthy, KubeletEmulator};
+use slicelet::api::Device;
 use tokio::process::{Child, Command};
 
 use crate::common::*;
@@ -556,11 +557,19 @@ fn inject(events: &Path, line: &str) {
     writeln!(f, "{line}").unwrap();
 }
 
-fn unhealthy(state: &slicelet::emulator::State, resource: &str) -> Vec<String> {
-    state.resources[resource]
-        .devices
+fn unhealthy(state: &kubelet_emulator::State, resource: &str) -> Vec<String> {
+    unhealthy_ids(
+        state.resources[resource]
+            .devices
+            .as_deref()
+            .unwrap_or_default(),
+    )
+}
+
+/// The IDs of the Unhealthy devices in one list, in list order.
+fn unhealthy_ids(devices: &[Device]) -> Vec<String> {
+    devices
         .iter()
-        .flatten()
         .filter(|d| d.health != "Healthy")
         .map(|d| d.id.clone())
         .collect()
@@ -599,24 +608,23 @@ async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(unhealthy(&emu.state(), "nvidia.com/gpu"), [l4]);
 
-    // An Xid on MIG device GI 9 / CI 0: only that slice.
+    // An Xid on MIG device GI 9 / CI 0: only that slice, and back after the 0.5 s quiet
+    // period. Every list is recorded, so the short Unhealthy phase cannot be missed.
+    let small = "nvidia.com/mig-1g.10gb";
+    let before = emu.lists(small).len();
+    let before_big = emu.lists("nvidia.com/mig-3g.40gb").len();
     inject(&events, "0 79 9 0");
-    let state = emu
-        .wait_for(WAIT, |s| {
-            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(1)
-        })
+    let slice_down = |d: &[Device]| healthy(d) == 1 && unhealthy_ids(d) == [mig_uuid(2)];
+    let slice_up = |d: &[Device]| d.len() == 2 && healthy(d) == 2;
+    emu.wait_for_sequence_after(small, before, &[&slice_down, &slice_up], WAIT)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(unhealthy(&state, "nvidia.com/mig-1g.10gb"), [mig_uuid(2)]);
-    assert_eq!(state.healthy_count("nvidia.com/mig-3g.40gb"), Some(1));
-    // Back after the quiet period; the L4 stays Unhealthy (its events are not watched).
-    let state = emu
-        .wait_for(WAIT, |s| {
-            s.healthy_count("nvidia.com/mig-1g.10gb") == Some(2)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(unhealthy(&state, "nvidia.com/gpu"), [l4]);
+    // The other slice's resource never went Unhealthy, and the L4 stays Unhealthy (its events
+    // are not watched).
+    for l in emu.lists("nvidia.com/mig-3g.40gb").iter().skip(before_big) {
+        assert_eq!(healthy(&l.devices), 1, "mig-3g.40gb list {l:?}");
+    }
+    assert_eq!(unhealthy(&emu.state(), "nvidia.com/gpu"), [l4]);
 
     // An Xid for the whole of GPU 0 marks every slice of it; an application Xid (13) on GPU 1
     // changes nothing, a critical one marks GPU 1.

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::daemon::{self, Settings};
-use slicelet::emulator::{KubeletEmulator, State};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +20,21 @@ pub fn node_file(name: &str) -> PathBuf {
     repo().join("config/nodes").join(name)
 }
 
-pub fn shared_fixtures() -> PathBuf {
-    repo().join("../shared/fixtures")
+/// A test input under the repository's `fixtures/` (`models/gpu-models.yaml`,
+/// `policies/ts-per-gpu.yaml`, …); see fixtures/README.md for where they came from.
+pub fn fixture(rel: &str) -> PathBuf {
+    repo().join("fixtures").join(rel)
+}
+
+/// Reads a test input, failing with its path named (not a bare `NotFound`).
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading test input {}: {e}", path.display()))
+}
+
+/// Reads `fixtures/<rel>`, failing with its path named.
+pub fn read_fixture(rel: &str) -> String {
+    read(&fixture(rel))
 }
 
 /// A temp directory holding `plugins/` (the device-plugin dir) and `policy/config.yaml`.

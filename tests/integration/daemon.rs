@@ -6,7 +6,7 @@ use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a100_node_with_example_policy_serves_32_shared_replicas() {
-    let policy = std::fs::read_to_string(repo().join("config/policy.yaml")).unwrap();
+    let policy = read(&repo().join("config/policy.yaml"));
     let node = Node::new(&policy);
     let emu = emulator(&node).await;
     let sim = node_file("a100-40gb-x8.yaml");
@@ -48,8 +48,7 @@ async fn a100_node_with_example_policy_serves_32_shared_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_gpu_policy_registers_every_resource_separately() {
-    let policy =
-        std::fs::read_to_string(shared_fixtures().join("policies/ts-per-gpu.yaml")).unwrap();
+    let policy = read_fixture("policies/ts-per-gpu.yaml");
     let node = Node::new(&policy);
     let emu = emulator(&node).await;
     let sim = node_file("h100-80gb-x8.yaml");
@@ -127,8 +126,7 @@ async fn per_gpu_policy_registers_every_resource_separately() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_re_registers_every_resource() {
-    let policy =
-        std::fs::read_to_string(shared_fixtures().join("policies/ts-per-gpu.yaml")).unwrap();
+    let policy = read_fixture("policies/ts-per-gpu.yaml");
     let node = Node::new(&policy);
     let mut emu = emulator(&node).await;
     let d = Daemon::start(node.settings(&node_file("h100-80gb-x8.yaml")));
@@ -151,6 +149,16 @@ async fn kubelet_restart_re_registers_every_resource() {
             .await
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(state.resources.len(), want.len());
+    }
+    // Every stream of every resource, the old ones included, began with the full list.
+    for (r, n) in want {
+        let streams = emu.streams(r);
+        assert_eq!(streams.len() as u32, emu.registrations(r), "{r}");
+        assert!(emu.register_calls(r) >= emu.registrations(r), "{r}");
+        for log in &streams {
+            assert_eq!(log.lists.first().map(|l| l.len()), Some(n), "{r}: {log:?}");
+        }
+        assert!(streams.last().unwrap().open, "{r}");
     }
     d.stop().await;
 }
@@ -375,7 +383,7 @@ async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
 
     // The example MIG policy time-slices the 1g.10gb slices 2 ways, in place: only that
     // resource changes.
-    node.write_policy(&std::fs::read_to_string(repo().join("config/policy-mig.yaml")).unwrap());
+    node.write_policy(&read(&repo().join("config/policy-mig.yaml")));
     let state = wait_lists(
         &emu,
         &[
@@ -432,7 +440,7 @@ async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
     d.stop().await;
 }
 
-fn ids_of(state: &slicelet::emulator::State, r: &str) -> Vec<String> {
+fn ids_of(state: &kubelet_emulator::State, r: &str) -> Vec<String> {
     state.resources[r]
         .devices
         .as_ref()

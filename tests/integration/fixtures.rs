@@ -1,4 +1,4 @@
-//! Every policy in ../shared/fixtures/policies is accepted or rejected exactly as its header
+//! Every policy in fixtures/policies is accepted or rejected exactly as its header
 //! comment says, and every shipped YAML in config/ is valid and uses real GPU models and the
 //! MIG profiles those models offer.
 
@@ -30,14 +30,16 @@ fn header(text: &str) -> (String, Option<String>) {
 }
 
 #[test]
-fn shared_policies_are_judged_as_their_headers_say() {
-    let dir = shared_fixtures().join("policies");
+fn fixture_policies_are_judged_as_their_headers_say() {
+    let dir = fixture("policies");
     let mut seen = 0;
     let node = shipped_node("h100-80gb-x8.yaml");
     let mig_node = shipped_node("h100-80gb-x8-mig-mixed.yaml");
-    for entry in std::fs::read_dir(&dir).unwrap() {
+    let entries =
+        std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for entry in entries {
         let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = read(&path);
         let (verdict, must) = header(&text);
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let result = policy::parse(&text);
@@ -82,7 +84,7 @@ fn shared_policies_are_judged_as_their_headers_say() {
 
 fn shipped_node(name: &str) -> slicelet::inventory::Inventory {
     let path = node_file(name);
-    simulated::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
+    simulated::parse(&path, &read(&path)).unwrap()
 }
 
 /// mig-mixed-ts.yaml on the mixed H100 node: one resource per MIG profile, the 1g.10gb slices
@@ -118,7 +120,7 @@ fn check_mig_mixed_ts(name: &str, p: &policy::Policy, node: &slicelet::inventory
 #[test]
 fn shipped_policy_and_nodes_are_valid_and_use_real_models() {
     let models: serde_json::Value = {
-        let text = std::fs::read_to_string(shared_fixtures().join("gpu-models.yaml")).unwrap();
+        let text = read_fixture("models/gpu-models.yaml");
         yaml_to_json(&text)
     };
     let known: Vec<(String, u64)> = models["models"]
@@ -135,7 +137,7 @@ fn shipped_policy_and_nodes_are_valid_and_use_real_models() {
     let p = policy::load(&repo().join("config/policy.yaml")).unwrap();
     for entry in std::fs::read_dir(repo().join("config/nodes")).unwrap() {
         let path = entry.unwrap().path();
-        let inv = simulated::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let inv = simulated::parse(&path, &read(&path)).unwrap();
         assert!(!inv.gpus.is_empty());
         for g in &inv.gpus {
             assert!(
@@ -157,12 +159,12 @@ fn shipped_policy_and_nodes_are_valid_and_use_real_models() {
 
 #[test]
 fn shipped_mig_layouts_use_the_profiles_each_model_offers() {
-    let text = std::fs::read_to_string(shared_fixtures().join("gpu-models.yaml")).unwrap();
+    let text = read_fixture("models/gpu-models.yaml");
     let models = yaml_to_json(&text);
     let mut mig_gpus = 0;
     for entry in std::fs::read_dir(repo().join("config/nodes")).unwrap() {
         let path = entry.unwrap().path();
-        let inv = simulated::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let inv = simulated::parse(&path, &read(&path)).unwrap();
         for g in inv.gpus.iter().filter(|g| g.mig_enabled) {
             mig_gpus += 1;
             let at = format!("{} GPU {} ({})", path.display(), g.index, g.model);

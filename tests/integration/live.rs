@@ -9,6 +9,9 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use kubelet_emulator::healthy;
+use slicelet::api::Device;
+
 use crate::common::*;
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -44,11 +47,10 @@ fn uuid(i: usize) -> String {
     format!("GPU-{i:08}-aaaa-bbbb-cccc-dddddddddddd")
 }
 
-fn unhealthy_gpus(state: &slicelet::emulator::State, resource: &str) -> Vec<String> {
-    let mut v: Vec<String> = state.resources[resource]
-        .devices
+/// The GPUs (replica IDs' UUIDs) with an Unhealthy device in `devices`, in list order.
+fn unhealthy_gpus(devices: &[Device]) -> Vec<String> {
+    let mut v: Vec<String> = devices
         .iter()
-        .flatten()
         .filter(|d| d.health != "Healthy")
         .map(|d| d.id.split("::").next().unwrap().to_string())
         .collect();
@@ -92,19 +94,19 @@ async fn xid_79_turns_exactly_its_replicas_unhealthy_and_back() {
     );
     assert_eq!(emu.state().healthy_count("nvidia.com/gpu-shared"), Some(16));
 
-    // Xid 79 (fallen off the bus) on GPU 1: exactly its 4 replicas go Unhealthy.
+    // Xid 79 (fallen off the bus) on GPU 1: exactly its 4 replicas go Unhealthy, and back
+    // after the 0.5 s quiet period (NVML-equivalent probe answers). The emulator records every
+    // list, so the short Unhealthy phase is seen however late this test looks.
+    let before = emu.lists("nvidia.com/gpu-shared").len();
     write_node(&sim, 4, &[(1, "xid: 79")]);
-    let state = emu
-        .wait_for(WAIT, |s| {
-            s.healthy_count("nvidia.com/gpu-shared") == Some(12)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(unhealthy_gpus(&state, "nvidia.com/gpu-shared"), [uuid(1)]);
-    // ... and back after the quiet period (NVML-equivalent probe answers).
-    emu.wait_for(WAIT, |s| {
-        s.healthy_count("nvidia.com/gpu-shared") == Some(16)
-    })
+    let gpu1_down = |d: &[Device]| healthy(d) == 12 && unhealthy_gpus(d) == [uuid(1)];
+    let all_up = |d: &[Device]| d.len() == 16 && healthy(d) == 16;
+    emu.wait_for_sequence_after(
+        "nvidia.com/gpu-shared",
+        before,
+        &[&gpu1_down, &all_up],
+        WAIT,
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let (_, text) = get(addr, "/metrics").await;
@@ -141,7 +143,8 @@ async fn simulated_node_edits_change_the_inventory_live() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(unhealthy_gpus(&state, "nvidia.com/gpu-shared"), [uuid(0)]);
+    let devices = state.resources["nvidia.com/gpu-shared"].devices.as_deref();
+    assert_eq!(unhealthy_gpus(devices.unwrap_or_default()), [uuid(0)]);
     assert_eq!(
         state.resources["nvidia.com/gpu-shared"].registrations, 1,
         "same stream"

@@ -1,5 +1,5 @@
 //! One integration-test binary: the daemon against the kubelet emulator over real unix sockets,
-//! the real `slicelet` binary (CLI, signals, fake NVML), and the shared fixtures.
+//! the real `slicelet` binary (CLI, signals, fake NVML), and the fixtures in fixtures/.
 
 mod binary;
 mod common;

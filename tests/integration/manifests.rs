@@ -11,12 +11,12 @@ use slicelet::{plan, policy};
 use crate::common::*;
 
 fn yaml(path: &Path) -> serde_json::Value {
-    yaml_serde::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    yaml_serde::from_str(&read(path)).unwrap()
 }
 
 fn h100() -> slicelet::inventory::Inventory {
     let f = node_file("h100-80gb-x8.yaml");
-    simulated::parse(&f, &std::fs::read_to_string(&f).unwrap()).unwrap()
+    simulated::parse(&f, &read(&f)).unwrap()
 }
 
 #[test]
@@ -25,7 +25,7 @@ fn configmap_policy_is_the_example_policy_and_valid() {
     assert_eq!(cm["kind"], "ConfigMap");
     assert_eq!(cm["metadata"]["name"], "slicelet-policy");
     let embedded = cm["data"]["config.yaml"].as_str().unwrap();
-    let example = std::fs::read_to_string(repo().join("config/policy.yaml")).unwrap();
+    let example = read(&repo().join("config/policy.yaml"));
     assert_eq!(
         embedded, example,
         "manifests/base/configmap.yaml must embed config/policy.yaml"
@@ -93,7 +93,7 @@ fn daemonset_mounts_the_policy_as_a_directory_and_the_plugin_dir() {
 fn simulated_overlay_node_is_a_shipped_node() {
     let cm = yaml(&repo().join("manifests/overlays/simulated/node-configmap.yaml"));
     let embedded = cm["data"]["node.yaml"].as_str().unwrap();
-    let shipped = std::fs::read_to_string(node_file("h100-80gb-x8.yaml")).unwrap();
+    let shipped = read(&node_file("h100-80gb-x8.yaml"));
     assert_eq!(embedded, shipped);
     assert_eq!(
         simulated::parse(Path::new("node.yaml"), embedded)
@@ -124,7 +124,7 @@ fn mig_overlay_ships_the_mig_policy_and_the_caps_under_its_proc_root() {
             }
         }
     }
-    let example = std::fs::read_to_string(repo().join("config/policy-mig.yaml")).unwrap();
+    let example = read(&repo().join("config/policy-mig.yaml"));
     assert_eq!(policy.as_deref(), Some(example.as_str()));
     let root = proc_root.expect("SLICELET_PROC_ROOT");
     assert_eq!(

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fake_mps_control::{commands, read_journal, set_clients, JournalLine};
+use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::api;
 use slicelet::daemon::Settings;
-use slicelet::emulator::{KubeletEmulator, State};
 use slicelet::plan::mps_dirs;
 
 use crate::common::*;
@@ -32,11 +32,10 @@ pub fn h100s(node: &Node, n: usize) -> PathBuf {
     path
 }
 
-/// The shared fixture's MPS policy (every GPU MPS ×`replicas` as nvidia.com/gpu-mps) with the
+/// The MPS policy fixture (every GPU MPS ×`replicas` as nvidia.com/gpu-mps) with the
 /// MPS root moved into the test's temp dir.
 pub fn mps_policy(root: &Path, replicas: u32) -> String {
-    std::fs::read_to_string(shared_fixtures().join("policies/mps-equal.yaml"))
-        .unwrap()
+    read_fixture("policies/mps-equal.yaml")
         .replace("/run/nvidia/mps", root.to_str().unwrap())
         .replace("replicas: 4", &format!("replicas: {replicas}"))
 }

@@ -166,6 +166,7 @@ type CuResult = i32;
 /// (does nothing unless `SLICELET_TEST_MPS_CLIENT` is set). Prints one report line.
 #[test]
 #[ignore = "a child process of real_control_daemon_enforces_its_limits"]
+#[allow(unsafe_code)] // FFI to libcuda.so.1; SAFETY at the block.
 fn cuda_client_process() {
     if std::env::var_os(CLIENT_ENV).is_none() {
         return;
