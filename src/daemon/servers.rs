@@ -235,10 +235,13 @@ impl Servers {
                     old_serve.abort();
                 }
             }
+            // The backoff after a lost stream is for a kubelet that closed it while alive; a
+            // new kubelet (a changed kubelet.sock) supersedes it at once.
             if !delay.is_zero() {
                 tokio::select! {
                     _ = rstop.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}
+                    _ = identity.changed() => {}
                 }
             }
             let registered = crate::kubelet::register_until_done(
