@@ -180,8 +180,43 @@ fn commits(ev: &notify::Event) -> bool {
         .any(|p| p.file_name().is_some_and(|n| n == "..data"))
 }
 
+/// When `file` is a symlink to a file in another directory (a policy kept elsewhere and linked
+/// into place, edited in place there), watches that directory too, for the target's name: an
+/// edit of the target raises no event in the link's own directory. A ConfigMap volume's links
+/// (`config.yaml -> ..data/config.yaml`) stay inside the volume and need no extra watch; the
+/// target is resolved when the watches are (re-)attached. Best effort: `None` when `file` is no
+/// symlink or its target cannot be resolved or watched.
+fn watch_link_target(
+    file: &Path,
+    inbox: &Inbox,
+    mark: fn(&mut Pending),
+) -> Option<RecommendedWatcher> {
+    if !std::fs::symlink_metadata(file)
+        .ok()?
+        .file_type()
+        .is_symlink()
+    {
+        return None;
+    }
+    let target = std::fs::canonicalize(file).ok()?;
+    let own_dir = std::fs::canonicalize(parent(file)).ok()?;
+    let target_dir = target.parent()?.to_path_buf();
+    if target_dir.starts_with(&own_dir) {
+        return None;
+    }
+    let name = target.file_name().map(OsString::from);
+    let tx = inbox.clone();
+    watch_dir(&target_dir, move |ev| {
+        if concerns(&ev, name.as_deref()) {
+            tx.mark(mark);
+        }
+    })
+    .ok()
+}
+
 /// Watches the policy file's parent directory and, for a simulated node, the node file's
-/// directory (`slicelet mps`, which has no kubelet).
+/// directory (`slicelet mps`, which has no kubelet), and the directory of a symlink's target
+/// when the file is a symlink to elsewhere.
 ///
 /// # Errors
 /// [`WatchError`] when a directory cannot be watched.
@@ -220,6 +255,9 @@ pub fn start_policy(
             watchers.push(w);
         }
     }
+    if let Some(w) = watch_link_target(policy_file, inbox, |p| p.policy = true) {
+        watchers.push(w);
+    }
     let ptx = tx.clone();
     let policy_name = policy_file.file_name().map(OsString::from);
     watchers.push(watch_dir(&parent(policy_file), move |ev| {
@@ -230,6 +268,9 @@ pub fn start_policy(
         }
     })?);
     if let Some(node) = node_file {
+        if let Some(w) = watch_link_target(node, inbox, |p| p.node = true) {
+            watchers.push(w);
+        }
         let ntx = tx.clone();
         let node_name = node.file_name().map(OsString::from);
         watchers.push(watch_dir(&parent(node), move |ev| {
@@ -254,6 +295,34 @@ mod tests {
             e = e.add_path(PathBuf::from(p));
         }
         e
+    }
+
+    #[tokio::test]
+    async fn an_in_place_edit_of_a_symlinked_policy_is_seen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (etc, elsewhere) = (tmp.path().join("etc"), tmp.path().join("elsewhere"));
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("real.yaml"), "version: v1\n").unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("real.yaml"), etc.join("config.yaml")).unwrap();
+        let inbox = Inbox::default();
+        let _w = start_policy(&etc.join("config.yaml"), None, &inbox).unwrap();
+        // An unrelated file next to the target does not count; the target itself does.
+        std::fs::write(elsewhere.join("other.txt"), "x").unwrap();
+        std::fs::write(elsewhere.join("real.yaml"), "version: v1\nflags: {}\n").unwrap();
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                inbox.changed().await;
+                if inbox.take().policy {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(
+            seen.is_ok(),
+            "an edit of the symlink's target raised no policy change"
+        );
     }
 
     #[test]
