@@ -510,6 +510,13 @@ impl Shell<'_> {
             n.mps_ready = ready;
             n.mps_pending.clone_from(&state.mps_pending);
             n.mps_applied = applied;
+            n.devices = state.plan.resources.values().map(|r| r.devices.len()).sum();
+            n.healthy_devices = state
+                .plan
+                .resources
+                .values()
+                .map(|r| r.devices.iter().filter(|d| d.healthy).count())
+                .sum();
             let changed = n != *s;
             *s = n;
             changed

@@ -49,6 +49,10 @@ pub struct Status {
     pub mps_pending: BTreeSet<String>,
     /// The limits each ready MPS control daemon enforces (when known).
     pub mps_applied: std::collections::BTreeMap<String, crate::plan::MpsLimits>,
+    /// Devices the applied plan advertises, over all resources.
+    pub devices: usize,
+    /// Of those, the Healthy ones.
+    pub healthy_devices: usize,
 }
 
 impl Status {
@@ -75,6 +79,12 @@ impl Status {
             return Err(format!(
                 "not registered with the kubelet: {}",
                 missing.join(", ")
+            ));
+        }
+        if self.healthy_devices == 0 {
+            return Err(format!(
+                "no device is Healthy ({} advertised): every GPU is lost, Unhealthy or waiting for its MPS daemon",
+                self.devices
             ));
         }
         Ok(())
@@ -353,6 +363,11 @@ mod tests {
         s.resources.insert("nvidia.com/a".into());
         assert!(s.ready().unwrap_err().contains("nvidia.com/a"));
         s.registered.insert("nvidia.com/a".into());
+        // Regression: with every GPU lost at start, nothing usable was advertised but /readyz
+        // said ready.
+        s.devices = 8;
+        assert!(s.ready().unwrap_err().contains("no device is Healthy (8 advertised)"));
+        s.healthy_devices = 1;
         assert!(s.ready().is_ok());
         s.policy_error = Some("x: bad".into());
         assert!(s.ready().unwrap_err().contains("x: bad"));
