@@ -366,7 +366,10 @@ mod tests {
         // Regression: with every GPU lost at start, nothing usable was advertised but /readyz
         // said ready.
         s.devices = 8;
-        assert!(s.ready().unwrap_err().contains("no device is Healthy (8 advertised)"));
+        assert!(s
+            .ready()
+            .unwrap_err()
+            .contains("no device is Healthy (8 advertised)"));
         s.healthy_devices = 1;
         assert!(s.ready().is_ok());
         s.policy_error = Some("x: bad".into());

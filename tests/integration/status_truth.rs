@@ -1,0 +1,65 @@
+//! `/readyz` tells the truth about what an operator would check.
+
+use crate::common::*;
+
+/// A policy file that disappears while the daemon runs is reported (readyz 503 naming the
+/// file), the last good policy keeps serving, and the file coming back clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_policy_is_reported_and_the_last_good_one_keeps_serving() {
+    let node = Node::new(&ts_policy(2));
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    d.wait_status(|s| s.ready().is_ok()).await;
+    let generation = d.status.borrow().generation;
+
+    // The whole ConfigMap volume content goes away (its ..data link and the file).
+    let dir = node.policy().parent().unwrap().to_path_buf();
+    std::fs::remove_file(node.policy()).unwrap();
+    std::fs::remove_file(dir.join("..data")).unwrap();
+    let s = d
+        .wait_status(|s| s.ready().is_err_and(|e| e.contains("config.yaml")))
+        .await;
+    assert!(s.policy_error.is_some(), "{s:?}");
+    assert_eq!(
+        s.generation, generation,
+        "the last good policy is still applied"
+    );
+    assert_eq!(
+        emu.state().device_count("nvidia.com/gpu-shared"),
+        Some(2),
+        "still served"
+    );
+
+    node.write_policy(&ts_policy(2));
+    let s = d.wait_status(|s| s.ready().is_ok()).await;
+    assert!(s.policy_error.is_none());
+    d.stop().await;
+}
+
+/// With every GPU unusable at start, nothing usable is advertised: not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_healthy_device_is_not_ready() {
+    let node = Node::new(&ts_policy(2));
+    let sim = node.tmp.path().join("node.yaml");
+    std::fs::write(
+        &sim,
+        "gpus:\n  - model: NVIDIA L4\n    memoryMiB: 23034\n    health: Unhealthy\n",
+    )
+    .unwrap();
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&sim));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    let s = d
+        .wait_status(|s| !s.registered.is_empty() && s.devices == 2)
+        .await;
+    assert!(
+        s.ready().unwrap_err().contains("no device is Healthy"),
+        "{:?}",
+        s.ready()
+    );
+    // The GPU recovers: ready.
+    std::fs::write(&sim, "gpus:\n  - model: NVIDIA L4\n    memoryMiB: 23034\n").unwrap();
+    d.wait_status(|s| s.ready().is_ok()).await;
+    d.stop().await;
+}
