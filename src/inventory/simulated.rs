@@ -35,6 +35,7 @@ use sha2::{Digest, Sha256};
 
 use super::mig::{self, Profile};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
+use crate::policy::Limits;
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
 pub const MAX_GPU_SLICES: u32 = 7;
@@ -111,12 +112,7 @@ impl SimulatedSource {
 
 impl GpuSource for SimulatedSource {
     fn discover(&mut self) -> Result<Inventory, InventoryError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| {
-            InventoryError::SimulatedRead {
-                path: self.path.clone(),
-                source,
-            }
-        })?;
+        let text = read(&self.path)?;
         let (mut inv, xids) = parse_with_xids(&self.path, &text)?;
         mig::resolve_caps(&mut inv, &self.proc_root);
         let mut seen = std::collections::BTreeMap::new();
@@ -151,7 +147,29 @@ fn invalid(path: &Path, at: &str, message: impl Into<String>) -> InventoryError 
     }
 }
 
-/// Parses a simulated node file's text. `path` is only used in error messages.
+/// Reads a simulated node file within the policy's [`Limits`] (regular file, 1 MiB, nesting;
+/// see [`crate::policy::read_bounded`]).
+///
+/// # Errors
+/// [`InventoryError::SimulatedRead`] whose source is the [`crate::policy::ReadError`] (wrapped
+/// in an [`std::io::Error`] of kind `InvalidData` when the file was refused, so it can be
+/// downcast).
+pub fn read(path: &Path) -> Result<String, InventoryError> {
+    crate::policy::read_bounded(path, &Limits::default()).map_err(|e| {
+        let source = match e {
+            crate::policy::ReadError::Io { source, .. } => source,
+            refused => std::io::Error::new(std::io::ErrorKind::InvalidData, refused),
+        };
+        InventoryError::SimulatedRead {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
+}
+
+/// Parses a simulated node file's text. `path` is only used in error messages. The text is
+/// checked against the default [`Limits`] nesting (as [`read`] does) before parsing, and a
+/// leading UTF-8 byte-order mark is ignored.
 ///
 /// # Errors
 /// [`InventoryError::SimulatedInvalid`] with the field path (`gpus[1].uuid`) and, for syntax and
@@ -166,6 +184,19 @@ fn parse_with_xids(
     text: &str,
 ) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
     let mut xids = Vec::new();
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    crate::policy::read::check_nesting(text, &Limits::default()).map_err(|e| {
+        let line = match e {
+            crate::policy::read::NestingError::Flow { line, .. }
+            | crate::policy::read::NestingError::Indent { line, .. } => line,
+        };
+        InventoryError::SimulatedInvalid {
+            path: path.to_path_buf(),
+            path_in_file: ".".to_string(),
+            location: Some((line, 1)),
+            message: e.to_string(),
+        }
+    })?;
     let de = yaml_serde::Deserializer::from_str(text);
     let file: NodeFile = serde_path_to_error::deserialize(de).map_err(|e| {
         let location = e.inner().location().map(|l| (l.line(), l.column()));
@@ -501,3 +532,6 @@ mod tests {
         assert!(inv.gpus[0].mig_devices.iter().all(|m| m.caps.is_none()));
     }
 }
+
+#[cfg(test)]
+mod hostile_tests;
