@@ -29,4 +29,5 @@ pub mod plan;
 pub mod plugin;
 pub mod policy;
 pub mod status;
+pub mod uuid;
 pub mod watch;

@@ -256,14 +256,17 @@ fn parse_with_xids(
         };
         for _ in 0..count {
             let uuid = match &entry.uuid {
-                Some(u) if u.starts_with("GPU-") => u.clone(),
-                Some(u) => {
-                    return Err(invalid(
-                        path,
-                        &format!("{at}.uuid"),
-                        format!("`{u}` does not start with GPU-"),
-                    ))
-                }
+                Some(u) => match crate::uuid::Uuid::parse(u) {
+                    Ok(v) if v.kind() == crate::uuid::UuidKind::Gpu => v.into_string(),
+                    Ok(_) => {
+                        return Err(invalid(
+                            path,
+                            &format!("{at}.uuid"),
+                            format!("`{u}` does not start with GPU-"),
+                        ))
+                    }
+                    Err(e) => return Err(invalid(path, &format!("{at}.uuid"), e.to_string())),
+                },
                 None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
             };
             let mut mig_devices = Vec::new();

@@ -47,3 +47,33 @@ fn nesting_and_bom() {
     .unwrap();
     assert_eq!(inv.gpus.len(), 1);
 }
+
+#[test]
+fn a_uuid_that_could_traverse_a_path_is_refused_with_its_field_path() {
+    let e = err("gpus:\n  - model: X\n    memoryMiB: 1\n    uuid: \"GPU-/../../victim3\"\n");
+    assert!(
+        e.contains("gpus[0].uuid: `GPU-/../../victim3` is not a GPU or MIG UUID"),
+        "{e}"
+    );
+    let e = err("gpus:\n  - model: X\n    memoryMiB: 1\n    uuid: MIG-11111111-2222-3333-4444-000000000002\n");
+    assert!(
+        e.contains(
+            "gpus[0].uuid: `MIG-11111111-2222-3333-4444-000000000002` does not start with GPU-"
+        ),
+        "{e}"
+    );
+    let inv = parse(
+        Path::new("n.yaml"),
+        "gpus:\n  - model: X\n    memoryMiB: 1\n    uuid: GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416\n",
+    )
+    .unwrap();
+    assert_eq!(inv.gpus[0].uuid, "GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416");
+}
+
+#[test]
+fn policy_devices_refuse_uuids_with_slashes() {
+    let text = "sharing:\n  timeSlicing:\n    resources:\n      - name: gpu\n        devices: [\"GPU-/../../victim3\"]\n        replicas: 2\n";
+    let e = crate::policy::parse(text).unwrap_err();
+    assert_eq!(e.path, "sharing.timeSlicing.resources[0].devices[0]");
+    assert!(e.message.contains("is not a GPU or MIG UUID"), "{e}");
+}
