@@ -39,6 +39,13 @@ use crate::policy::Limits;
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
 pub const MAX_GPU_SLICES: u32 = 7;
+/// Most GPUs a simulated node may have, and so the largest `count` of one entry: 64 (the
+/// largest real nodes have 8 or 16; the shipped nodes and the benchmarks use 8). Checked
+/// before anything is expanded, so `count: 4294967295` costs nothing.
+pub const MAX_GPUS: u32 = 64;
+/// Most MIG devices one GPU has (NVIDIA: 7 on A100, A30 has 4, H100 and H200 7), and so the
+/// largest `count` of one MIG entry.
+pub const MAX_MIG_DEVICES: u32 = 7;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,6 +230,20 @@ fn parse_with_xids(
         if count == 0 {
             return Err(invalid(path, &format!("{at}.count"), "must be at least 1"));
         }
+        if count > MAX_GPUS {
+            return Err(invalid(
+                path,
+                &format!("{at}.count"),
+                format!("{count} is more than the {MAX_GPUS} GPUs a simulated node may have"),
+            ));
+        }
+        if index.saturating_add(count) > MAX_GPUS {
+            return Err(invalid(
+                path,
+                &format!("{at}.count"),
+                format!("the node would have more than {MAX_GPUS} GPUs"),
+            ));
+        }
         if entry.uuid.is_some() && count != 1 {
             return Err(invalid(
                 path,
@@ -346,6 +367,8 @@ fn mig_layout(
                 "must be at least 1",
             ));
         }
+        // Every profile uses at least one of the GPU's 7 slices, so the slice check below
+        // stops the expansion by the 8th device whatever `count` says (MAX_MIG_DEVICES).
         for _ in 0..count {
             slices = slices.saturating_add(p.gpu_slices);
             if slices > MAX_GPU_SLICES {

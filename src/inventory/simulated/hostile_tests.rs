@@ -77,3 +77,39 @@ fn policy_devices_refuse_uuids_with_slashes() {
     assert_eq!(e.path, "sharing.timeSlicing.resources[0].devices[0]");
     assert!(e.message.contains("is not a GPU or MIG UUID"), "{e}");
 }
+
+#[test]
+fn counts_are_bounded_before_anything_is_expanded() {
+    let e = err("gpus:\n  - model: X\n    memoryMiB: 1\n    count: 4294967295\n");
+    assert!(
+        e.contains("gpus[0].count: 4294967295 is more than the 64 GPUs"),
+        "{e}"
+    );
+    let e = err("gpus:\n  - model: X\n    memoryMiB: 1\n    count: 40\n  - model: X\n    memoryMiB: 1\n    count: 25\n");
+    assert!(
+        e.contains("gpus[1].count: the node would have more than 64 GPUs"),
+        "{e}"
+    );
+    let inv = parse(
+        Path::new("n.yaml"),
+        "gpus:\n  - model: X\n    memoryMiB: 1\n    count: 40\n  - model: X\n    memoryMiB: 1\n    count: 24\n",
+    )
+    .unwrap();
+    assert_eq!(inv.gpus.len(), MAX_GPUS as usize);
+    let mig = |count: &str| {
+        format!("gpus:\n  - model: NVIDIA A100-SXM4-40GB\n    memoryMiB: 40960\n    mig:\n      devices:\n        - profile: 1c.1g.5gb\n          count: {count}\n")
+    };
+    let start = std::time::Instant::now();
+    let e = err(&mig("4294967295"));
+    assert!(start.elapsed() < std::time::Duration::from_secs(1));
+    assert!(
+        e.contains("gpus[0].mig.devices: the MIG devices use more than the GPU's 7 GPU slices"),
+        "{e}"
+    );
+    assert_eq!(
+        parse(Path::new("n.yaml"), &mig("7")).unwrap().gpus[0]
+            .mig_devices
+            .len(),
+        7
+    );
+}
