@@ -65,8 +65,13 @@ pub struct ContainerAllocation {
 /// A container request the user or kubelet got wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocateError {
-    /// An ID that is not a device of this resource.
-    #[error("resource {resource}: unknown device ID {id:?}")]
+    /// An ID that is not a device of this resource. The message carries at most 256 bytes of
+    /// the ID and its length ([`crate::uuid::truncate_id`]), so an oversize ID cannot overflow
+    /// the gRPC status header or a log line.
+    #[error(
+        "resource {resource}: unknown device ID {:?}",
+        crate::uuid::truncate_id(id)
+    )]
     UnknownDevice {
         /// The resource.
         resource: String,
@@ -187,7 +192,9 @@ pub fn allocate(
 /// GetPreferredAllocation for one container: exactly `size` IDs from `available` (fewer only
 /// when `available` has fewer devices of this resource), deterministic, never an error.
 ///
-/// - Every ID of `must_include` (devices an init container already got) comes first.
+/// - Every ID of `must_include` (devices an init container already got) that is also in
+///   `available` comes first; one that is not in `available` is left out, since the kubelet
+///   takes only IDs from `available` (the answer is always a subset of `available`).
 /// - IDs this resource does not know are skipped: another device being absent or unhealthy
 ///   never fails the pod (any error here is an UnexpectedAdmissionError at the kubelet).
 /// - Then, one at a time: a physical unit this container has the fewest devices of (distinct
@@ -205,6 +212,13 @@ pub fn preferred(
     must_include: &[String],
     size: usize,
 ) -> Vec<String> {
+    let offered: BTreeSet<&str> = available.iter().map(String::as_str).collect();
+    let must_include: Vec<String> = must_include
+        .iter()
+        .filter(|id| offered.contains(id.as_str()))
+        .cloned()
+        .collect();
+    let must_include = must_include.as_slice();
     if res.strategy == Strategy::Mps {
         return mps::preferred(res, available, must_include, size);
     }
@@ -283,5 +297,7 @@ pub use mps::{
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_PIPE_DIRECTORY,
 };
 
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ pub struct CommandError(pub String);
 /// entries at fault for this node.
 pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
+    let policy = policy::load(&settings.config).map_err(|e| CommandError(describe(&e)))?;
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
     if !policy.mps.resources.is_empty() {
@@ -91,7 +91,7 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
 /// cannot be built.
 pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config).map_err(|e| CommandError(e.to_string()))?;
+    let policy = policy::load(&settings.config).map_err(|e| CommandError(describe(&e)))?;
     let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
     let built = plan::build(&policy, &inv)
         .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
@@ -141,6 +141,21 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
         }
     }
     Ok(out)
+}
+
+/// The error and its sources on one line, `: `-joined.
+fn describe(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {

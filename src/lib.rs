@@ -27,4 +27,5 @@ pub mod plugin;
 pub mod policy;
 pub mod settings;
 pub mod status;
+pub mod uuid;
 pub mod watch;

@@ -35,9 +35,17 @@ use sha2::{Digest, Sha256};
 
 use super::mig::{self, Profile};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
+use crate::policy::Limits;
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
 pub const MAX_GPU_SLICES: u32 = 7;
+/// Most GPUs a simulated node may have, and so the largest `count` of one entry: 64 (the
+/// largest real nodes have 8 or 16; the shipped nodes and the benchmarks use 8). Checked
+/// before anything is expanded, so `count: 4294967295` costs nothing.
+pub const MAX_GPUS: u32 = 64;
+/// Most MIG devices one GPU has (NVIDIA: 7 on A100, A30 has 4, H100 and H200 7), and so the
+/// largest `count` of one MIG entry.
+pub const MAX_MIG_DEVICES: u32 = 7;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,12 +119,7 @@ impl SimulatedSource {
 
 impl GpuSource for SimulatedSource {
     fn discover(&mut self) -> Result<Inventory, InventoryError> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| {
-            InventoryError::SimulatedRead {
-                path: self.path.clone(),
-                source,
-            }
-        })?;
+        let text = read(&self.path)?;
         let (mut inv, xids) = parse_with_xids(&self.path, &text)?;
         mig::resolve_caps(&mut inv, &self.proc_root);
         let mut seen = std::collections::BTreeMap::new();
@@ -151,7 +154,29 @@ fn invalid(path: &Path, at: &str, message: impl Into<String>) -> InventoryError 
     }
 }
 
-/// Parses a simulated node file's text. `path` is only used in error messages.
+/// Reads a simulated node file within the policy's [`Limits`] (regular file, 1 MiB, nesting;
+/// see [`crate::policy::read_bounded`]).
+///
+/// # Errors
+/// [`InventoryError::SimulatedRead`] whose source is the [`crate::policy::ReadError`] (wrapped
+/// in an [`std::io::Error`] of kind `InvalidData` when the file was refused, so it can be
+/// downcast).
+pub fn read(path: &Path) -> Result<String, InventoryError> {
+    crate::policy::read_bounded(path, &Limits::default()).map_err(|e| {
+        let source = match e {
+            crate::policy::ReadError::Io { source, .. } => source,
+            refused => std::io::Error::new(std::io::ErrorKind::InvalidData, refused),
+        };
+        InventoryError::SimulatedRead {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
+}
+
+/// Parses a simulated node file's text. `path` is only used in error messages. The text is
+/// checked against the default [`Limits`] nesting (as [`read`] does) before parsing, and a
+/// leading UTF-8 byte-order mark is ignored.
 ///
 /// # Errors
 /// [`InventoryError::SimulatedInvalid`] with the field path (`gpus[1].uuid`) and, for syntax and
@@ -166,6 +191,19 @@ fn parse_with_xids(
     text: &str,
 ) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
     let mut xids = Vec::new();
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    crate::policy::read::check_nesting(text, &Limits::default()).map_err(|e| {
+        let line = match e {
+            crate::policy::read::NestingError::Flow { line, .. }
+            | crate::policy::read::NestingError::Indent { line, .. } => line,
+        };
+        InventoryError::SimulatedInvalid {
+            path: path.to_path_buf(),
+            path_in_file: ".".to_string(),
+            location: Some((line, 1)),
+            message: e.to_string(),
+        }
+    })?;
     let de = yaml_serde::Deserializer::from_str(text);
     let file: NodeFile = serde_path_to_error::deserialize(de).map_err(|e| {
         let location = e.inner().location().map(|l| (l.line(), l.column()));
@@ -191,6 +229,20 @@ fn parse_with_xids(
         let count = entry.count.unwrap_or(1);
         if count == 0 {
             return Err(invalid(path, &format!("{at}.count"), "must be at least 1"));
+        }
+        if count > MAX_GPUS {
+            return Err(invalid(
+                path,
+                &format!("{at}.count"),
+                format!("{count} is more than the {MAX_GPUS} GPUs a simulated node may have"),
+            ));
+        }
+        if index.saturating_add(count) > MAX_GPUS {
+            return Err(invalid(
+                path,
+                &format!("{at}.count"),
+                format!("the node would have more than {MAX_GPUS} GPUs"),
+            ));
         }
         if entry.uuid.is_some() && count != 1 {
             return Err(invalid(
@@ -225,14 +277,17 @@ fn parse_with_xids(
         };
         for _ in 0..count {
             let uuid = match &entry.uuid {
-                Some(u) if u.starts_with("GPU-") => u.clone(),
-                Some(u) => {
-                    return Err(invalid(
-                        path,
-                        &format!("{at}.uuid"),
-                        format!("`{u}` does not start with GPU-"),
-                    ))
-                }
+                Some(u) => match crate::uuid::Uuid::parse(u) {
+                    Ok(v) if v.kind() == crate::uuid::UuidKind::Gpu => v.into_string(),
+                    Ok(_) => {
+                        return Err(invalid(
+                            path,
+                            &format!("{at}.uuid"),
+                            format!("`{u}` does not start with GPU-"),
+                        ))
+                    }
+                    Err(e) => return Err(invalid(path, &format!("{at}.uuid"), e.to_string())),
+                },
                 None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
             };
             let mut mig_devices = Vec::new();
@@ -312,6 +367,8 @@ fn mig_layout(
                 "must be at least 1",
             ));
         }
+        // Every profile uses at least one of the GPU's 7 slices, so the slice check below
+        // stops the expansion by the 8th device whatever `count` says (MAX_MIG_DEVICES).
         for _ in 0..count {
             slices = slices.saturating_add(p.gpu_slices);
             if slices > MAX_GPU_SLICES {
@@ -501,3 +558,6 @@ mod tests {
         assert!(inv.gpus[0].mig_devices.iter().all(|m| m.caps.is_none()));
     }
 }
+
+#[cfg(test)]
+mod hostile_tests;

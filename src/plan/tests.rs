@@ -135,7 +135,7 @@ fn a_rename_colliding_with_whole_gpus_is_rejected() {
 #[test]
 fn entries_that_match_nothing_here_are_warnings() {
     let node = test_node(2);
-    let p = policy("    resources:\n      - name: nvidia.com/gpu\n        rename: a\n        devices: [5, \"GPU-nothere\"]\n        replicas: 2\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n      - name: nvidia.com/gpu\n        rename: b\n        devices: [1, 7]\n        replicas: 2\n");
+    let p = policy("    resources:\n      - name: nvidia.com/gpu\n        rename: a\n        devices: [5, \"GPU-0000dead-0000-0000-0000-000000000000\"]\n        replicas: 2\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n      - name: nvidia.com/gpu\n        rename: b\n        devices: [1, 7]\n        replicas: 2\n");
     let built = build(&p, &node).unwrap();
     assert_eq!(
         counts(&built),
@@ -150,7 +150,9 @@ fn entries_that_match_nothing_here_are_warnings() {
         "{w}"
     );
     assert!(
-        w.contains("resources[0].devices: this node has no GPU GPU-nothere"),
+        w.contains(
+            "resources[0].devices: this node has no GPU GPU-0000dead-0000-0000-0000-000000000000"
+        ),
         "{w}"
     );
     assert!(

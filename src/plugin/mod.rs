@@ -51,11 +51,58 @@ pub fn list_response(res: &ResourcePlan) -> api::ListAndWatchResponse {
     }
 }
 
-/// Maps an Allocate error to the gRPC status the kubelet sees: every user-caused error is
-/// `INVALID_ARGUMENT` with a message naming the device ID or resource.
-pub fn status_of(err: &AllocateError) -> Status {
-    Status::invalid_argument(err.to_string())
+/// What a `DevicePlugin` call can fail with, before it becomes a gRPC status in [`status_of`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PluginError {
+    /// The container request is wrong (unknown device ID, too many replicas, …).
+    #[error(transparent)]
+    Allocate(#[from] AllocateError),
+    /// The resource is not (or no longer) in the plan: this server is being withdrawn.
+    #[error("resource {resource} is no longer advertised by this node")]
+    NotAdvertised {
+        /// The resource.
+        resource: String,
+    },
+    /// GetPreferredAllocation's `allocation_size` is negative.
+    #[error("resource {resource}: allocation_size {size} is negative")]
+    NegativeSize {
+        /// The resource.
+        resource: String,
+        /// The size the kubelet sent.
+        size: i32,
+    },
 }
+
+/// The one map from a domain error to the gRPC status the kubelet sees; no other plugin code
+/// builds a `tonic::Status`. Codes, as the kubelet's device manager reads them (any error fails
+/// the pod's admission with `UnexpectedAdmissionError`; the code tells the operator why):
+/// - `INVALID_ARGUMENT`: the request is wrong — every [`AllocateError`] (unknown device ID,
+///   more replicas than `failRequestsGreaterThanOne` allows, no IDs, MPS replicas of two GPUs)
+///   and a negative `allocation_size`;
+/// - `UNAVAILABLE`: not ready — [`PluginError::NotAdvertised`], the resource is being
+///   withdrawn (a retry after re-registration may succeed).
+///
+/// Messages name the resource and device ID; IDs are cut to 256 bytes with their length
+/// ([`crate::uuid::truncate_id`]), so the status always fits a gRPC header.
+pub fn status_of(err: &PluginError) -> Status {
+    match err {
+        PluginError::Allocate(_) | PluginError::NegativeSize { .. } => {
+            Status::invalid_argument(err.to_string())
+        }
+        PluginError::NotAdvertised { .. } => Status::unavailable(err.to_string()),
+    }
+}
+
+/// How many connections one resource's socket serves at a time; more wait in the listen
+/// backlog until one closes. The kubelet holds one (ListAndWatch, Allocate and
+/// GetPreferredAllocation share it); the rest are tools and tests.
+pub const MAX_CONNECTIONS: usize = 64;
+/// HTTP/2 streams one connection may have open at once (the kubelet uses one long-lived
+/// ListAndWatch stream and short unary calls).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
+/// How long a stopped server waits for its connections to close before dropping them, so a
+/// client that never reads its ListAndWatch stream cannot hold a server open.
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn to_api(alloc: ContainerAllocation) -> api::ContainerAllocateResponse {
     api::ContainerAllocateResponse {
@@ -134,14 +181,14 @@ impl Service {
         self
     }
 
-    fn current(&self) -> Result<Arc<ResourcePlan>, Status> {
+    fn current(&self) -> Result<Arc<ResourcePlan>, PluginError> {
         let plan = Arc::clone(&self.plans.borrow());
-        plan.resources.get(&self.resource).cloned().ok_or_else(|| {
-            Status::failed_precondition(format!(
-                "resource {} is no longer advertised by this node",
-                self.resource
-            ))
-        })
+        plan.resources
+            .get(&self.resource)
+            .cloned()
+            .ok_or_else(|| PluginError::NotAdvertised {
+                resource: self.resource.clone(),
+            })
     }
 }
 
@@ -163,7 +210,7 @@ impl DevicePlugin for Service {
         _: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut plans = self.plans.clone();
-        let first = self.current()?;
+        let first = self.current().map_err(|e| status_of(&e))?;
         let stop = self.stop.clone();
         let resource = self.resource.clone();
         let lost = self.lost.clone();
@@ -182,13 +229,33 @@ impl DevicePlugin for Service {
                     }
                 }
             };
-            if tx.send(Ok(list_response(&last))).await.is_err() {
+            // A send waits for room only until the server stops: a client that never reads
+            // cannot keep this task (or the server) alive.
+            let send = |msg| {
+                let tx = tx.clone();
+                let stop = stop.clone();
+                async move {
+                    tokio::select! {
+                        biased;
+                        sent = tx.send(Ok(msg)) => sent.is_ok(),
+                        _ = stop.cancelled() => false,
+                    }
+                }
+            };
+            if !send(list_response(&last)).await {
                 report(&resource);
                 return;
             }
             loop {
                 tokio::select! {
-                    _ = stop.cancelled() => break,
+                    _ = stop.cancelled() => {
+                        // Stopped because the resource left the plan (the supervisor publishes
+                        // the plan first): say so with an empty list, if there is room.
+                        if !plans.borrow().resources.contains_key(&resource) {
+                            let _ = tx.try_send(Ok(withdrawn()));
+                        }
+                        break;
+                    }
                     _ = tx.closed() => {
                         report(&resource);
                         break;
@@ -198,13 +265,18 @@ impl DevicePlugin for Service {
                             break;
                         }
                         let next = plans.borrow_and_update().resources.get(&resource).cloned();
-                        let Some(next) = next else { break };
+                        let Some(next) = next else {
+                            // Withdrawn: the kubelet drops the capacity at once instead of
+                            // showing the old devices for its grace period.
+                            let _ = send(withdrawn()).await;
+                            break;
+                        };
                         // Never send a duplicate list: same Arc or same devices → nothing to say.
                         if Arc::ptr_eq(&next, &last) || next.devices == last.devices {
                             continue;
                         }
                         last = next;
-                        if tx.send(Ok(list_response(&last))).await.is_err() {
+                        if !send(list_response(&last)).await {
                             report(&resource);
                             break;
                         }
@@ -219,14 +291,14 @@ impl DevicePlugin for Service {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let res = self.current()?;
+        let res = self.current().map_err(|e| status_of(&e))?;
         let mut container_responses = Vec::new();
         for req in request.into_inner().container_requests {
             let size = usize::try_from(req.allocation_size).map_err(|_| {
-                Status::invalid_argument(format!(
-                    "resource {}: allocation_size {} is negative",
-                    self.resource, req.allocation_size
-                ))
+                status_of(&PluginError::NegativeSize {
+                    resource: self.resource.clone(),
+                    size: req.allocation_size,
+                })
             })?;
             let ids = allocate::preferred(
                 &res,
@@ -246,14 +318,21 @@ impl DevicePlugin for Service {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
-        let res = self.current()?;
+        let res = self.current().map_err(|e| status_of(&e))?;
         let mut container_responses = Vec::new();
         for req in request.into_inner().container_requests {
             let alloc =
                 allocate::allocate(&res, &req.devices_ids, &self.dev_root).map_err(|e| {
                     tracing::warn!(resource = %self.resource, error = %e, "Allocate refused");
-                    status_of(&e)
+                    status_of(&e.into())
                 })?;
+            // The kubelet decides (it may allocate a device it saw Unhealthy, e.g. after a
+            // restart); answer, but leave a trace with the device ID.
+            for id in &req.devices_ids {
+                if res.device(id).is_some_and(|d| !d.healthy) {
+                    tracing::warn!(resource = %self.resource, device = %crate::uuid::truncate_id(id), "Allocate of an Unhealthy device");
+                }
+            }
             container_responses.push(to_api(alloc));
         }
         Ok(Response::new(api::AllocateResponse {
@@ -270,24 +349,79 @@ impl DevicePlugin for Service {
 }
 
 /// Serves `service` on `socket` until `stop` is cancelled. ListAndWatch streams observe the
-/// same token, so graceful shutdown does not wait on them.
+/// same token, so graceful shutdown does not wait on them; connections still open
+/// [`DRAIN_TIMEOUT`] after `stop` are dropped, so the task ends even when a client never reads.
+///
+/// Limits: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in
+/// the listen backlog, holding no memory of ours), each with at most
+/// [`MAX_STREAMS_PER_CONNECTION`] concurrent HTTP/2 streams and requests; idle connections are
+/// pinged (HTTP/2 keepalive, 30 s, dropped after 10 s without an answer).
 pub fn serve(
     socket: BoundSocket,
     service: Service,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(socket.listener);
+    let incoming = limited_incoming(socket.listener, MAX_CONNECTIONS);
     let path = socket.path;
     tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
+        let server = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
             .add_service(api::device_plugin_server::DevicePluginServer::new(service))
-            .serve_with_incoming_shutdown(incoming, stop.cancelled())
-            .await;
-        if let Err(e) = result {
-            tracing::error!(socket = %path.display(), error = %e, "device plugin server failed");
+            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
+        tokio::pin!(server);
+        let drained = async {
+            stop.cancelled().await;
+            tokio::time::sleep(DRAIN_TIMEOUT).await;
+        };
+        tokio::select! {
+            result = &mut server => {
+                if let Err(e) = result {
+                    tracing::error!(socket = %path.display(), error = %e, "device plugin server failed");
+                }
+            }
+            () = drained => {
+                tracing::debug!(socket = %path.display(), "connections still open after the drain timeout; dropping them");
+            }
         }
     })
 }
 
+/// The empty ListAndWatch message a withdrawn resource sends before its stream ends.
+pub fn withdrawn() -> api::ListAndWatchResponse {
+    api::ListAndWatchResponse {
+        devices: Vec::new(),
+    }
+}
+
+/// Accepted connections of `listener`, at most `max` open at once: a permit is taken before
+/// each accept and released when the connection is dropped.
+fn limited_incoming(
+    listener: tokio::net::UnixListener,
+    max: usize,
+) -> impl Stream<Item = std::io::Result<socket::Limited>> + Send + 'static {
+    let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+                return;
+            };
+            let item = tokio::select! {
+                accepted = listener.accept() => accepted.map(|(io, _)| socket::Limited::new(io, permit)),
+                () = tx.closed() => return,
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod hostile_tests;
 #[cfg(test)]
 mod tests;

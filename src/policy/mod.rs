@@ -8,6 +8,7 @@
 pub mod mps;
 pub mod names;
 pub mod quantity;
+pub mod read;
 pub mod schema;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
+pub use read::{read_bounded, Limits, ReadError};
 pub use schema::{DeviceRef, DeviceSelector, MigStrategy};
 
 /// Where a policy error is in the file.
@@ -52,23 +54,18 @@ impl fmt::Display for PolicyError {
 /// Reading the policy file failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The file could not be read.
-    #[error("reading policy {path}: {source}")]
-    Read {
-        /// The policy file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The file was refused before parsing (not a regular file, too large, not UTF-8, nested
+    /// too deep) or could not be read; the error names the file.
+    #[error(transparent)]
+    Read(#[from] ReadError),
     /// The file is not a valid policy.
-    #[error("invalid policy {path}: {source}")]
+    #[error("invalid policy {}: {error}", path.display())]
     Invalid {
         /// The policy file.
         path: PathBuf,
-        /// What is wrong, with its field path.
-        #[source]
-        source: PolicyError,
+        /// What is wrong, with its field path. Printed in the message (the user needs it on
+        /// one line), so not also exposed as the error's source.
+        error: PolicyError,
     },
 }
 
@@ -148,27 +145,39 @@ impl Default for Policy {
     }
 }
 
-/// Reads and validates the policy file at `path`.
+/// Reads and validates the policy file at `path` within the default [`Limits`] (1 MiB, 64
+/// levels of nesting): [`load_with`] with [`Limits::default`].
 ///
 /// # Errors
-/// [`LoadError::Read`] when the file cannot be read, [`LoadError::Invalid`] with the field path
-/// when it is not a valid policy.
+/// As [`load_with`].
 pub fn load(path: &Path) -> Result<Policy, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+    load_with(path, &Limits::default())
+}
+
+/// Reads the policy file at `path` through [`read_bounded`] and validates it. This is the one
+/// path by which `slicelet validate`, `slicelet plan` and the daemon read a policy, so they
+/// accept and refuse the same files: invalid UTF-8 is refused with its byte offset (never
+/// decoded lossily), a UTF-8 byte-order mark is accepted.
+///
+/// # Errors
+/// [`LoadError::Read`] when the file is refused before parsing or cannot be read,
+/// [`LoadError::Invalid`] with the field path when it is not a valid policy.
+pub fn load_with(path: &Path, limits: &Limits) -> Result<Policy, LoadError> {
+    let text = read_bounded(path, limits)?;
+    parse(&text).map_err(|error| LoadError::Invalid {
         path: path.to_path_buf(),
-        source,
-    })?;
-    parse(&text).map_err(|source| LoadError::Invalid {
-        path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
-/// Parses and validates policy text (YAML; JSON is YAML too).
+/// Parses and validates policy text (YAML; JSON is YAML too). A leading UTF-8 byte-order mark
+/// is ignored. The text is not checked against [`Limits`]: text from outside comes through
+/// [`read_bounded`] (or is checked with [`read::check_nesting`]) first.
 ///
 /// # Errors
 /// [`PolicyError`] naming the field path, with line and column when the parser knows them.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let de = yaml_serde::Deserializer::from_str(text);
     let file: schema::ConfigFile = match serde_path_to_error::deserialize(de) {
         Ok(f) => f,

@@ -465,18 +465,16 @@ impl DeviceRef {
                 return Ok(DeviceRef::MigIndex(g, m));
             }
         }
-        let is_uuid = (s.starts_with("GPU-") || s.starts_with("MIG-"))
-            && s.len() > 4
-            && s[4..]
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '/');
-        if is_uuid {
-            Ok(DeviceRef::Uuid(s.to_string()))
-        } else {
-            Err(format!(
-                "`{s}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID"
-            ))
+        if s.starts_with("GPU-") || s.starts_with("MIG-") {
+            // The one UUID check (crate::uuid): a UUID in `devices` must never carry `/`.
+            return crate::uuid::Uuid::parse(s)
+                .map(|u| DeviceRef::Uuid(u.into_string()))
+                .map_err(|e| e.to_string());
         }
+        Err(format!(
+            "`{}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID",
+            crate::uuid::truncate_id(s)
+        ))
     }
 }
 

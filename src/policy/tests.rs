@@ -141,7 +141,7 @@ fn defaults_are_nvidias() {
 
 #[test]
 fn names_renames_and_devices() {
-    let text = "sharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n      - name: gpu\n        replicas: 2\n      - name: nvidia.com/gpu\n        rename: team-a\n        devices: [1, \"GPU-abc\", \"0:1\"]\n        replicas: 3\n      - name: nvidia.com/gpu\n        rename: team-b\n        devices: 2\n        replicas: 1\n";
+    let text = "sharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n      - name: gpu\n        replicas: 2\n      - name: nvidia.com/gpu\n        rename: team-a\n        devices: [1, \"GPU-abcdef01-0000-0000-0000-000000000000\", \"0:1\"]\n        replicas: 3\n      - name: nvidia.com/gpu\n        rename: team-b\n        devices: 2\n        replicas: 1\n";
     let p = parse(text).unwrap();
     let r = &p.time_slicing.resources;
     assert_eq!(r[0].source.as_str(), "nvidia.com/gpu");
@@ -152,7 +152,7 @@ fn names_renames_and_devices() {
         r[1].devices,
         DeviceSelector::List(vec![
             DeviceRef::Index(1),
-            DeviceRef::Uuid("GPU-abc".into()),
+            DeviceRef::Uuid("GPU-abcdef01-0000-0000-0000-000000000000".into()),
             DeviceRef::MigIndex(0, 1)
         ])
     );

@@ -150,7 +150,9 @@ fn preferred_allocation_packs_onto_one_gpu() {
         (4, vec![], ids(1, &[0, 1, 2, 3])),
         // must_include decides the GPU.
         (2, ids(1, &[3]), ids(1, &[0, 3])),
-        (3, ids(0, &[0]), ids(0, &[0, 1, 2])),
+        (3, ids(0, &[2]), ids(0, &[1, 2, 3])),
+        // must_include outside `available` is left out (the kubelet takes only available IDs).
+        (3, ids(0, &[0]), ids(0, &[1, 2, 3])),
         // No GPU holds 5: the fullest-fitting first, then the next, exactly 5 IDs.
         (5, vec![], [ids(1, &[0, 1, 2, 3]), ids(0, &[1])].concat()),
     ];
