@@ -275,3 +275,22 @@ fn yaml_merge_keys_are_resolved() {
     let e = parse(&bad).unwrap_err();
     assert!(e.location.is_some(), "{e}");
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn an_empty_key_still_has_a_field_path() {
+    // Regression (found by policy::proptests::arbitrary_text_never_panics while mutation
+    // testing): `'': 1` was an error whose field path was empty.
+    let cases: &[(&str, &str, usize)] = &[
+        ("'': 1\n", "\"\"", 1),
+        ("\"\": 1\n", "\"\"", 1),
+        ("flags:\n  '': 1\n", "flags.\"\"", 2),
+    ];
+    for (text, path, line) in cases {
+        let e = parse(text).expect_err(text);
+        assert_eq!(&e.path, path, "{text:?}: {e}");
+        assert!(e.message.contains("unknown field"), "{text:?}: {e}");
+        assert_eq!(e.location.map(|l| l.line), Some(*line), "{text:?}");
+    }
+}
