@@ -463,3 +463,40 @@ fn fail_requests_greater_than_one_counts_replicas_only() {
         format!("{},{}", uuid(0), uuid(1))
     );
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn must_include_counts_as_this_containers_devices() {
+    // GPU 0: the container already has replica 0 (must_include); GPU 1: replica 3 in use by
+    // another pod. must_include is this container's own, so GPU 0 has load 0 but already one
+    // device of this container: the next pick is a distinct unit (GPU 1), even though GPU 1
+    // is busier. Were must_include not counted per unit, GPU 0 would look as loaded as GPU 1
+    // and win the tie by index.
+    let r = shared(4, 2);
+    let must = vec![format!("{}::0", uuid(0))];
+    let mut avail: Vec<String> = (0..4).map(|n| format!("{}::{n}", uuid(0))).collect();
+    avail.extend((0..3).map(|n| format!("{}::{n}", uuid(1))));
+    let got = preferred(&r, &avail, &must, 2);
+    assert_eq!(got, [format!("{}::0", uuid(0)), format!("{}::0", uuid(1))]);
+}
+
+#[test]
+fn must_include_larger_than_the_rest_of_its_unit() {
+    // The init container got replicas 0 and 1 of GPU 0; only replica 2 of GPU 0 is still free
+    // besides them. Load = devices in use by others = 4 - (1 free + 2 mine) = 1 on GPU 0,
+    // 0 on GPU 1, and GPU 1 has none of this container's devices: the third pick is GPU 1.
+    let r = shared(4, 2);
+    let must = vec![format!("{}::0", uuid(0)), format!("{}::1", uuid(0))];
+    let mut avail: Vec<String> = (0..3).map(|n| format!("{}::{n}", uuid(0))).collect();
+    avail.extend((0..4).map(|n| format!("{}::{n}", uuid(1))));
+    let got = preferred(&r, &avail, &must, 3);
+    assert_eq!(
+        got,
+        [
+            format!("{}::0", uuid(0)),
+            format!("{}::1", uuid(0)),
+            format!("{}::0", uuid(1))
+        ]
+    );
+}

@@ -202,6 +202,11 @@ fn from_serde(err: serde_path_to_error::Error<yaml_serde::Error>) -> PolicyError
         column: l.column(),
     });
     let mut path = err.path().to_string();
+    // An empty key (`'': 1`) is an empty last segment: name it `""` so the path is never empty.
+    if matches!(err.path().iter().next_back(), Some(serde_path_to_error::Segment::Map { key }) if key.is_empty())
+    {
+        path.push_str("\"\"");
+    }
     // The YAML error repeats its own path and location; keep only the sentence.
     let mut message = inner.to_string();
     if let Some(l) = &location {

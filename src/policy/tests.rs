@@ -275,3 +275,220 @@ fn yaml_merge_keys_are_resolved() {
     let e = parse(&bad).unwrap_err();
     assert!(e.location.is_some(), "{e}");
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn an_empty_key_still_has_a_field_path() {
+    // Regression (found by policy::proptests::arbitrary_text_never_panics while mutation
+    // testing): `'': 1` was an error whose field path was empty.
+    let cases: &[(&str, &str, usize)] = &[
+        ("'': 1\n", "\"\"", 1),
+        ("\"\": 1\n", "\"\"", 1),
+        ("flags:\n  '': 1\n", "flags.\"\"", 2),
+    ];
+    for (text, path, line) in cases {
+        let e = parse(text).expect_err(text);
+        assert_eq!(&e.path, path, "{text:?}: {e}");
+        assert!(e.message.contains("unknown field"), "{text:?}: {e}");
+        assert_eq!(e.location.map(|l| l.line), Some(*line), "{text:?}");
+    }
+}
+
+#[test]
+fn prefix_of_at_most_253_characters() {
+    // Kubernetes: the prefix is a DNS-1123 subdomain, at most 253 characters, of labels of at
+    // most 63. Four labels: 63 + 1 + 63 + 1 + 63 + 1 + 61 = 253.
+    let label = "a".repeat(63);
+    let p253 = format!("{label}.{label}.{label}.{}", "b".repeat(61));
+    let p254 = format!("{label}.{label}.{label}.{}", "b".repeat(62));
+    assert_eq!(p253.len(), 253);
+    assert_eq!(p254.len(), 254);
+    assert!(names::ResourceName::parse(&format!("{p253}/gpu")).is_ok());
+    let e = names::ResourceName::parse(&format!("{p254}/gpu")).unwrap_err();
+    assert!(e.contains("is not a DNS subdomain"), "{e}");
+    assert!(names::ResourceName::parse("/gpu").is_err());
+}
+
+#[test]
+fn prefix_labels_take_lowercase_digits_and_inner_hyphens() {
+    let cases: &[(&str, bool)] = &[
+        ("k8s.example.com/gpu", true),
+        ("my-org.example/gpu", true),
+        ("0.example/gpu", true),
+        ("-org.example/gpu", false),
+        ("org-.example/gpu", false),
+        ("org..example/gpu", false),
+        ("org_x.example/gpu", false),
+        ("Org.example/gpu", false),
+    ];
+    for (raw, ok) in cases {
+        assert_eq!(names::ResourceName::parse(raw).is_ok(), *ok, "{raw}");
+    }
+}
+
+#[test]
+fn every_kubernetes_suffix_scales() {
+    // resource.Quantity: binary SI powers of 1024, decimal SI powers of 1000.
+    let cases: &[(&str, u128)] = &[
+        ("1Ki", 1 << 10),
+        ("1Mi", 1 << 20),
+        ("1Gi", 1 << 30),
+        ("1Ti", 1 << 40),
+        ("1Pi", 1 << 50),
+        ("1Ei", 1 << 60),
+        ("1000m", 1),
+        ("1", 1),
+        ("1k", 1_000),
+        ("1M", 1_000_000),
+        ("1G", 1_000_000_000),
+        ("1T", 1_000_000_000_000),
+        ("1P", 1_000_000_000_000_000),
+        ("1E", 1_000_000_000_000_000_000),
+        ("2e3", 2_000),
+    ];
+    for (text, bytes) in cases {
+        assert_eq!(quantity::parse_bytes(text), Ok(*bytes), "{text}");
+    }
+}
+
+#[test]
+fn a_malformed_exponent_is_not_a_quantity() {
+    // `1e`, `1e+`, `1ex` are malformed, not numbers too large.
+    for bad in ["1e", "1e+", "1e-", "1ex", "1e3x", "1e+-3"] {
+        let e = quantity::parse_bytes(bad).unwrap_err();
+        assert!(e.contains("is not a Kubernetes quantity"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn recovery_seconds_must_be_a_finite_number_of_at_least_zero() {
+    for bad in ["-1", "-0.5", "-1e3", ".inf", "-.inf", ".nan", "x", "[1]"] {
+        let e = parse(&format!("health:\n  recoverySeconds: {bad}\n")).expect_err(bad);
+        assert_eq!(e.path, "health.recoverySeconds", "{bad}: {e}");
+        assert!(
+            e.message.contains("a number of seconds of at least 0"),
+            "{bad}: {e}"
+        );
+    }
+    for (good, secs) in [
+        ("0", 0.0),
+        ("-0", 0.0),
+        ("0.0", 0.0),
+        ("2.5", 2.5),
+        ("300", 300.0),
+    ] {
+        let p = parse(&format!("health:\n  recoverySeconds: {good}\n")).expect(good);
+        assert_eq!(
+            p.health.recovery,
+            Some(std::time::Duration::from_secs_f64(secs)),
+            "{good}"
+        );
+    }
+}
+
+#[test]
+fn mig_strategy_spelling_round_trips() {
+    for s in [MigStrategy::None, MigStrategy::Single, MigStrategy::Mixed] {
+        let p = parse(&format!("flags:\n  migStrategy: {}\n", s.as_str())).unwrap();
+        assert_eq!(p.mig_strategy, s);
+    }
+}
+
+#[test]
+fn device_uuids_are_gpu_or_mig_prefixed_and_not_empty() {
+    let base = "sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: x\n        replicas: 2\n        devices: ";
+    let cases: &[(&str, Option<DeviceRef>)] = &[
+        ("[\"GPU-0a1b\"]", Some(DeviceRef::Uuid("GPU-0a1b".into()))),
+        (
+            "[\"MIG-GPU-0a1b/1/0\"]",
+            Some(DeviceRef::Uuid("MIG-GPU-0a1b/1/0".into())),
+        ),
+        ("[\"GPU-\"]", None),
+        ("[\"MIG-\"]", None),
+        ("[\"abcdef01\"]", None),
+        ("[\"GPU-a_b\"]", None),
+        ("[\"GPU-a b\"]", None),
+        ("[\"GPU-a:b\"]", None),
+    ];
+    for (devices, want) in cases {
+        let got = parse(&format!("{base}{devices}\n"));
+        match want {
+            Some(r) => assert_eq!(
+                got.unwrap().time_slicing.resources[0].devices,
+                DeviceSelector::List(vec![r.clone()]),
+                "{devices}"
+            ),
+            None => {
+                let e = got.expect_err(devices);
+                assert_eq!(
+                    e.path, "sharing.timeSlicing.resources[0].devices[0]",
+                    "{devices}"
+                );
+                assert!(e.message.contains("is not a GPU index"), "{devices}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn device_selector_errors_say_what_is_expected() {
+    let base = "sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: x\n        replicas: 2\n        devices: ";
+    // (devices, path, expected phrase)
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "some",
+            "sharing.timeSlicing.resources[0].devices",
+            "`all`, a positive count, or a list of GPU indices or UUIDs",
+        ),
+        (
+            "-1",
+            "sharing.timeSlicing.resources[0].devices",
+            "`all`, a positive count, or a list of GPU indices or UUIDs",
+        ),
+        (
+            "true",
+            "sharing.timeSlicing.resources[0].devices",
+            "`all`, a positive count, or a list of GPU indices or UUIDs",
+        ),
+        (
+            "[true]",
+            "sharing.timeSlicing.resources[0].devices[0]",
+            "a GPU index, \"<gpu>:<mig>\", or a GPU-/MIG- UUID",
+        ),
+        (
+            "[99999999999]",
+            "sharing.timeSlicing.resources[0].devices[0]",
+            "a GPU index, \"<gpu>:<mig>\", or a GPU-/MIG- UUID",
+        ),
+    ];
+    for (devices, path, expected) in cases {
+        let e = parse(&format!("{base}{devices}\n")).expect_err(devices);
+        assert_eq!(&e.path, path, "{devices}: {e}");
+        assert!(e.message.contains(expected), "{devices}: {e}");
+        assert!(e.location.is_some(), "{devices}: {e}");
+    }
+}
+
+#[test]
+fn yaml_messages_keep_their_own_sentence() {
+    // Only the YAML's repeated field path is stripped from a message, never another
+    // `<word>: ` head such as serde's "invalid value: ".
+    let text = "sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: kubernetes.io/gpu\n        replicas: 2\n";
+    let e = parse(text).unwrap_err();
+    assert_eq!(e.path, "sharing.timeSlicing.resources[0].rename");
+    assert!(
+        e.message
+            .starts_with("invalid value: string \"kubernetes.io/gpu\""),
+        "{e}"
+    );
+    assert!(e.message.contains("reserved for native resources"), "{e}");
+    assert_eq!(
+        strip_yaml_path("a.b: unknown field", "a.b.c"),
+        "unknown field"
+    );
+    assert_eq!(
+        strip_yaml_path("invalid value: string", "a.b"),
+        "invalid value: string"
+    );
+}

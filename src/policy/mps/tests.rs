@@ -201,3 +201,24 @@ fn mps_on_mig_resources_is_accepted() {
     assert_eq!(e.active_thread_percentage, 50);
     assert_eq!(e.pinned_device_memory_limit_mib, Some(4096));
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn the_both_modes_notice_needs_both_modes() {
+    // The notice says NVIDIA's plugin ignores timeSlicing when mps is set: only when both
+    // sections have entries.
+    let both = |n: &str| n.contains("ignores sharing.timeSlicing");
+    let mps_only = parse(&mps("", "4")).unwrap();
+    assert!(
+        !mps_only.notices.iter().any(|n| both(n)),
+        "{:?}",
+        mps_only.notices
+    );
+    let ts_only = parse("sharing:\n  timeSlicing:\n    resources:\n      - name: gpu\n        replicas: 2\n  mps:\n    resources: []\n").unwrap();
+    assert!(
+        !ts_only.notices.iter().any(|n| both(n)),
+        "{:?}",
+        ts_only.notices
+    );
+}
