@@ -9,3 +9,4 @@ mod live;
 mod manifests;
 pub mod mps;
 mod mps_gpu;
+mod restarts;
