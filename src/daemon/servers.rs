@@ -297,6 +297,19 @@ impl Servers {
     /// pending registrations; a socket of ours that is gone is served again.
     pub(super) fn kubelet_dir_changed(&mut self) {
         let now = KubeletId::of(&self.dir.join(KUBELET_SOCKET));
+        // Sockets of ours that are gone first, before a new kubelet is announced: a
+        // registration woken by the announcement must not be under way from a server about to
+        // be replaced (its Register could reach the new kubelet, and then its successor's too).
+        let lost: Vec<String> = self
+            .servers
+            .iter()
+            .filter(|(_, s)| !socket_is(&s.path, s.id))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in lost {
+            tracing::info!(resource = %name, "our socket is gone; serving and registering it again");
+            self.restart(&name, Duration::ZERO);
+        }
         let changed = self.identity.send_if_modified(|id| {
             let differs = *id != now;
             *id = now;
@@ -310,25 +323,13 @@ impl Servers {
                 .filter(|(_, s)| s.registered.is_some_and(|r| Some(r) != now))
                 .map(|(n, _)| n.clone())
                 .collect();
-            if !stale.is_empty() || !self.servers.is_empty() {
-                tracing::info!(
-                    restarted = stale.len(),
-                    "new kubelet.sock: kubelet restart seen; registering every resource with it"
-                );
-            }
+            tracing::info!(
+                restarted = stale.len(),
+                "new kubelet.sock: kubelet restart seen; registering every resource with it"
+            );
             for name in stale {
                 self.restart(&name, Duration::ZERO);
             }
-        }
-        let lost: Vec<String> = self
-            .servers
-            .iter()
-            .filter(|(_, s)| !socket_is(&s.path, s.id))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in lost {
-            tracing::info!(resource = %name, "our socket is gone; serving and registering it again");
-            self.restart(&name, Duration::ZERO);
         }
         self.retry_unserved();
     }

@@ -399,11 +399,21 @@ fn mig_strategy_spelling_round_trips() {
 fn device_uuids_are_gpu_or_mig_prefixed_and_not_empty() {
     let base = "sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: x\n        replicas: 2\n        devices: ";
     let cases: &[(&str, Option<DeviceRef>)] = &[
-        ("[\"GPU-0a1b\"]", Some(DeviceRef::Uuid("GPU-0a1b".into()))),
         (
-            "[\"MIG-GPU-0a1b/1/0\"]",
-            Some(DeviceRef::Uuid("MIG-GPU-0a1b/1/0".into())),
+            "[\"GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416\"]",
+            Some(DeviceRef::Uuid(
+                "GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416".into(),
+            )),
         ),
+        (
+            "[\"MIG-0a1b2c3d-0000-1111-2222-333344445555\"]",
+            Some(DeviceRef::Uuid(
+                "MIG-0a1b2c3d-0000-1111-2222-333344445555".into(),
+            )),
+        ),
+        // The pre-R470 MIG form holds `/` (a path separator): refused (issue 15, D2).
+        ("[\"MIG-GPU-0a1b/1/0\"]", None),
+        ("[\"GPU-0a1b\"]", None),
         ("[\"GPU-\"]", None),
         ("[\"MIG-\"]", None),
         ("[\"abcdef01\"]", None),
@@ -425,7 +435,7 @@ fn device_uuids_are_gpu_or_mig_prefixed_and_not_empty() {
                     e.path, "sharing.timeSlicing.resources[0].devices[0]",
                     "{devices}"
                 );
-                assert!(e.message.contains("is not a GPU index"), "{devices}: {e}");
+                assert!(e.message.contains("is not a GPU"), "{devices}: {e}");
             }
         }
     }

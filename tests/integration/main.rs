@@ -9,4 +9,5 @@ mod live;
 mod manifests;
 pub mod mps;
 mod mps_gpu;
+mod restarts;
 mod status_truth;

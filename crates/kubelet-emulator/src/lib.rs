@@ -7,7 +7,9 @@
 //! kubelet does, so a plugin that is not yet serving, or holds a lock across Register,
 //! deadlocks here as it would on a node), then consumes `ListAndWatch` in the background.
 //! [`KubeletEmulator::restart`] wipes the directory and re-creates `kubelet.sock`, as a real
-//! kubelet start does.
+//! kubelet start does; [`KubeletEmulator::restart_after`] waits between the two, and
+//! [`KubeletEmulator::restart_leaving_stale_socket`] leaves the old, dead `kubelet.sock` in place
+//! for a while first, as a crashed kubelet does.
 //!
 //! Every ListAndWatch response is recorded, per stream and in order ([`KubeletEmulator::streams`],
 //! [`KubeletEmulator::lists`]), so a short phase (a GPU Unhealthy for half a second) cannot be
@@ -393,7 +395,71 @@ impl KubeletEmulator {
     /// # Errors
     /// I/O errors wiping the directory or binding the socket.
     pub async fn restart(&mut self) -> std::io::Result<()> {
+        self.restart_after(Duration::ZERO).await
+    }
+
+    /// [`restart`](Self::restart) with `gap` between the old kubelet stopping and the new one
+    /// serving: the directory is wiped at once, so during the gap there is no `kubelet.sock`
+    /// at all (a kubelet that cleaned up, then took `gap` to start).
+    ///
+    /// # Errors
+    /// I/O errors wiping the directory or binding the socket.
+    pub async fn restart_after(&mut self, gap: Duration) -> std::io::Result<()> {
+        self.stop_and_forget().await;
+        self.wipe()?;
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        self.stop = CancellationToken::new();
+        self.serve()
+    }
+
+    /// A kubelet restart that leaves the old `kubelet.sock` behind for `gap`, as a kubelet that
+    /// crashed does: stop serving and close every ListAndWatch stream, but keep every file in
+    /// the directory (the old `kubelet.sock` is then stale: the file is there, nobody listens,
+    /// connecting is refused; the plugins' sockets stay too). After `gap` the new kubelet
+    /// starts as [`restart`](Self::restart) does: it wipes the directory and serves a new
+    /// `kubelet.sock` (a new file, so its identity differs from the stale one's).
+    ///
+    /// # Errors
+    /// I/O errors wiping the directory or binding the socket; `NotFound` when the stale
+    /// `kubelet.sock` was gone before the gap ended (someone else removed it).
+    pub async fn restart_leaving_stale_socket(&mut self, gap: Duration) -> std::io::Result<()> {
+        self.stop_and_forget().await;
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+        let path = self.shared.dir.join(api::KUBELET_SOCKET);
+        if let Err(e) = std::fs::symlink_metadata(&path) {
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("the stale {} was removed during the gap", path.display()),
+            ));
+        }
+        self.wipe()?;
+        self.stop = CancellationToken::new();
+        self.serve()
+    }
+
+    /// Stops serving, closes every stream and forgets the devices (registration counts are
+    /// kept): the kubelet is gone. Files in the directory are left alone.
+    async fn stop_and_forget(&mut self) {
         self.shutdown().await;
+        self.shared.record(|s, h| {
+            for r in s.resources.values_mut() {
+                r.devices = None;
+                r.streaming = false;
+                r.lists_received = 0;
+            }
+            for log in h.values_mut().flatten() {
+                log.open = false;
+            }
+        });
+    }
+
+    /// Deletes every file in the directory (subdirectories are kept), as the kubelet's device
+    /// manager does at start.
+    fn wipe(&self) -> std::io::Result<()> {
         for entry in std::fs::read_dir(&self.shared.dir)? {
             let entry = entry?;
             // A plugin may remove its own socket at the same moment: gone is fine.
@@ -408,18 +474,7 @@ impl KubeletEmulator {
                 _ => {}
             }
         }
-        self.shared.record(|s, h| {
-            for r in s.resources.values_mut() {
-                r.devices = None;
-                r.streaming = false;
-                r.lists_received = 0;
-            }
-            for log in h.values_mut().flatten() {
-                log.open = false;
-            }
-        });
-        self.stop = CancellationToken::new();
-        self.serve()
+        Ok(())
     }
 
     /// Closes every ListAndWatch stream as a kubelet does when it drops a plugin, without
