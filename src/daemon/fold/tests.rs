@@ -1,1 +1,535 @@
+//! Table tests of the pure fold: each scenario is a list of steps (time, input) → (actions,
+//! state), run from an empty [`State`] on a simulated inventory. Time is passed in
+//! (`t0 + seconds`); nothing sleeps.
 
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::*;
+use crate::health::Health;
+use crate::inventory::{test_mig, test_node};
+
+/// The UUID of `test_node`'s GPU `i`.
+fn gpu(i: u32) -> String {
+    format!("GPU-{i:08}-0000-0000-0000-000000000000")
+}
+
+/// A policy read of `text` (hash of its bytes, parsed as the shell parses it).
+fn policy(text: &str, force: bool) -> Input {
+    Input::Policy {
+        path: PathBuf::from("/etc/slicelet/config.yaml"),
+        hash: Sha256::digest(text.as_bytes()).into(),
+        force,
+        parsed: crate::policy::parse(text),
+    }
+}
+
+fn discovered(inv: Inventory) -> Input {
+    Input::Discovered(Ok((inv, "test node".to_string())))
+}
+
+fn xid(uuid: &str, xid: u64) -> Input {
+    Input::Health(HealthEvent::Xid {
+        uuid: uuid.to_string(),
+        xid,
+    })
+}
+
+fn mps_ready(uuid: &str, ready: bool) -> Input {
+    Input::Mps(mps::Event {
+        uuid: uuid.to_string(),
+        ready,
+        applied: None,
+        pending: None,
+        removed: false,
+    })
+}
+
+/// Every GPU time-sliced 2 ways as `nvidia.com/gpu-shared`.
+const TS2: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 2\n";
+/// [`TS2`] with a 100 s quiet period before recovery.
+const TS2_RECOVER_100: &str = "version: v1\nhealth:\n  recoverySeconds: 100\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 2\n";
+/// Every GPU shared by 2 MPS clients.
+const MPS2: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-mps\n        replicas: 2\n";
+const MIG_SINGLE: &str = "version: v1\nflags:\n  migStrategy: single\n";
+/// Not a policy: `replica` is not a field.
+const TYPO: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replica: 2\n";
+
+/// Two GPUs: GPU 0 with MIG (two 3g.40gb), GPU 1 with MIG disabled (or enabled, `both`).
+fn mig_node(both: bool) -> Inventory {
+    let mut inv = test_node(2);
+    let gpus = if both { 0..2 } else { 0..1 };
+    for i in gpus {
+        let g = &mut inv.gpus[i as usize];
+        g.mig_enabled = true;
+        g.mig_devices = test_mig(i, &[("3g.40gb", 2)]);
+    }
+    inv
+}
+
+/// The actions, one short line each, for exact comparison.
+fn summary(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Publish(_) => "Publish".to_string(),
+            Action::WantMps(w) => format!("WantMps({:?})", w.daemons.keys().collect::<Vec<_>>()),
+            Action::ComputeModes(g) => format!("ComputeModes({g:?})"),
+            Action::Probe(u) => format!("Probe({u:?})"),
+            Action::Xid { uuid, xid } => format!("Xid({uuid}, {xid})"),
+            Action::Transition(t) => format!("Transition({}, {})", t.uuid, t.health),
+            Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
+            Action::PolicyRejected => "PolicyRejected".to_string(),
+        })
+        .collect()
+}
+
+/// `(resource, devices, unhealthy units)` of the plan: the units are the GPU/MIG UUIDs of
+/// the Unhealthy devices, each once, in device order.
+fn plan_view(state: &State) -> Vec<(String, usize, Vec<String>)> {
+    state
+        .plan
+        .resources
+        .iter()
+        .map(|(name, r)| {
+            let mut sick: Vec<String> = r
+                .devices
+                .iter()
+                .filter(|d| !d.healthy)
+                .map(|d| d.gpu_uuid.clone())
+                .collect();
+            sick.dedup();
+            (name.clone(), r.devices.len(), sick)
+        })
+        .collect()
+}
+
+/// One step of a scenario: fold `input` at `t0 + at` seconds, expect exactly `actions`, then
+/// `check` the state (given the plan before the step).
+struct Step {
+    at: u64,
+    input: Input,
+    actions: Vec<String>,
+    check: fn(&State, &Arc<Plan>),
+}
+
+fn step(at: u64, input: Input, actions: &[&str], check: fn(&State, &Arc<Plan>)) -> Step {
+    Step {
+        at,
+        input,
+        actions: actions.iter().map(|s| s.to_string()).collect(),
+        check,
+    }
+}
+
+fn nothing(_: &State, _: &Arc<Plan>) {}
+
+/// The plan is the one from before the step (the same `Arc`).
+fn plan_kept(s: &State, before: &Arc<Plan>) {
+    assert!(
+        Arc::ptr_eq(&s.plan, before),
+        "plan changed: {:?}",
+        plan_view(s)
+    );
+}
+
+fn all_healthy_ts2(s: &State, _: &Arc<Plan>) {
+    assert_eq!(
+        plan_view(s),
+        [("nvidia.com/gpu-shared".to_string(), 4, vec![])]
+    );
+}
+
+fn gpu1_down_ts2(s: &State, _: &Arc<Plan>) {
+    assert_eq!(
+        plan_view(s),
+        [("nvidia.com/gpu-shared".to_string(), 4, vec![gpu(1)])]
+    );
+}
+
+fn run(name: &str, steps: Vec<Step>) {
+    let t0 = Instant::now();
+    let mut state = State::new(HealthEnv::default());
+    for (n, s) in steps.into_iter().enumerate() {
+        let before = Arc::clone(&state.plan);
+        let at = s.at;
+        let input = format!("{:?}", s.input);
+        let got = summary(&state.fold(s.input, t0 + Duration::from_secs(at)));
+        assert_eq!(got, s.actions, "{name}, step {n} at {at} s: {input:.200}");
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (s.check)(&state, &before)));
+        if let Err(e) = caught {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|m| m.to_string()))
+                .unwrap_or_default();
+            panic!("{name}, step {n} at {at} s: {msg}");
+        }
+    }
+}
+
+/// The first discovery and the first policy of a 2-GPU node with [`TS2`].
+fn started(policy_text: &'static str) -> Vec<Step> {
+    vec![
+        step(0, discovered(test_node(2)), &[], |s, _| {
+            assert!(s.inventory.is_some() && s.policy.is_none());
+            assert!(s.plan.resources.is_empty(), "nothing without a policy");
+        }),
+        step(
+            0,
+            policy(policy_text, true),
+            &["PolicyApplied(1)", "Publish"],
+            |s, _| {
+                assert_eq!(s.generation, 1);
+                assert_eq!(s.policy_error, None);
+                all_healthy_ts2(s, &Arc::default());
+            },
+        ),
+    ]
+}
+
+fn with(mut steps: Vec<Step>, more: Vec<Step>) -> Vec<Step> {
+    steps.extend(more);
+    steps
+}
+
+#[test]
+fn policy_table() {
+    let cases: Vec<(&str, Vec<Step>)> = vec![
+        ("first discovery and first policy", started(TS2)),
+        (
+            "the same bytes again without force change nothing; with force, a new generation and the same plan",
+            with(
+                started(TS2),
+                vec![
+                    step(5, policy(TS2, false), &[], |s, before| {
+                        assert_eq!(s.generation, 1);
+                        plan_kept(s, before);
+                    }),
+                    step(6, policy(TS2, true), &["PolicyApplied(2)"], |s, before| {
+                        assert_eq!(s.generation, 2);
+                        plan_kept(s, before);
+                    }),
+                ],
+            ),
+        ),
+        (
+            "a parse error is rejected, the plan and generation kept",
+            with(
+                started(TS2),
+                vec![
+                    step(5, policy(TYPO, false), &["PolicyRejected"], |s, before| {
+                        let e = s.policy_error.as_deref().expect("policy_error set");
+                        assert!(e.contains("replica"), "{e}");
+                        assert_eq!(s.generation, 1);
+                        assert!(s.policy.is_some());
+                        plan_kept(s, before);
+                    }),
+                    // The same broken bytes again: nothing new to say.
+                    step(6, policy(TYPO, false), &[], plan_kept),
+                    // A good one clears the error.
+                    step(7, policy(TS2, false), &["PolicyApplied(2)"], |s, before| {
+                        assert_eq!(s.policy_error, None);
+                        plan_kept(s, before);
+                    }),
+                ],
+            ),
+        ),
+        (
+            "an unreadable policy keeps the last good one; readable again, it applies",
+            with(
+                started(TS2),
+                vec![
+                    step(
+                        5,
+                        Input::PolicyUnreadable {
+                            path: PathBuf::from("/etc/slicelet/config.yaml"),
+                            error: "reading /etc/slicelet/config.yaml: permission denied".into(),
+                        },
+                        &[],
+                        |s, before| {
+                            assert!(s.policy_error.as_deref().unwrap().contains("permission"));
+                            assert_eq!(s.generation, 1);
+                            assert!(s.policy.is_some());
+                            plan_kept(s, before);
+                        },
+                    ),
+                    // The same bytes as before the failure are read again (not skipped as
+                    // "unchanged"), so the error clears.
+                    step(6, policy(TS2, false), &["PolicyApplied(2)"], |s, before| {
+                        assert_eq!(s.policy_error, None);
+                        plan_kept(s, before);
+                    }),
+                ],
+            ),
+        ),
+        (
+            "a policy rejected for this node is kept and applied when a discovery fits",
+            vec![
+                step(0, discovered(mig_node(false)), &[], nothing),
+                step(0, policy(TS2, true), &["PolicyApplied(1)", "Publish"], |s, _| {
+                    assert_eq!(s.plan.resources.len(), 1);
+                }),
+                step(5, policy(MIG_SINGLE, false), &["PolicyRejected"], |s, before| {
+                    let e = s.policy_error.as_deref().unwrap();
+                    assert!(e.contains("migStrategy: single"), "{e}");
+                    assert_eq!(s.generation, 1);
+                    assert_eq!(
+                        s.policy.as_ref().map(|p| p.mig_strategy),
+                        Some(crate::policy::MigStrategy::None)
+                    );
+                    plan_kept(s, before);
+                }),
+                // The same node again: still does not fit, nothing happens.
+                step(6, discovered(mig_node(false)), &[], plan_kept),
+                step(
+                    7,
+                    discovered(mig_node(true)),
+                    &["PolicyApplied(2)", "Publish"],
+                    |s, _| {
+                        assert_eq!(s.generation, 2);
+                        assert_eq!(s.policy_error, None);
+                        assert_eq!(
+                            s.policy.as_ref().map(|p| p.mig_strategy),
+                            Some(crate::policy::MigStrategy::Single)
+                        );
+                        // Every MIG device as nvidia.com/gpu.
+                        assert_eq!(
+                            plan_view(s),
+                            [("nvidia.com/gpu".to_string(), 4, vec![])]
+                        );
+                    },
+                ),
+            ],
+        ),
+    ];
+    for (name, steps) in cases {
+        run(name, steps);
+    }
+}
+
+#[test]
+fn health_table() {
+    let cases: Vec<(&str, Vec<Step>)> = vec![
+        (
+            "a critical Xid turns exactly that GPU's replicas Unhealthy",
+            with(
+                started(TS2),
+                vec![step(
+                    10,
+                    xid(&gpu(1), 79),
+                    &[
+                        &format!("Xid({}, 79)", gpu(1)),
+                        &format!("Transition({}, Unhealthy)", gpu(1)),
+                        "Publish",
+                    ],
+                    |s, _| {
+                        gpu1_down_ts2(s, &Arc::default());
+                        assert_eq!(s.xid_events, 1);
+                    },
+                )],
+            ),
+        ),
+        (
+            "a non-critical Xid is counted only",
+            with(
+                started(TS2),
+                vec![step(
+                    10,
+                    xid(&gpu(1), 13),
+                    &[&format!("Xid({}, 13)", gpu(1))],
+                    |s, before| {
+                        plan_kept(s, before);
+                        assert_eq!(s.xid_events, 1);
+                        assert!(s.tracker.is_healthy(&gpu(1)));
+                    },
+                )],
+            ),
+        ),
+        (
+            "recovery: nothing before the quiet period, one probe after, healthy when it answers",
+            with(
+                started(TS2_RECOVER_100),
+                vec![
+                    step(
+                        10,
+                        xid(&gpu(1), 79),
+                        &[
+                            &format!("Xid({}, 79)", gpu(1)),
+                            &format!("Transition({}, Unhealthy)", gpu(1)),
+                            "Publish",
+                        ],
+                        |s, _| {
+                            assert!(s.next_deadline().is_some());
+                        },
+                    ),
+                    step(109, Input::RecoveryDue, &[], gpu1_down_ts2),
+                    step(
+                        110,
+                        Input::RecoveryDue,
+                        &[&format!("Probe([{:?}])", gpu(1))],
+                        |s, _| {
+                            assert_eq!(s.next_deadline(), None, "no deadline while probing");
+                        },
+                    ),
+                    // Not again while the probe is in flight.
+                    step(111, Input::RecoveryDue, &[], gpu1_down_ts2),
+                    step(
+                        112,
+                        Input::Probed(vec![(gpu(1), true)]),
+                        &[&format!("Transition({}, Healthy)", gpu(1)), "Publish"],
+                        |s, _| {
+                            all_healthy_ts2(s, &Arc::default());
+                            assert_eq!(s.next_deadline(), None);
+                        },
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a probe that fails keeps the GPU Unhealthy and starts a new quiet period",
+            with(
+                started(TS2_RECOVER_100),
+                vec![
+                    step(
+                        10,
+                        xid(&gpu(1), 79),
+                        &[
+                            &format!("Xid({}, 79)", gpu(1)),
+                            &format!("Transition({}, Unhealthy)", gpu(1)),
+                            "Publish",
+                        ],
+                        nothing,
+                    ),
+                    step(
+                        110,
+                        Input::RecoveryDue,
+                        &[&format!("Probe([{:?}])", gpu(1))],
+                        nothing,
+                    ),
+                    step(
+                        111,
+                        Input::Probed(vec![(gpu(1), false)]),
+                        &[],
+                        |s, before| {
+                            plan_kept(s, before);
+                            gpu1_down_ts2(s, before);
+                            assert!(!s.tracker.is_healthy(&gpu(1)));
+                        },
+                    ),
+                    step(210, Input::RecoveryDue, &[], nothing),
+                    step(
+                        211,
+                        Input::RecoveryDue,
+                        &[&format!("Probe([{:?}])", gpu(1))],
+                        nothing,
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a failed re-discovery keeps the inventory",
+            with(
+                started(TS2),
+                vec![step(
+                    10,
+                    Input::Discovered(Err("NVML: driver not loaded".into())),
+                    &[],
+                    |s, before| {
+                        plan_kept(s, before);
+                        assert_eq!(s.inventory.as_ref(), Some(&test_node(2)));
+                        assert_eq!(s.discovery_error, None, "an inventory is there");
+                    },
+                )],
+            ),
+        ),
+        (
+            "discovery marking a GPU unusable turns its devices Unhealthy, and back",
+            with(
+                started(TS2),
+                vec![
+                    step(
+                        10,
+                        discovered({
+                            let mut inv = test_node(2);
+                            inv.gpus[1].healthy = false;
+                            inv
+                        }),
+                        &[&format!("Transition({}, Unhealthy)", gpu(1)), "Publish"],
+                        gpu1_down_ts2,
+                    ),
+                    step(
+                        20,
+                        discovered(test_node(2)),
+                        &[&format!("Transition({}, Healthy)", gpu(1)), "Publish"],
+                        all_healthy_ts2,
+                    ),
+                ],
+            ),
+        ),
+        (
+            "an MPS policy wants the daemons; their devices are Unhealthy until each is ready",
+            vec![
+                step(0, discovered(test_node(2)), &[], nothing),
+                step(
+                    0,
+                    policy(MPS2, true),
+                    &[
+                        "PolicyApplied(1)",
+                        &format!("Transition({}, Unhealthy)", gpu(0)),
+                        &format!("Transition({}, Unhealthy)", gpu(1)),
+                        &format!("WantMps([{:?}, {:?}])", gpu(0), gpu(1)),
+                        "Publish",
+                    ],
+                    |s, _| {
+                        assert_eq!(
+                            plan_view(s),
+                            [("nvidia.com/gpu-mps".to_string(), 4, vec![gpu(0), gpu(1)])]
+                        );
+                    },
+                ),
+                step(
+                    1,
+                    mps_ready(&gpu(0), true),
+                    &[&format!("Transition({}, Healthy)", gpu(0)), "Publish"],
+                    |s, _| {
+                        assert_eq!(
+                            plan_view(s),
+                            [("nvidia.com/gpu-mps".to_string(), 4, vec![gpu(1)])]
+                        );
+                        assert_eq!(s.tracker.health(&gpu(1)), Health::Unhealthy);
+                    },
+                ),
+                step(
+                    2,
+                    mps_ready(&gpu(1), true),
+                    &[&format!("Transition({}, Healthy)", gpu(1)), "Publish"],
+                    |s, _| {
+                        assert_eq!(
+                            plan_view(s),
+                            [("nvidia.com/gpu-mps".to_string(), 4, vec![])]
+                        );
+                    },
+                ),
+                // A daemon that stops being ready takes its devices down again.
+                step(
+                    3,
+                    mps_ready(&gpu(1), false),
+                    &[&format!("Transition({}, Unhealthy)", gpu(1)), "Publish"],
+                    |s, _| {
+                        assert_eq!(
+                            plan_view(s),
+                            [("nvidia.com/gpu-mps".to_string(), 4, vec![gpu(1)])]
+                        );
+                    },
+                ),
+            ],
+        ),
+    ];
+    for (name, steps) in cases {
+        run(name, steps);
+    }
+}
