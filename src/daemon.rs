@@ -272,6 +272,7 @@ pub async fn run_target(
         shutdown.clone(),
         Arc::clone(&status),
         Arc::clone(&metrics),
+        settings.stream_grace,
     );
     let mut state = State::new(env);
     let mut shell = Shell {
@@ -335,6 +336,7 @@ pub async fn run_target(
     bind_retry.tick().await;
     loop {
         let recovery = state.next_deadline().map(Instant::from_std);
+        let stream_deadline = servers.next_stream_deadline();
         // One policy read at a time; a request while one runs is queued (forced wins).
         if policy_read.is_none() {
             if let Some(force) = policy_again.take() {
@@ -394,7 +396,10 @@ pub async fn run_target(
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
             Some(r) = server_events.registered.recv() => servers.registered(r),
-            Some(lost) = server_events.lost.recv() => servers.stream_lost(lost),
+            Some(ev) = server_events.streams.recv() => servers.stream_event(ev),
+            _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
+                servers.check_streams();
+            }
             () = server_events.recheck.notified() => servers.kubelet_dir_changed(),
             () = servers.reap() => {}
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
@@ -506,6 +511,8 @@ impl Shell<'_> {
             n.discovery_error.clone_from(&state.discovery_error);
             n.resources = resources;
             n.registered.retain(|r| n.resources.contains(r));
+            n.streaming.retain(|r| n.resources.contains(r));
+            n.stalled.retain(|r| n.resources.contains(r));
             n.xid_events = state.xid_events;
             n.mps_ready = ready;
             n.mps_pending.clone_from(&state.mps_pending);

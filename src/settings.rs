@@ -38,6 +38,9 @@ pub struct Settings {
     pub enable_healthchecks: Option<String>,
     /// MPS control daemons: the binary, in-process or external, check interval, backoff.
     pub mps: mps::Config,
+    /// How long the kubelet may take to open a ListAndWatch stream after a successful
+    /// registration before `/readyz` reports the resource (default 10 s).
+    pub stream_grace: Duration,
 }
 
 impl Settings {
@@ -58,6 +61,7 @@ impl Settings {
             disable_healthchecks: None,
             enable_healthchecks: None,
             mps: mps::Config::default(),
+            stream_grace: Duration::from_secs(10),
         }
     }
 }

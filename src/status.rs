@@ -37,6 +37,11 @@ pub struct Status {
     pub resources: BTreeSet<String>,
     /// Resources currently registered with the kubelet.
     pub registered: BTreeSet<String>,
+    /// Resources with an open ListAndWatch stream (the kubelet got their full list).
+    pub streaming: BTreeSet<String>,
+    /// Registered resources whose kubelet opened no ListAndWatch stream within the grace
+    /// period (10 s) after registration.
+    pub stalled: BTreeSet<String>,
     /// Where the status endpoint listens, once bound.
     pub address: Option<SocketAddr>,
     /// Xid events processed since start (critical or not).
@@ -79,6 +84,13 @@ impl Status {
             return Err(format!(
                 "not registered with the kubelet: {}",
                 missing.join(", ")
+            ));
+        }
+        if !self.stalled.is_empty() {
+            let names: Vec<&str> = self.stalled.iter().map(String::as_str).collect();
+            return Err(format!(
+                "registered, but the kubelet opened no ListAndWatch stream for: {}",
+                names.join(", ")
             ));
         }
         if self.healthy_devices == 0 {
@@ -371,6 +383,14 @@ mod tests {
             .unwrap_err()
             .contains("no device is Healthy (8 advertised)"));
         s.healthy_devices = 1;
+        assert!(s.ready().is_ok());
+        // Regression: registered, but the kubelet never opened ListAndWatch: was ready.
+        s.stalled.insert("nvidia.com/a".into());
+        assert!(s
+            .ready()
+            .unwrap_err()
+            .contains("opened no ListAndWatch stream for: nvidia.com/a"));
+        s.stalled.clear();
         assert!(s.ready().is_ok());
         s.policy_error = Some("x: bad".into());
         assert!(s.ready().unwrap_err().contains("x: bad"));

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::KUBELET_SOCKET;
 use crate::kubelet::KubeletId;
 use crate::plan::Plan;
-use crate::plugin::{self, StreamLost};
+use crate::plugin::{self, StreamEvent, StreamKind};
 use crate::status::{Metrics, Status};
 
 /// First delay before registering again after the kubelet closed a stream; a kubelet restart
@@ -60,6 +60,10 @@ struct Server {
     path: PathBuf,
     id: (u64, u64),
     registered: Option<KubeletId>,
+    /// When registration succeeded and no ListAndWatch stream has opened since: the kubelet
+    /// must open one within the stream grace ([`crate::settings::Settings::stream_grace`]; the
+    /// kubelet dials back inside `Register`, so it is normally at once).
+    awaiting_stream: Option<Instant>,
 }
 
 /// The device-plugin servers and their registrations.
@@ -72,19 +76,20 @@ pub(super) struct Servers {
     identity: watch::Sender<Option<KubeletId>>,
     recheck: Arc<Notify>,
     registered_tx: mpsc::Sender<Registered>,
-    lost_tx: mpsc::Sender<StreamLost>,
+    lost_tx: mpsc::Sender<StreamEvent>,
     epoch: u64,
     unserved: BTreeSet<String>,
     lost_backoff: BTreeMap<String, (backon::ExponentialBackoff, Instant)>,
     shutdown: CancellationToken,
     status: Arc<watch::Sender<Status>>,
     metrics: Arc<Metrics>,
+    stream_grace: Duration,
 }
 
 /// What the servers send back to the supervisor's loop.
 pub(super) struct ServerEvents {
     pub registered: mpsc::Receiver<Registered>,
-    pub lost: mpsc::Receiver<StreamLost>,
+    pub streams: mpsc::Receiver<StreamEvent>,
     /// Notified when a registration found `kubelet.sock` to be another socket than expected.
     pub recheck: Arc<Notify>,
 }
@@ -98,9 +103,10 @@ impl Servers {
         shutdown: CancellationToken,
         status: Arc<watch::Sender<Status>>,
         metrics: Arc<Metrics>,
+        stream_grace: Duration,
     ) -> (Self, ServerEvents) {
         let (registered_tx, registered) = mpsc::channel(CHANNEL_CAPACITY);
-        let (lost_tx, lost) = mpsc::channel(CHANNEL_CAPACITY);
+        let (lost_tx, streams) = mpsc::channel(CHANNEL_CAPACITY);
         let recheck = Arc::new(Notify::new());
         let identity = KubeletId::of(&dir.join(KUBELET_SOCKET));
         let servers = Servers {
@@ -119,12 +125,13 @@ impl Servers {
             shutdown,
             status,
             metrics,
+            stream_grace,
         };
         (
             servers,
             ServerEvents {
                 registered,
-                lost,
+                streams,
                 recheck,
             },
         )
@@ -175,8 +182,12 @@ impl Servers {
         s.stop.cancel();
         s.register.abort();
         plugin::remove_if_ours(&s.path, s.id);
-        self.status
-            .send_if_modified(|st| st.registered.remove(name));
+        self.status.send_if_modified(|st| {
+            let a = st.registered.remove(name);
+            let b = st.streaming.remove(name);
+            let c = st.stalled.remove(name);
+            a || b || c
+        });
     }
 
     /// Binds and serves `name`, registering once `previous` (the server it replaces) has
@@ -212,7 +223,7 @@ impl Servers {
             stop.clone(),
             self.dev_root.clone(),
         )
-        .report_lost_streams(self.lost_tx.clone(), epoch);
+        .report_streams(self.lost_tx.clone(), epoch);
         let serving = plugin::serve(socket, service, stop.clone());
         let finished = done.clone();
         let serve = self.tasks.spawn(async move {
@@ -275,6 +286,7 @@ impl Servers {
                 path,
                 id,
                 registered: None,
+                awaiting_stream: None,
             },
         );
     }
@@ -344,6 +356,9 @@ impl Servers {
             return;
         }
         s.registered = Some(r.kubelet);
+        if s.awaiting_stream.is_none() && !self.status.borrow().streaming.contains(&r.resource) {
+            s.awaiting_stream = Some(Instant::now() + self.stream_grace);
+        }
         self.metrics.registered(&r.resource);
         self.status.send_modify(|st| {
             st.registered.insert(r.resource.clone());
@@ -354,9 +369,57 @@ impl Servers {
         }
     }
 
+    /// A stream opened or was lost.
+    pub(super) fn stream_event(&mut self, ev: StreamEvent) {
+        match ev.kind {
+            StreamKind::Opened => {
+                let Some(s) = self.servers.get_mut(&ev.resource) else {
+                    return;
+                };
+                if s.epoch != ev.epoch {
+                    return;
+                }
+                s.awaiting_stream = None;
+                self.status.send_if_modified(|st| {
+                    let a = st.streaming.insert(ev.resource.clone());
+                    let b = st.stalled.remove(&ev.resource);
+                    a || b
+                });
+            }
+            StreamKind::Lost => self.stream_lost(ev),
+        }
+    }
+
+    /// When the earliest registered server without a stream runs out of grace, if any.
+    pub(super) fn next_stream_deadline(&self) -> Option<Instant> {
+        self.servers
+            .values()
+            .filter_map(|s| s.awaiting_stream)
+            .min()
+    }
+
+    /// Registered resources whose kubelet opened no ListAndWatch stream within
+    /// the stream grace are reported (`/readyz` 503) until one opens.
+    pub(super) fn check_streams(&mut self) {
+        let now = Instant::now();
+        let mut late = Vec::new();
+        for (name, s) in &mut self.servers {
+            if s.awaiting_stream.is_some_and(|t| t <= now) {
+                s.awaiting_stream = None;
+                late.push(name.clone());
+            }
+        }
+        for name in late {
+            tracing::warn!(resource = %name, grace = ?self.stream_grace, "registered with the kubelet, but it opened no ListAndWatch stream");
+            self.status.send_modify(|st| {
+                st.stalled.insert(name);
+            });
+        }
+    }
+
     /// The kubelet closed a resource's ListAndWatch stream while we still serve it (kubelet
     /// stopped, or dropped the stream): serve it afresh and register again with backoff.
-    pub(super) fn stream_lost(&mut self, lost: StreamLost) {
+    fn stream_lost(&mut self, lost: StreamEvent) {
         if self.servers.get(&lost.resource).map(|s| s.epoch) != Some(lost.epoch) {
             return; // a server already replaced
         }
@@ -397,8 +460,12 @@ impl Servers {
         for (name, s) in &servers {
             s.stop.cancel();
             s.register.abort();
-            self.status
-                .send_if_modified(|st| st.registered.remove(name));
+            self.status.send_if_modified(|st| {
+                let a = st.registered.remove(name);
+                let b = st.streaming.remove(name);
+                let c = st.stalled.remove(name);
+                a || b || c
+            });
         }
         let drained = tokio::time::timeout(deadline, async {
             while self.tasks.join_next().await.is_some() {}

@@ -142,18 +142,29 @@ pub struct Service {
     plans: watch::Receiver<Arc<Plan>>,
     stop: CancellationToken,
     dev_root: String,
-    lost: Option<(mpsc::Sender<StreamLost>, u64)>,
+    lost: Option<(mpsc::Sender<StreamEvent>, u64)>,
 }
 
-/// A ListAndWatch stream ended because the kubelet went away (not because slicelet stopped
-/// the server): the resource must register again.
+/// What happened to a ListAndWatch stream, for the supervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The kubelet opened a stream and got its first full list.
+    Opened,
+    /// The stream ended because the kubelet went away (not because slicelet stopped the
+    /// server): the resource must register again.
+    Lost,
+}
+
+/// A ListAndWatch stream of `resource` opened or was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamLost {
+pub struct StreamEvent {
     /// The resource.
     pub resource: String,
-    /// The server epoch given to [`Service::report_lost_streams`], so a report from a server
-    /// that was already replaced can be ignored.
+    /// The server epoch given to [`Service::report_streams`], so a report from a server that
+    /// was already replaced can be ignored.
     pub epoch: u64,
+    /// Opened or lost.
+    pub kind: StreamKind,
 }
 
 impl Service {
@@ -176,7 +187,7 @@ impl Service {
 
     /// Reports on `tx` every ListAndWatch stream the client closes while the server is still
     /// meant to run (the kubelet went away), tagged with `epoch`.
-    pub fn report_lost_streams(mut self, tx: mpsc::Sender<StreamLost>, epoch: u64) -> Self {
+    pub fn report_streams(mut self, tx: mpsc::Sender<StreamEvent>, epoch: u64) -> Self {
         self.lost = Some((tx, epoch));
         self
     }
@@ -217,18 +228,20 @@ impl DevicePlugin for Service {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut last = first;
-            let report = |resource: &str| {
-                if let Some((lost, epoch)) = &lost {
+            let tell = |resource: &str, kind: StreamKind| {
+                if let Some((events, epoch)) = &lost {
                     if !stop.is_cancelled() {
-                        if let Err(e) = lost.try_send(StreamLost {
+                        if let Err(e) = events.try_send(StreamEvent {
                             resource: resource.to_string(),
                             epoch: *epoch,
+                            kind,
                         }) {
-                            tracing::error!(resource, error = %e, "lost stream not reported to the supervisor");
+                            tracing::error!(resource, error = %e, "stream event not reported to the supervisor");
                         }
                     }
                 }
             };
+            let report = |resource: &str| tell(resource, StreamKind::Lost);
             // A send waits for room only until the server stops: a client that never reads
             // cannot keep this task (or the server) alive.
             let send = |msg| {
@@ -246,6 +259,7 @@ impl DevicePlugin for Service {
                 report(&resource);
                 return;
             }
+            tell(&resource, StreamKind::Opened);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => {

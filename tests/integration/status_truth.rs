@@ -63,3 +63,46 @@ async fn no_healthy_device_is_not_ready() {
     d.wait_status(|s| s.ready().is_ok()).await;
     d.stop().await;
 }
+
+/// A kubelet that accepts every registration and never dials back (no ListAndWatch).
+struct Mute;
+
+#[tonic::async_trait]
+impl slicelet::api::registration_server::Registration for Mute {
+    async fn register(
+        &self,
+        _: tonic::Request<slicelet::api::RegisterRequest>,
+    ) -> Result<tonic::Response<slicelet::api::Empty>, tonic::Status> {
+        Ok(tonic::Response::new(slicelet::api::Empty {}))
+    }
+}
+
+/// `Register` succeeds but the kubelet never opens ListAndWatch: not ready, with the resource
+/// named, once the grace period is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_without_a_stream_is_not_ready() {
+    let node = Node::new(&ts_policy(2));
+    let listener =
+        tokio::net::UnixListener::bind(node.plugins().join(slicelet::api::KUBELET_SOCKET)).unwrap();
+    let kubelet = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(slicelet::api::registration_server::RegistrationServer::new(
+                Mute,
+            ))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let mut settings = node.settings(&node_file("l4-x1.yaml"));
+    settings.stream_grace = std::time::Duration::from_millis(200);
+    let mut d = Daemon::start(settings);
+    let s = d.wait_status(|s| !s.stalled.is_empty()).await;
+    assert!(s.registered.contains("nvidia.com/gpu-shared"), "{s:?}");
+    assert!(
+        s.ready()
+            .unwrap_err()
+            .contains("opened no ListAndWatch stream for: nvidia.com/gpu-shared"),
+        "{:?}",
+        s.ready()
+    );
+    d.stop().await;
+    kubelet.abort();
+}
