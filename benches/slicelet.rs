@@ -353,7 +353,8 @@ fn main() {
             stream.message().await.unwrap().unwrap();
             let mut node = big_node.clone();
             for i in 0..(200 / scale) {
-                node.gpus[i % 8].healthy = !node.gpus[i % 8].healthy;
+                let was = node.gpus[i % 8].health;
+                node.gpus[i % 8].health = slicelet::health::Health::from_bool(!was.is_healthy());
                 let next = plan::build(&big_policy, &node).unwrap().plan;
                 let t = Instant::now();
                 tx.send_replace(Arc::new(next));

@@ -486,7 +486,7 @@ impl Shell<'_> {
                 }
                 Action::Probe(uuids) => self.hardware.send(Command::Probe(uuids)),
                 Action::Xid { uuid, xid } => self.metrics.xid(&uuid, xid),
-                Action::Transition(t) => self.metrics.transition(&t.uuid, t.health.is_healthy()),
+                Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),
                 Action::PolicyRejected => self.metrics.policy_rejected(),
             }
@@ -522,7 +522,7 @@ impl Shell<'_> {
                 .plan
                 .resources
                 .values()
-                .map(|r| r.devices.iter().filter(|d| d.healthy).count())
+                .map(|r| r.devices.iter().filter(|d| d.health.is_healthy()).count())
                 .sum();
             let changed = n != *s;
             *s = n;

@@ -169,6 +169,11 @@ impl Health {
         }
     }
 
+    /// Healthy only when both are.
+    pub const fn and(self, other: Health) -> Health {
+        Health::from_bool(self.is_healthy() && other.is_healthy())
+    }
+
     /// True for [`Health::Healthy`].
     pub const fn is_healthy(self) -> bool {
         matches!(self, Health::Healthy)
@@ -372,9 +377,9 @@ impl Tracker {
     pub fn observe_discovery(&mut self, inventory: &Inventory) -> Vec<Transition> {
         let mut present = BTreeMap::new();
         for g in &inventory.gpus {
-            present.insert(g.uuid.clone(), g.healthy);
+            present.insert(g.uuid.clone(), g.health.is_healthy());
             for m in &g.mig_devices {
-                present.insert(m.uuid.clone(), m.healthy);
+                present.insert(m.uuid.clone(), m.health.is_healthy());
             }
         }
         let gone: Vec<String> = self
@@ -432,9 +437,9 @@ impl Tracker {
     pub fn effective(&self, inventory: &Inventory) -> Inventory {
         let mut inv = inventory.clone();
         for g in &mut inv.gpus {
-            g.healthy = g.healthy && self.is_healthy(&g.uuid);
+            g.health = g.health.and(self.health(&g.uuid));
             for m in &mut g.mig_devices {
-                m.healthy = m.healthy && self.is_healthy(&m.uuid);
+                m.health = m.health.and(self.health(&m.uuid));
             }
         }
         inv
@@ -656,7 +661,7 @@ mod tests {
         inv.gpus[0].uuid = "GPU-a".into();
         inv.gpus[1].uuid = "GPU-b".into();
         match a {
-            Some(healthy) => inv.gpus[0].healthy = healthy,
+            Some(healthy) => inv.gpus[0].health = Health::from_bool(healthy),
             None => {
                 inv.gpus.remove(0);
             }
@@ -839,13 +844,21 @@ mod tests {
         let mut inv = test_node(3);
         inv.gpus[1].mig_enabled = true;
         inv.gpus[1].mig_devices = test_mig(1, &[("3g.40gb", 2)]);
-        inv.gpus[2].healthy = false; // discovery's own verdict is kept
+        inv.gpus[2].health = Health::Unhealthy; // discovery's own verdict is kept
         let gpu0 = inv.gpus[0].uuid.clone();
         let mig1 = inv.gpus[1].mig_devices[1].uuid.clone();
         let view = |inv: &Inventory| -> Vec<(bool, Vec<bool>)> {
             inv.gpus
                 .iter()
-                .map(|g| (g.healthy, g.mig_devices.iter().map(|m| m.healthy).collect()))
+                .map(|g| {
+                    (
+                        g.health.is_healthy(),
+                        g.mig_devices
+                            .iter()
+                            .map(|m| m.health.is_healthy())
+                            .collect(),
+                    )
+                })
                 .collect()
         };
         let mut t = Tracker::new(Some(Duration::from_secs(300)));
@@ -885,7 +898,7 @@ mod tests {
         );
         // A MIG device discovery reports unusable, then usable again.
         let mut sick = inv.clone();
-        sick.gpus[1].mig_devices[0].healthy = false;
+        sick.gpus[1].mig_devices[0].health = Health::Unhealthy;
         let ts = t.observe_discovery(&sick);
         assert_eq!(ts.len(), 1);
         assert_eq!(ts[0].uuid, sick.gpus[1].mig_devices[0].uuid);

@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::health::Health;
 use crate::inventory::{mig, Gpu, Inventory, MigCaps, MigDevice};
 use crate::policy::{DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedResource};
 
@@ -87,7 +88,7 @@ pub struct VirtualDevice {
     pub replica: Option<u32>,
     /// Healthy or not (every replica shares its unit's health; a MIG device is healthy when it
     /// and its parent GPU are).
-    pub healthy: bool,
+    pub health: Health,
     /// NUMA node of the physical GPU, when known.
     pub numa_node: Option<i64>,
     /// The MIG device behind it; `None` for a whole GPU.
@@ -223,7 +224,7 @@ impl Plan {
                         .map(|d| DeviceView {
                             id: d.id.clone(),
                             gpu: d.gpu_uuid.clone(),
-                            health: if d.healthy { "Healthy" } else { "Unhealthy" },
+                            health: d.health.as_str(),
                             parent: d.mig.as_ref().map(|m| m.parent_uuid.clone()),
                             profile: d.mig.as_ref().map(|m| m.profile.clone()),
                         })
@@ -406,8 +407,10 @@ impl<'a> Unit<'a> {
         self.mig.map_or(&self.gpu.uuid, |m| &m.uuid)
     }
 
-    fn healthy(&self) -> bool {
-        self.gpu.healthy && self.mig.is_none_or(|m| m.healthy)
+    fn health(&self) -> Health {
+        self.gpu
+            .health
+            .and(self.mig.map_or(Health::Healthy, |m| m.health))
     }
 
     fn order(&self) -> (u32, Option<u32>) {
@@ -837,7 +840,7 @@ fn resource(
                 gpu_uuid: u.uuid().to_string(),
                 gpu_minor: u.gpu.minor,
                 replica,
-                healthy: u.healthy(),
+                health: u.health(),
                 numa_node: u.gpu.numa_node,
                 mig: mig.clone(),
             });
@@ -877,7 +880,7 @@ fn encoded_size(units: &[Unit<'_>], replicas: u32) -> u64 {
     let mut total = 0u64;
     for u in units {
         let device =
-            |id_len: usize| framed(device_encoded_len(id_len, u.healthy(), u.gpu.numa_node));
+            |id_len: usize| framed(device_encoded_len(id_len, u.health(), u.gpu.numa_node));
         if replicas <= 1 {
             total = total.saturating_add(u64::from(replicas) * device(u.uuid().len()));
             continue;
@@ -915,12 +918,8 @@ fn framed(payload: u64) -> u64 {
 
 /// Encoded size of one `Device` message (without its own framing), bytes. Mirrors protobuf's
 /// encoding of `{ID, health, topology{nodes[{ID}]}}`; a test in `plugin` checks it against prost.
-pub fn device_encoded_len(id_len: usize, healthy: bool, numa: Option<i64>) -> u64 {
-    let health = if healthy {
-        "Healthy".len()
-    } else {
-        "Unhealthy".len()
-    } as u64;
+pub fn device_encoded_len(id_len: usize, health: Health, numa: Option<i64>) -> u64 {
+    let health = health.as_str().len() as u64;
     let mut len = framed(id_len as u64) + framed(health);
     if let Some(n) = numa {
         // NUMANode{ID}: proto3 omits a zero ID; negative int64 takes 10 bytes.

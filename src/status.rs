@@ -7,6 +7,7 @@
 //! - `/metrics`: devices per resource and health, registrations per resource, policy
 //!   generation and reload failures, Xid events per GPU and Xid, health transitions.
 
+use crate::health::Health;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -204,9 +205,12 @@ impl Metrics {
     pub fn set_plan(&self, plan: &Plan) {
         self.devices.clear();
         for (name, r) in &plan.resources {
-            let healthy = r.devices.iter().filter(|d| d.healthy).count() as i64;
+            let healthy = r.devices.iter().filter(|d| d.health.is_healthy()).count() as i64;
             let total = r.devices.len() as i64;
-            for (health, n) in [("Healthy", healthy), ("Unhealthy", total - healthy)] {
+            for (health, n) in [
+                (Health::Healthy.as_str(), healthy),
+                (Health::Unhealthy.as_str(), total - healthy),
+            ] {
                 self.devices
                     .get_or_create(&DeviceLabels {
                         resource: name.clone(),
@@ -248,8 +252,8 @@ impl Metrics {
     }
 
     /// Counts a health transition.
-    pub fn transition(&self, gpu: &str, healthy: bool) {
-        let to = if healthy { "Healthy" } else { "Unhealthy" };
+    pub fn transition(&self, gpu: &str, to: Health) {
+        let to = to.as_str();
         self.health_transitions
             .get_or_create(&TransitionLabels {
                 gpu: gpu.to_string(),
@@ -405,7 +409,7 @@ mod tests {
         let m = Metrics::new();
         m.registered("nvidia.com/a");
         m.xid("GPU-1", 79);
-        m.transition("GPU-1", false);
+        m.transition("GPU-1", Health::Unhealthy);
         m.policy_applied(3);
         let text = m.encode();
         for want in [

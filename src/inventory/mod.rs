@@ -8,6 +8,7 @@ pub mod mig;
 pub mod nvml;
 pub mod simulated;
 
+use crate::health::Health;
 use std::path::PathBuf;
 
 /// One MIG device (a GPU instance with one compute instance) of a MIG-enabled GPU.
@@ -34,10 +35,11 @@ pub struct MigDevice {
     /// The nvidia-caps minors granting access to its GPU and compute instance, when the
     /// driver's `mig-minors` file was read (see [`mig::resolve_caps`]).
     pub caps: Option<MigCaps>,
-    /// False when this MIG device is known to be unusable. Discovery sets true; the
-    /// supervisor clears it while a critical Xid on its UUID holds it Unhealthy. A MIG device is
-    /// advertised healthy only when it and its parent GPU ([`Gpu::healthy`]) both are.
-    pub healthy: bool,
+    /// Unhealthy when this MIG device is known to be unusable. Discovery reports what it sees;
+    /// the effective health (Xids, watch failures, MPS readiness folded in) comes from
+    /// [`crate::health::Tracker::effective`]. A MIG device is advertised healthy only when it
+    /// and its parent GPU ([`Gpu::health`]) both are.
+    pub health: Health,
 }
 
 impl MigDevice {
@@ -55,7 +57,7 @@ impl MigDevice {
             gpu_slices: profile.gpu_slices,
             compute_slices: profile.compute_slices,
             caps: None,
-            healthy: true,
+            health: Health::Healthy,
         }
     }
 }
@@ -91,8 +93,9 @@ pub struct Gpu {
     /// MIG devices, when MIG mode is enabled, sorted by [`MigDevice::index`]. A MIG-enabled
     /// GPU may have none (no instances created yet).
     pub mig_devices: Vec<MigDevice>,
-    /// False when the GPU is known to be unusable (a simulated failure, a lost GPU).
-    pub healthy: bool,
+    /// Unhealthy when the GPU is known to be unusable (a simulated failure, a lost GPU), as
+    /// discovery reports it; see [`MigDevice::health`] for the effective health.
+    pub health: Health,
 }
 
 /// Every GPU of the node, sorted by index.
@@ -290,7 +293,7 @@ pub(crate) fn test_node(n: u32) -> Inventory {
                 numa_node: Some(i64::from(i / 4)),
                 mig_enabled: false,
                 mig_devices: Vec::new(),
-                healthy: true,
+                health: Health::Healthy,
             })
             .collect(),
     )

@@ -16,6 +16,7 @@
 //! word after ` MIG ` in the device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`), or, when the
 //! name lacks it, rebuilt from the attributes (see [`super::mig`]).
 
+use crate::health::Health;
 use std::ffi::OsStr;
 use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
@@ -167,7 +168,7 @@ impl NvmlSource {
                 gpu_slices,
                 compute_slices,
                 caps: None,
-                healthy: true,
+                health: Health::Healthy,
             });
         }
         Ok(out)
@@ -245,7 +246,7 @@ impl GpuSource for NvmlSource {
                     Some(prev) => {
                         tracing::error!(gpu = i, uuid = %prev.uuid, error = %e, "GPU stopped answering NVML; marking it Unhealthy");
                         gpus.push(Gpu {
-                            healthy: false,
+                            health: Health::Unhealthy,
                             ..prev.clone()
                         });
                     }
@@ -265,7 +266,7 @@ impl GpuSource for NvmlSource {
                                 numa_node: None,
                                 mig_enabled: false,
                                 mig_devices: Vec::new(),
-                                healthy: false,
+                                health: Health::Unhealthy,
                             });
                         }
                         Err(uuid_err) => {
@@ -275,7 +276,7 @@ impl GpuSource for NvmlSource {
                 },
             }
         }
-        for g in gpus.iter().filter(|g| g.healthy) {
+        for g in gpus.iter().filter(|g| g.health.is_healthy()) {
             self.last.insert(g.index, g.clone());
         }
         let mut inv = Inventory::new(gpus);
@@ -600,7 +601,7 @@ impl NvmlSource {
             numa_node: numa,
             mig_enabled,
             mig_devices,
-            healthy: true,
+            health: Health::Healthy,
         })
     }
 }

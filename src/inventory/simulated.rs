@@ -28,6 +28,7 @@
 //! the shipped nodes against `../shared/fixtures/gpu-models.yaml`). `mig:` without devices is a
 //! MIG-enabled GPU on which no instance was created yet.
 
+use crate::health::Health;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -304,7 +305,7 @@ fn parse_with_xids(
                 numa_node: entry.numa_node,
                 mig_enabled: entry.mig.is_some(),
                 mig_devices,
-                healthy: entry.health != Some(HealthValue::Unhealthy),
+                health: Health::from_bool(entry.health != Some(HealthValue::Unhealthy)),
             });
             if let Some(x) = entry.xid {
                 xids.push((gpus.last().expect("pushed").uuid.clone(), x));
@@ -459,7 +460,7 @@ mod tests {
         assert_eq!((last.index, last.gi_id, last.ci_id), (6, 7, 0));
         assert_eq!((last.gpu_slices, last.compute_slices), (1, 1));
         assert!(last.uuid.starts_with("MIG-") && last.uuid.len() == 40);
-        assert!(last.healthy && last.caps.is_none());
+        assert!(last.health.is_healthy() && last.caps.is_none());
         let uuids: std::collections::BTreeSet<&str> = inv.gpus[0]
             .mig_devices
             .iter()

@@ -19,6 +19,7 @@
 //! mixed`, or `nvidia.com/gpu` under `single`): each selected MIG device gets its own daemon
 //! ([`MpsTarget::mig`]), its memory the slice's.
 
+use crate::health::Health;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -160,8 +161,8 @@ pub struct MpsTarget {
     pub memory_mib: u64,
     /// Compute capability of the physical GPU.
     pub compute_capability: Option<(u32, u32)>,
-    /// Healthy as discovered.
-    pub healthy: bool,
+    /// Its health in the effective inventory.
+    pub health: Health,
     /// The MIG device, for a MIG target.
     pub mig: Option<MigInfo>,
 }
@@ -177,7 +178,7 @@ impl MpsTarget {
             numa_node: g.numa_node,
             memory_mib: g.memory_mib,
             compute_capability: g.compute_capability,
-            healthy: g.healthy,
+            health: g.health,
             mig: None,
         }
     }
@@ -187,7 +188,7 @@ impl MpsTarget {
         MpsTarget {
             uuid: m.uuid.clone(),
             memory_mib: m.memory_mib,
-            healthy: g.healthy && m.healthy,
+            health: g.health.and(m.health),
             mig: Some(MigInfo {
                 index: m.index,
                 parent_uuid: g.uuid.clone(),
@@ -301,7 +302,7 @@ pub fn mps_resource(
         for n in 0..replicas {
             bytes += framed(device_encoded_len(
                 id_len(&t.uuid, replicas, n),
-                t.healthy,
+                t.health,
                 t.numa_node,
             ));
         }
@@ -343,7 +344,7 @@ pub fn mps_resource(
                 gpu_uuid: t.uuid.clone(),
                 gpu_minor: t.minor,
                 replica,
-                healthy: t.healthy,
+                health: t.health,
                 numa_node: t.numa_node,
                 mig: t.mig.clone(),
             });
@@ -436,7 +437,7 @@ impl Plan {
                 .collect();
             let r = Arc::make_mut(res);
             for i in over {
-                r.devices[i].healthy = false;
+                r.devices[i].health = Health::Unhealthy;
             }
             if let Some(mps) = r.mps.as_mut() {
                 for (u, applied) in stale {

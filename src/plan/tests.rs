@@ -172,7 +172,7 @@ fn entries_that_match_nothing_here_are_warnings() {
 #[test]
 fn health_and_numa_follow_the_physical_gpu() {
     let mut node = test_node(8);
-    node.gpus[5].healthy = false;
+    node.gpus[5].health = Health::Unhealthy;
     let built = build(
         &policy("    resources:\n      - name: nvidia.com/gpu\n        replicas: 3\n"),
         &node,
@@ -180,10 +180,13 @@ fn health_and_numa_follow_the_physical_gpu() {
     .unwrap();
     let r = &built.plan.resources["nvidia.com/gpu"];
     for d in &r.devices {
-        assert_eq!(d.healthy, d.gpu_index != 5, "{}", d.id);
+        assert_eq!(d.health.is_healthy(), d.gpu_index != 5, "{}", d.id);
         assert_eq!(d.numa_node, Some(i64::from(d.gpu_index / 4)));
     }
-    assert_eq!(r.devices.iter().filter(|d| !d.healthy).count(), 3);
+    assert_eq!(
+        r.devices.iter().filter(|d| !d.health.is_healthy()).count(),
+        3
+    );
 }
 
 #[test]
@@ -680,13 +683,16 @@ fn mig_claims_and_name_collisions_are_rejected_naming_both() {
 #[test]
 fn mig_health_follows_the_device_and_its_parent() {
     let mut node = h100_mixed();
-    node.gpus[0].healthy = false;
-    node.gpus[1].mig_devices[3].healthy = false;
+    node.gpus[0].health = Health::Unhealthy;
+    node.gpus[1].mig_devices[3].health = Health::Unhealthy;
     let built = build(&mig_policy("mixed", TS_1G_10GB), &node).unwrap();
     let r = &built.plan.resources["nvidia.com/mig-1g.10gb"];
-    assert_eq!(r.devices.iter().filter(|d| d.healthy).count(), 0);
+    assert_eq!(
+        r.devices.iter().filter(|d| d.health.is_healthy()).count(),
+        0
+    );
     let r = &built.plan.resources["nvidia.com/mig-2g.20gb"];
-    assert!(r.devices.iter().all(|d| d.healthy));
+    assert!(r.devices.iter().all(|d| d.health.is_healthy()));
 }
 
 #[test]
@@ -774,7 +780,7 @@ fn closed_form_size_matches_the_encoded_message() {
         let by_device: u64 = r
             .devices
             .iter()
-            .map(|d| framed(device_encoded_len(d.id.len(), d.healthy, d.numa_node)))
+            .map(|d| framed(device_encoded_len(d.id.len(), d.health, d.numa_node)))
             .sum();
         assert_eq!(
             encoded_size(&units, replicas),

@@ -37,7 +37,7 @@ pub fn list_response(res: &ResourcePlan) -> api::ListAndWatchResponse {
             .iter()
             .map(|d| api::Device {
                 id: d.id.clone(),
-                health: if d.healthy {
+                health: if d.health.is_healthy() {
                     api::HEALTHY
                 } else {
                     api::UNHEALTHY
@@ -343,7 +343,7 @@ impl DevicePlugin for Service {
             // The kubelet decides (it may allocate a device it saw Unhealthy, e.g. after a
             // restart); answer, but leave a trace with the device ID.
             for id in &req.devices_ids {
-                if res.device(id).is_some_and(|d| !d.healthy) {
+                if res.device(id).is_some_and(|d| !d.health.is_healthy()) {
                     tracing::warn!(resource = %self.resource, device = %crate::uuid::truncate_id(id), "Allocate of an Unhealthy device");
                 }
             }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::health::Health;
 use crate::inventory::test_node;
 use crate::plan::{build, device_encoded_len};
 use crate::policy::parse;
@@ -24,7 +25,7 @@ fn plan_size_arithmetic_matches_prost() {
     node.gpus[2].numa_node = None;
     node.gpus[3].numa_node = Some(-1);
     node.gpus[4].numa_node = Some(300);
-    node.gpus[5].healthy = false;
+    node.gpus[5].health = Health::Unhealthy;
     for replicas in [1u32, 2, 11, 150] {
         let p = parse(&format!("sharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: {replicas}\n")).unwrap();
         let built = build(&p, &node).unwrap();
@@ -32,7 +33,7 @@ fn plan_size_arithmetic_matches_prost() {
         let msg = list_response(res);
         for (d, m) in res.devices.iter().zip(&msg.devices) {
             assert_eq!(
-                device_encoded_len(d.id.len(), d.healthy, d.numa_node),
+                device_encoded_len(d.id.len(), d.health, d.numa_node),
                 m.encoded_len() as u64,
                 "{}",
                 d.id
@@ -191,4 +192,10 @@ async fn list_and_watch_sends_full_lists_without_duplicates_and_ends_on_stop() {
         .await
         .unwrap();
     assert!(end.is_none(), "stream must end on stop");
+}
+
+#[test]
+fn health_strings_are_the_kubelets() {
+    assert_eq!(Health::Healthy.as_str(), api::HEALTHY);
+    assert_eq!(Health::Unhealthy.as_str(), api::UNHEALTHY);
 }

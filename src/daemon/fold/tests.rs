@@ -97,7 +97,7 @@ fn plan_view(state: &State) -> Vec<(String, usize, Vec<String>)> {
             let mut sick: Vec<String> = r
                 .devices
                 .iter()
-                .filter(|d| !d.healthy)
+                .filter(|d| !d.health.is_healthy())
                 .map(|d| d.gpu_uuid.clone())
                 .collect();
             sick.dedup();
@@ -455,7 +455,7 @@ fn health_table() {
                         10,
                         discovered({
                             let mut inv = test_node(2);
-                            inv.gpus[1].healthy = false;
+                            inv.gpus[1].health = Health::Unhealthy;
                             inv
                         }),
                         &[&format!("Transition({}, Unhealthy)", gpu(1)), "Publish"],

@@ -261,7 +261,11 @@ fn daemon_readiness_folds_into_its_devices_only() {
     let policy = parse(text).unwrap();
     let built = build(&policy, &node).unwrap();
     let health = |p: &Plan, r: &str| -> Vec<bool> {
-        p.resources[r].devices.iter().map(|d| d.healthy).collect()
+        p.resources[r]
+            .devices
+            .iter()
+            .map(|d| d.health.is_healthy())
+            .collect()
     };
     // The tracker holds every wanted daemon Unhealthy until it reports ready.
     let wanted: std::collections::BTreeSet<String> =
@@ -300,7 +304,7 @@ fn pending_limits_are_advertised_and_over_commit_is_unhealthy() {
         p.resources["nvidia.com/gpu-mps"]
             .devices
             .iter()
-            .map(|d| d.healthy)
+            .map(|d| d.health.is_healthy())
             .collect()
     };
     let limits = built.plan.resources["nvidia.com/gpu-mps"]
