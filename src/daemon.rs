@@ -1,6 +1,6 @@
 //! The supervisor: the one owner of mutable state, in three steps.
 //!
-//! 1. **Fold** ([`fold`], pure): every source of change reports an input — the policy file read
+//! 1. **Fold** (`fold`, pure): every source of change reports an input — the policy file read
 //!    and parsed off the loop, the hardware actor's discoveries, health events and probe
 //!    answers, the MPS daemons' readiness — and `State::fold` turns it into a new state and a
 //!    list of actions.
@@ -15,7 +15,7 @@
 //! servers and owns the MPS daemons ([`Target::Mps`]).
 //!
 //! Failure rules:
-//! - An invalid policy never loses state (see [`fold`]). Each rejection is logged once with the
+//! - An invalid policy never loses state (see `fold`). Each rejection is logged once with the
 //!   field path and shown by `/readyz`.
 //! - NVML failing at start: `flags.failOnInitError` (default true) decides between exiting with
 //!   an error and staying up advertising nothing while retrying discovery periodically.

@@ -500,7 +500,7 @@ pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError>
 }
 
 /// [`build`], with the per-client limits each MPS control daemon enforces now (by GPU or MIG
-/// UUID; see [`Plan::apply_mps_limits`]): a daemon whose limits differ from the planned ones
+/// UUID): a daemon whose limits differ from the planned ones
 /// has a change pending until its clients are gone, and the plan advertises what it enforces.
 ///
 /// # Errors
