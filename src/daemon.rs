@@ -151,22 +151,20 @@ pub async fn run_with_status(
     run_target(settings, Target::DevicePlugin, shutdown, status).await
 }
 
-/// Reads and parses the policy file (blocking; run off the loop). `None` when unreadable.
+/// Reads and parses the policy file (blocking; run off the loop) within the read limits
+/// ([`policy::read_bounded`]: a regular file, 1 MiB, nesting checked before parsing, UTF-8), the
+/// same path `slicelet validate` takes.
 fn read_policy(path: &Path, force: bool) -> Input {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let hash: [u8; 32] = Sha256::digest(&bytes).into();
-            let text = String::from_utf8_lossy(&bytes);
-            Input::Policy {
-                path: path.to_path_buf(),
-                hash,
-                force,
-                parsed: policy::parse(&text),
-            }
-        }
+    match policy::read_bounded(path, &policy::Limits::default()) {
+        Ok(text) => Input::Policy {
+            path: path.to_path_buf(),
+            hash: Sha256::digest(text.as_bytes()).into(),
+            force,
+            parsed: policy::parse(&text),
+        },
         Err(e) => Input::PolicyUnreadable {
             path: path.to_path_buf(),
-            error: format!("reading {}: {e}", path.display()),
+            error: crate::errors::chain(&e),
         },
     }
 }

@@ -155,21 +155,6 @@ pub async fn register(
         })?
 }
 
-/// The error and its sources on one line ("transport error: No such file or directory").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        cur = s.source();
-    }
-    out
-}
-
 fn backoff() -> backon::ExponentialBackoff {
     backon::ExponentialBuilder::default()
         .with_min_delay(BACKOFF_MIN)
@@ -227,7 +212,7 @@ pub async fn register_until_done(
                 // The first failures are expected while a kubelet starts; say it once, then
                 // at every 10th attempt (the ones between are not logged).
                 if attempt == 1 || attempt.is_multiple_of(10) {
-                    tracing::warn!(resource, attempt, error = %chain(&e), retry_in = ?delay,
+                    tracing::warn!(resource, attempt, error = %crate::errors::chain(&e), retry_in = ?delay,
                         "registration failed; retrying (logged at attempt 1 and every 10th)");
                 }
                 delay

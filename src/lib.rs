@@ -18,6 +18,7 @@ pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
+pub mod errors;
 pub mod health;
 pub mod inventory;
 pub mod kubelet;
