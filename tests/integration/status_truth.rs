@@ -106,3 +106,38 @@ async fn registered_without_a_stream_is_not_ready() {
     d.stop().await;
     kubelet.abort();
 }
+
+/// The 400 KB policy that once took 203 s of CPU on the supervisor (nesting inside a typed
+/// field): it is refused before parsing and, read off the loop, never delays a kubelet restart
+/// happening at the same time. The last good policy keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_policy_is_refused_while_a_kubelet_restart_is_handled() {
+    let node = Node::new(&ts_policy(2));
+    let mut emu = emulator(&node).await;
+    let mut d = Daemon::start(node.settings(&node_file("l4-x1.yaml")));
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    let depth = 200_000;
+    let hostile = format!(
+        "flags:\n  gfd: {}{}\n",
+        "[".repeat(depth),
+        "]".repeat(depth)
+    );
+    assert!(hostile.len() > 400_000);
+    node.write_policy(&hostile);
+    emu.restart().await.unwrap();
+    emu.wait_for(WAIT, |s| {
+        let r = &s.resources["nvidia.com/gpu-shared"];
+        r.registrations >= 2 && r.streaming && s.device_count("nvidia.com/gpu-shared") == Some(2)
+    })
+    .await
+    .unwrap();
+    let s = d
+        .wait_status(|s| {
+            s.policy_error
+                .as_deref()
+                .is_some_and(|e| e.contains("nest"))
+        })
+        .await;
+    assert_eq!(s.generation, 1, "the last good policy keeps serving");
+    d.stop().await;
+}
