@@ -373,8 +373,12 @@ pub async fn run_target(
                     servers.kubelet_dir_changed();
                 }
             }
-            Some(input) = async { policy_read.as_mut()?.await.ok() }, if policy_read.is_some() => {
+            done = async { policy_read.as_mut().expect("guarded").await }, if policy_read.is_some() => {
                 policy_read = None;
+                let input = done.unwrap_or_else(|e| Input::PolicyUnreadable {
+                    path: settings.config.clone(),
+                    error: format!("reading the policy failed: {e}"),
+                });
                 shell.fold(&mut state, input, &mut servers);
             }
             Some(report) = reports.recv() => {
