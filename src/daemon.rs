@@ -151,6 +151,27 @@ pub async fn run_with_status(
     run_target(settings, Target::DevicePlugin, shutdown, status).await
 }
 
+/// `slicelet mps --config FILE [--simulate NODE]`: the MPS supervisor alone, for a DaemonSet of
+/// its own (with `slicelet run --mps-external` on the same node), so that rolling out the
+/// device plugin never restarts running MPS servers. It is this same loop with
+/// [`Target::Mps`]: the same policy reading, debounce, resync, SIGHUP, hardware actor and plan,
+/// reconciled against the MPS control daemons and compute modes only (no device-plugin
+/// servers, no status endpoint). An invalid policy keeps the daemons of the last good one. On
+/// SIGTERM/SIGINT it sends `quit` to its daemons, removes their directories and restores
+/// compute modes.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_mps(settings: Settings, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    run_target(
+        settings,
+        Target::Mps,
+        shutdown,
+        watch::channel(Status::default()).0,
+    )
+    .await
+}
+
 /// Reads and parses the policy file (blocking; run off the loop) within the read limits
 /// ([`policy::read_bounded`]: a regular file, 1 MiB, nesting checked before parsing, UTF-8), the
 /// same path `slicelet validate` takes.

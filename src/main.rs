@@ -73,7 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Mps(args) => {
             let settings = args.settings();
             run_until_signal(2, "slicelet mps", |token| {
-                slicelet::mps::standalone::run(settings, token)
+                slicelet::daemon::run_mps(settings, token)
             })
         }
         Command::Plan(args) => {

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::compute::ComputeModes;
 use super::{EventSink, GpuSource, Inventory, InventoryError};
 use crate::health::HealthEvent;
-use crate::mps::ComputeModes;
 
 /// How long a hardware thread waits for room in the supervisor's channel before it drops a
 /// report (and logs it).

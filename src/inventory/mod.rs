@@ -4,6 +4,7 @@
 //! [`mig`] holds the MIG facts both sources share (profile names, nvidia-caps minors).
 
 pub mod actor;
+pub mod compute;
 pub mod mig;
 pub mod nvml;
 pub mod simulated;

@@ -28,10 +28,8 @@
 //! through a `watch` channel, health goes out as [`Event`]s on an `mpsc` channel, which the
 //! supervisor folds into device health ([`crate::health::Tracker`]).
 
-mod compute;
 pub mod control;
 mod gpu;
-pub mod standalone;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -41,8 +39,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
-pub use compute::ComputeModes;
 
 use crate::plan::{MpsLimits, MpsWanted};
 

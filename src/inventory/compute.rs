@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::inventory::{ComputeMode, GpuSource};
+use super::{ComputeMode, GpuSource};
 
 /// GPUs whose compute mode slicelet changed, with the mode each had before.
 #[derive(Debug, Default)]
