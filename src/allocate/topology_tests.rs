@@ -299,6 +299,7 @@ fn dgx1_hybrid_cube_mesh() {
             Case { what: "GPUs 2 and 3 taken, size 2: doubled links first", taken: &[2, 3], must: &[], size: 2, want: &[6, 7] },
             Case { what: "size 6: the quad, then 4 (NVLink to 0) and 5 (NVLink to 1 and 4, same PCIe switch)", taken: &[], must: &[], size: 6, want: &[0, 1, 2, 3, 4, 5] },
             Case { what: "size 8", taken: &[], must: &[], size: 8, want: &[0, 1, 2, 3, 4, 5, 6, 7] },
+            Case { what: "one NUMA node before more NVLinks: 0-1 (NV1) over 0-4 (NV2, across sockets)", taken: &[2, 3, 5, 6, 7], must: &[], size: 2, want: &[0, 1] },
         ],
     );
     // Every size-4 answer on an empty node is fully connected by NVLink.
