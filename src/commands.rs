@@ -95,7 +95,8 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
     let built = plan::build(&policy, &inv)
         .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
-    let view = built.plan.view();
+    let mut view = built.plan.view();
+    view.links = inv.link_views();
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")
@@ -140,7 +141,34 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             out.push('\n');
         }
     }
+    if inv.gpus.len() > 1 {
+        out.push_str(&link_matrix(&inv));
+    }
     Ok(out)
+}
+
+/// The GPU link matrix as `nvidia-smi topo -m` draws it: `NV<n>` NVLinks, `NVS` NVSwitch,
+/// `PIX`/`PXB`/`PHB`/`NODE`/`SYS` PCIe levels, `?` unknown.
+fn link_matrix(inv: &crate::inventory::Inventory) -> String {
+    let mut out = String::from("LINKS ");
+    for g in &inv.gpus {
+        let _ = write!(out, "{:>6}", format!("GPU{}", g.index));
+    }
+    out.push_str("  NUMA\n");
+    for a in &inv.gpus {
+        let _ = write!(out, "{:<6}", format!("GPU{}", a.index));
+        for b in &inv.gpus {
+            let cell = if a.index == b.index {
+                "X".to_string()
+            } else {
+                inv.link(a.index, b.index).abbreviation()
+            };
+            let _ = write!(out, "{cell:>6}");
+        }
+        let numa = a.numa_node.map_or("-".to_string(), |n| n.to_string());
+        let _ = writeln!(out, "  {numa}");
+    }
+    out
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {

@@ -341,6 +341,7 @@ impl Plan {
     /// The JSON/table view printed by `slicelet plan`.
     pub fn view(&self) -> PlanView {
         PlanView {
+            links: Vec::new(),
             resources: self
                 .resources
                 .values()
@@ -371,6 +372,10 @@ impl Plan {
 pub struct PlanView {
     /// Resources sorted by name.
     pub resources: Vec<ResourceView>,
+    /// Every GPU pair and how it is connected (`slicelet plan` fills it from the inventory;
+    /// absent with fewer than two GPUs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<crate::inventory::topology::LinkView>,
 }
 
 /// One resource in [`PlanView`].
