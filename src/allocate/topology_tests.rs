@@ -547,7 +547,7 @@ proptest! {
         let mut must: Vec<String> = res.devices.iter().enumerate()
             .filter(|(p, _)| must_mask & (1 << (p % 32)) != 0)
             .map(|(_, d)| d.id.clone())
-            .filter(|id| replicated.then(|| available.contains(id)).unwrap_or(true))
+            .filter(|id| !replicated || available.contains(id))
             .collect();
         if foreign {
             available.push("GPU-not-on-this-node".to_string());
