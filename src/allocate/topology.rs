@@ -203,7 +203,9 @@ fn exact(p: &Problem, k: usize) -> (Vec<usize>, SetScore) {
 }
 
 /// Greedy growth: from each seed (or from `must` alone), add the candidate that keeps one
-/// NUMA node, adds the most links, and takes the fewest links from the rest.
+/// NUMA node, adds the most links (counting, while two or more units are still to come, its
+/// best link to a free candidate, so pairs are taken whole), and takes the fewest links from
+/// the rest.
 fn greedy(p: &Problem, k: usize, seeded: bool) -> (Vec<usize>, SetScore) {
     let seeds: Vec<Option<usize>> = if seeded && k > 0 {
         (0..p.n.min(GREEDY_SEEDS)).map(Some).collect()
@@ -224,7 +226,16 @@ fn greedy(p: &Problem, k: usize, seeded: bool) -> (Vec<usize>, SetScore) {
             let mut pick: Option<(SetScore, usize, Partial)> = None;
             for c in (0..p.n).filter(|&c| !taken[c]) {
                 let next = part.add(p, &chosen, c);
-                let s = next.score();
+                let mut s = next.score();
+                // Look one unit ahead while two or more are still to come: a GPU whose NVLink
+                // partner is free is worth its pair, not only its links to the set so far.
+                if chosen.len() + 2 <= k {
+                    s.links += (0..p.n)
+                        .filter(|&d| d != c && !taken[d])
+                        .map(|d| p.w(c, d))
+                        .max()
+                        .unwrap_or(0);
+                }
                 if pick.as_ref().is_none_or(|(b, _, _)| s > *b) {
                     pick = Some((s, c, next));
                 }

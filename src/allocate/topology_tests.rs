@@ -476,8 +476,8 @@ fn distributed_replicas_prefer_linked_gpus() {
 
 fn random_node() -> impl Strategy<Value = String> {
     (
-        1u32..=16,
-        prop::collection::vec((0u32..16, 0u32..16, 0u32..5, 0u32..4), 0..24),
+        1u32..=40,
+        prop::collection::vec((0u32..40, 0u32..40, 0u32..5, 0u32..4), 0..48),
         any::<bool>(),
         0u32..3,
     )
@@ -527,7 +527,7 @@ proptest! {
         node in random_node(),
         avail_mask in any::<u32>(),
         must_mask in any::<u32>(),
-        size in 0usize..=17,
+        size in 0usize..=41,
         foreign in any::<bool>(),
         replicated in any::<bool>(),
         packed in any::<bool>(),
@@ -567,4 +567,35 @@ proptest! {
         dedup.dedup();
         prop_assert_eq!(dedup.len(), got.len());
     }
+}
+
+#[test]
+fn large_nodes_use_the_bounded_greedy_search() {
+    // 32 GPUs in NVLink pairs, NUMA {0-15} {16-31}: C(30, 8) sets is over the exact limit.
+    let mut node = gpus("NVIDIA H100 80GB HBM3", &[16, 16]);
+    node.push_str("links:\n");
+    for a in (0..32u32).step_by(2) {
+        node.push_str(&format!("  - gpus: [{a}, {}]\n    nvlinks: 4\n", a + 1));
+    }
+    let res = whole(&node, "");
+    let available: Vec<String> = (0..32)
+        .filter(|g| *g != 0 && *g != 17)
+        .map(|g| id_of(&res, g))
+        .collect();
+    assert!(
+        topology::EXACT_LIMIT < 5_852_925,
+        "C(30, 8) must take the greedy path"
+    );
+    let got = indices(&res, &preferred(&res, &available, &[], 8));
+    assert_eq!(got.len(), 8);
+    assert!(
+        got.iter().all(|g| g / 16 == got[0] / 16),
+        "one NUMA node: {got:?}"
+    );
+    // Four intact pairs, and neither orphan (1, 16) is taken.
+    for g in &got {
+        assert!(got.contains(&(g ^ 1)), "{g} without its pair in {got:?}");
+    }
+    // Size 1: an orphan.
+    assert_eq!(indices(&res, &preferred(&res, &available, &[], 1)), [1]);
 }
