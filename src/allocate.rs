@@ -18,7 +18,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use std::cmp::Reverse;
+
 use crate::plan::{ResourcePlan, Strategy, VirtualDevice};
+use crate::policy::SharedAllocation;
 
 /// Env var the NVIDIA container runtime reads to expose GPUs.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -206,12 +209,40 @@ pub fn allocate(
 /// on one GPU are two units).
 ///
 /// The answer is ordered as the resource lists its devices.
+///
+/// Whole devices (one device per GPU or MIG device: `replicas: 1` or unshared) are chosen by
+/// topology instead, see [`topology`]. Replicas follow
+/// `flags.plugin.sharedDevicesAllocationPolicy`: `distributed` as above (and among equals, the
+/// unit with the most link score to the units chosen so far), `packed` the unit with the most
+/// devices in use or chosen first (then the same NUMA node, the most linked, the lowest).
 pub fn preferred(
     res: &ResourcePlan,
     available: &[String],
     must_include: &[String],
     size: usize,
 ) -> Vec<String> {
+    preferred_scored(res, available, must_include, size).ids
+}
+
+/// A GetPreferredAllocation answer and how good it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preferred {
+    /// The chosen IDs, ordered as the resource lists its devices.
+    pub ids: Vec<String>,
+    /// The total link score of the distinct physical units behind them (the sum over their
+    /// pairs of [`crate::inventory::topology::Link::score`]), for the log.
+    pub score: u64,
+}
+
+/// [`preferred`], with the chosen set's link score.
+pub fn preferred_scored(
+    res: &ResourcePlan,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Preferred {
+    // The answer lies within `available`: a `must_include` ID outside it is ignored (the
+    // kubelet's own contract says it is a subset; a caller that breaks it gets no foreign ID).
     let offered: BTreeSet<&str> = available.iter().map(String::as_str).collect();
     let must_include: Vec<String> = must_include
         .iter()
@@ -219,9 +250,74 @@ pub fn preferred(
         .cloned()
         .collect();
     let must_include = must_include.as_slice();
-    if res.strategy == Strategy::Mps {
-        return mps::preferred(res, available, must_include, size);
+    let ids = if res.strategy == Strategy::Mps {
+        mps::preferred(res, available, must_include, size)
+    } else if res.replicas <= 1 {
+        whole(res, available, must_include, size)
+    } else {
+        replicas(res, available, must_include, size)
+    };
+    let links = res.links();
+    let mut units: Vec<usize> = ids
+        .iter()
+        .filter_map(|id| res.position(id))
+        .map(|p| links.unit_of(p))
+        .collect();
+    units.sort_unstable();
+    units.dedup();
+    let mut score = 0u64;
+    for (i, &a) in units.iter().enumerate() {
+        for &b in &units[i + 1..] {
+            score += u64::from(links.score(a, b));
+        }
     }
+    Preferred { ids, score }
+}
+
+/// GetPreferredAllocation for whole devices (one device per unit), by topology.
+///
+/// `must_include` IDs that are not in `available` (or not of this resource) are ignored, so
+/// the answer always lies within `available`; unhealthy devices are taken only when the
+/// healthy ones do not make up `size`.
+fn whole(
+    res: &ResourcePlan,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<String> {
+    let links = res.links();
+    let mut avail: Vec<usize> = available.iter().filter_map(|id| res.position(id)).collect();
+    avail.sort_unstable();
+    avail.dedup();
+    let mut must: Vec<usize> = Vec::new();
+    for p in must_include.iter().filter_map(|id| res.position(id)) {
+        if must.len() < size && avail.binary_search(&p).is_ok() && !must.contains(&p) {
+            must.push(p);
+        }
+    }
+    let k = size - must.len();
+    let (healthy, sick): (Vec<usize>, Vec<usize>) = avail
+        .iter()
+        .copied()
+        .filter(|p| !must.contains(p))
+        .partition(|&p| res.devices[p].health.is_healthy());
+    let must_units: Vec<usize> = must.iter().map(|&p| links.unit_of(p)).collect();
+    let cand_units: Vec<usize> = healthy.iter().map(|&p| links.unit_of(p)).collect();
+    let (chosen, _) = topology::choose(links, &must_units, &cand_units, k);
+    let mut out: Vec<usize> = must;
+    out.extend(chosen.iter().map(|&u| links.first(u)));
+    out.extend(sick.into_iter().take(size.saturating_sub(out.len())));
+    out.sort_unstable();
+    out.into_iter().map(|p| res.devices[p].id.clone()).collect()
+}
+
+/// GetPreferredAllocation for replicas (see [`preferred`]).
+fn replicas(
+    res: &ResourcePlan,
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+) -> Vec<String> {
     // Position of each chosen device in res.devices.
     let mut chosen: BTreeSet<usize> = BTreeSet::new();
     let position = |id: &str| res.position(id);
@@ -264,6 +360,15 @@ pub fn preferred(
     let numa_of = |p: usize| res.devices[p].numa_node;
     let mut home_numa = chosen.iter().next().and_then(|&p| numa_of(p));
     let mut next: BTreeMap<usize, usize> = per_unit.keys().map(|&u| (u, 0)).collect();
+    let links = res.links();
+    // Units (link numbering) of the devices chosen so far, once each.
+    let mut linked: Vec<usize> = Vec::new();
+    for &p in &chosen {
+        if !linked.contains(&links.unit_of(p)) {
+            linked.push(links.unit_of(p));
+        }
+    }
+    let packed = res.shared_allocation == SharedAllocation::Packed;
     while chosen.len() < size {
         let best = per_unit
             .iter()
@@ -273,7 +378,25 @@ pub fn preferred(
                     Some(h) => numa_of(list[0]) != Some(h),
                     None => false,
                 };
-                (picked.get(u).copied().unwrap_or(0), load[u], numa_far, **u)
+                let me = links.unit_of(**u);
+                let link: u64 = linked
+                    .iter()
+                    .filter(|&&v| v != me)
+                    .map(|&v| u64::from(links.score(me, v)))
+                    .sum();
+                let mine = picked.get(u).copied().unwrap_or(0);
+                if packed {
+                    // The most used replicas (in use, or chosen for this container) first.
+                    (
+                        usize::MAX - (load[u] + mine),
+                        0,
+                        numa_far,
+                        Reverse(link),
+                        **u,
+                    )
+                } else {
+                    (mine, load[u], numa_far, Reverse(link), **u)
+                }
             })
             .map(|(u, _)| *u);
         let Some(u) = best else { break };
@@ -282,6 +405,9 @@ pub fn preferred(
         *i += 1;
         chosen.insert(p);
         *picked.entry(u).or_default() += 1;
+        if !linked.contains(&links.unit_of(p)) {
+            linked.push(links.unit_of(p));
+        }
         if home_numa.is_none() {
             home_numa = numa_of(p);
         }
@@ -293,6 +419,7 @@ pub fn preferred(
 }
 
 mod mps;
+pub mod topology;
 pub use mps::{
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_PIPE_DIRECTORY,
 };
@@ -301,3 +428,5 @@ pub use mps::{
 mod hostile_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod topology_tests;

@@ -22,7 +22,8 @@ pub struct CommandError(pub String);
 /// entries at fault for this node.
 pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config).map_err(|e| CommandError(describe(&e)))?;
+    let policy =
+        policy::load(&settings.config).map_err(|e| CommandError(crate::errors::chain(&e)))?;
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
     if !policy.mps.resources.is_empty() {
@@ -91,11 +92,13 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
 /// cannot be built.
 pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config).map_err(|e| CommandError(describe(&e)))?;
+    let policy =
+        policy::load(&settings.config).map_err(|e| CommandError(crate::errors::chain(&e)))?;
     let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
     let built = plan::build(&policy, &inv)
         .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
-    let view = built.plan.view();
+    let mut view = built.plan.view();
+    view.links = inv.link_views();
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")
@@ -140,20 +143,32 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             out.push('\n');
         }
     }
+    if inv.gpus.len() > 1 {
+        out.push_str(&link_matrix(&inv));
+    }
     Ok(out)
 }
 
-/// The error and its sources on one line, `: `-joined.
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
+/// The GPU link matrix as `nvidia-smi topo -m` draws it: `NV<n>` NVLinks, `NVS` NVSwitch,
+/// `PIX`/`PXB`/`PHB`/`NODE`/`SYS` PCIe levels, `?` unknown.
+fn link_matrix(inv: &crate::inventory::Inventory) -> String {
+    let mut out = String::from("LINKS ");
+    for g in &inv.gpus {
+        let _ = write!(out, "{:>6}", format!("GPU{}", g.index));
+    }
+    out.push_str("  NUMA\n");
+    for a in &inv.gpus {
+        let _ = write!(out, "{:<6}", format!("GPU{}", a.index));
+        for b in &inv.gpus {
+            let cell = if a.index == b.index {
+                "X".to_string()
+            } else {
+                inv.link(a.index, b.index).abbreviation()
+            };
+            let _ = write!(out, "{cell:>6}");
         }
-        cause = c.source();
+        let numa = a.numa_node.map_or("-".to_string(), |n| n.to_string());
+        let _ = writeln!(out, "  {numa}");
     }
     out
 }

@@ -31,8 +31,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::health::Health;
+use crate::inventory::topology::{Link, PathLevel, SAME_GPU_SCORE};
 use crate::inventory::{mig, Gpu, Inventory, MigCaps, MigDevice};
-use crate::policy::{DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedResource};
+use crate::policy::{
+    DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedAllocation, SharedResource,
+};
 
 /// The resource whole GPUs are advertised under (and MIG devices under `migStrategy: single`).
 pub const WHOLE_GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -121,11 +124,111 @@ pub struct ResourcePlan {
     pub devices: Vec<VirtualDevice>,
     /// MPS resources: the control daemons behind the devices and their limits.
     pub mps: Option<MpsResource>,
+    /// How GetPreferredAllocation places replicas (`flags.plugin.sharedDevicesAllocationPolicy`;
+    /// only time-sliced resources with more than one replica use it).
+    pub shared_allocation: SharedAllocation,
     by_id: HashMap<String, usize>,
     /// Per device position: the position of the first device of its physical unit (GPU or
     /// MIG device), and how many devices that unit has. Precomputed for
     /// GetPreferredAllocation.
     units: Vec<(usize, usize)>,
+    /// The physical units' link scores, precomputed for GetPreferredAllocation.
+    links: UnitLinks,
+}
+
+/// The physical units (GPUs or MIG devices) of one resource and their pairwise link scores
+/// ([`Link::score`]; two MIG devices of one GPU score [`SAME_GPU_SCORE`]), computed once with
+/// the plan so GetPreferredAllocation does no NVML and no rebuild per call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitLinks {
+    /// Per device position: its unit's number (units numbered 0.. in device order).
+    unit_of: Vec<u32>,
+    /// Per unit: the position of its first device.
+    first: Vec<usize>,
+    /// Per unit: the GPU index behind it.
+    gpu: Vec<u32>,
+    /// Per unit: the NUMA node of its GPU.
+    numa: Vec<Option<i64>>,
+    /// `n × n` scores, row-major; the diagonal is 0.
+    scores: Vec<u32>,
+}
+
+impl UnitLinks {
+    /// `link(gpu a, numa a, gpu b, numa b)` is the link between two GPUs.
+    fn new(
+        devices: &[VirtualDevice],
+        link: impl Fn(u32, Option<i64>, u32, Option<i64>) -> Link,
+    ) -> Self {
+        let mut unit_of = Vec::with_capacity(devices.len());
+        let mut first: Vec<usize> = Vec::new();
+        let mut gpu = Vec::new();
+        let mut numa = Vec::new();
+        let mut seen: HashMap<&str, u32> = HashMap::new();
+        for (p, d) in devices.iter().enumerate() {
+            let u = *seen.entry(d.gpu_uuid.as_str()).or_insert_with(|| {
+                first.push(p);
+                gpu.push(d.gpu_index);
+                numa.push(d.numa_node);
+                (first.len() - 1) as u32
+            });
+            unit_of.push(u);
+        }
+        let n = first.len();
+        let mut scores = vec![0; n * n];
+        for a in 0..n {
+            for b in a + 1..n {
+                let s = if gpu[a] == gpu[b] {
+                    SAME_GPU_SCORE
+                } else {
+                    link(gpu[a], numa[a], gpu[b], numa[b]).score()
+                };
+                scores[a * n + b] = s;
+                scores[b * n + a] = s;
+            }
+        }
+        UnitLinks {
+            unit_of,
+            first,
+            gpu,
+            numa,
+            scores,
+        }
+    }
+
+    /// How many units.
+    pub fn len(&self) -> usize {
+        self.first.len()
+    }
+
+    /// Whether the resource has no units.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty()
+    }
+
+    /// The unit of the device at `position`.
+    pub fn unit_of(&self, position: usize) -> usize {
+        self.unit_of[position] as usize
+    }
+
+    /// The position of unit `u`'s first device.
+    pub fn first(&self, u: usize) -> usize {
+        self.first[u]
+    }
+
+    /// The GPU index behind unit `u`.
+    pub fn gpu(&self, u: usize) -> u32 {
+        self.gpu[u]
+    }
+
+    /// The NUMA node of unit `u`'s GPU.
+    pub fn numa(&self, u: usize) -> Option<i64> {
+        self.numa[u]
+    }
+
+    /// The link score between units `a` and `b` (0 when `a == b`).
+    pub fn score(&self, a: usize, b: usize) -> u32 {
+        self.scores[a * self.first.len() + b]
+    }
 }
 
 impl ResourcePlan {
@@ -156,17 +259,46 @@ impl ResourcePlan {
             })
             .collect();
         let units = firsts.iter().map(|&f| (f, count[&f])).collect();
+        let links = UnitLinks::new(&devices, |_, a, _, b| {
+            Link::pcie(PathLevel::from_numa(a, b))
+        });
         ResourcePlan {
             name,
             strategy,
             replicas,
             fail_requests_greater_than_one,
             pass_device_specs,
+            shared_allocation: SharedAllocation::default(),
             devices,
             mps: None,
             by_id,
             units,
+            links,
         }
+    }
+
+    /// The same resource with its units' link scores taken from `inventory`
+    /// ([`Inventory::link`]) instead of derived from the devices' NUMA nodes (what
+    /// [`ResourcePlan::new`] does).
+    pub fn with_links_from(mut self, inventory: &Inventory) -> Self {
+        self.set_links_from(inventory);
+        self
+    }
+
+    /// [`ResourcePlan::with_links_from`] in place.
+    pub fn set_links_from(&mut self, inventory: &Inventory) {
+        self.links = UnitLinks::new(&self.devices, |a, _, b, _| inventory.link(a, b));
+    }
+
+    /// The same resource with `flags.plugin.sharedDevicesAllocationPolicy` set to `policy`.
+    pub fn with_shared_allocation(mut self, policy: SharedAllocation) -> Self {
+        self.shared_allocation = policy;
+        self
+    }
+
+    /// The physical units and their precomputed link scores.
+    pub fn links(&self) -> &UnitLinks {
+        &self.links
     }
 
     /// The physical unit (GPU or MIG device) of the device at `position`: the position of the
@@ -210,6 +342,7 @@ impl Plan {
     /// The JSON/table view printed by `slicelet plan`.
     pub fn view(&self) -> PlanView {
         PlanView {
+            links: Vec::new(),
             resources: self
                 .resources
                 .values()
@@ -240,6 +373,10 @@ impl Plan {
 pub struct PlanView {
     /// Resources sorted by name.
     pub resources: Vec<ResourceView>,
+    /// Every GPU pair and how it is connected (`slicelet plan` fills it from the inventory;
+    /// absent with fewer than two GPUs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<crate::inventory::topology::LinkView>,
 }
 
 /// One resource in [`PlanView`].
@@ -600,6 +737,13 @@ fn build_unobserved(policy: &Policy, inventory: &Inventory) -> Result<Built, Pla
                 mig::MIG_MINORS_PATH
             ));
         }
+    }
+    // Link scores between the physical units, once per plan (GetPreferredAllocation reads
+    // them and never asks NVML).
+    for res in resources.values_mut() {
+        let fresh = Arc::get_mut(res).expect("built above, not shared yet");
+        fresh.set_links_from(inventory);
+        fresh.shared_allocation = policy.shared_allocation;
     }
     Ok(Built {
         plan: Plan { resources },

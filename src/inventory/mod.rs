@@ -8,6 +8,7 @@ pub mod compute;
 pub mod mig;
 pub mod nvml;
 pub mod simulated;
+pub mod topology;
 
 use crate::health::Health;
 use std::path::PathBuf;
@@ -99,18 +100,59 @@ pub struct Gpu {
     pub health: Health,
 }
 
-/// Every GPU of the node, sorted by index.
+/// Every GPU of the node, sorted by index, and how they are connected.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
     /// The GPUs, sorted by [`Gpu::index`].
     pub gpus: Vec<Gpu>,
+    /// The links discovery recorded between GPU pairs (read once per discovery; see
+    /// [`topology`]). Empty: every pair is derived from the NUMA nodes.
+    pub links: topology::Topology,
 }
 
 impl Inventory {
-    /// Builds an inventory, sorting the GPUs by index.
+    /// Builds an inventory, sorting the GPUs by index, with no recorded links.
     pub fn new(mut gpus: Vec<Gpu>) -> Self {
         gpus.sort_by_key(|g| g.index);
-        Inventory { gpus }
+        Inventory {
+            gpus,
+            links: topology::Topology::default(),
+        }
+    }
+
+    /// The same inventory with these recorded links.
+    pub fn with_links(mut self, links: topology::Topology) -> Self {
+        self.links = links;
+        self
+    }
+
+    /// How GPUs `a` and `b` (indices) are connected: the recorded link, or, when none was
+    /// recorded, [`topology::PathLevel::from_numa`] of their NUMA nodes (unknown GPUs count as
+    /// on no NUMA node).
+    pub fn link(&self, a: u32, b: u32) -> topology::Link {
+        if let Some(l) = self.links.get(a, b) {
+            return *l;
+        }
+        let numa = |i: u32| self.by_index(i).and_then(|g| g.numa_node);
+        topology::Link::pcie(topology::PathLevel::from_numa(numa(a), numa(b)))
+    }
+
+    /// Every GPU pair (lower index first) with its [`Inventory::link`], for `slicelet plan`.
+    pub fn link_views(&self) -> Vec<topology::LinkView> {
+        let mut out = Vec::new();
+        for (i, a) in self.gpus.iter().enumerate() {
+            for b in &self.gpus[i + 1..] {
+                let l = self.link(a.index, b.index);
+                out.push(topology::LinkView {
+                    gpus: [a.index, b.index],
+                    nvlinks: l.nvlinks,
+                    nvswitch: l.nvswitch,
+                    pcie: l.pcie,
+                    score: l.score(),
+                });
+            }
+        }
+        out
     }
 
     /// The GPU with this index.

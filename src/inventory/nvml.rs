@@ -15,16 +15,30 @@
 //! `nvmlDeviceGetComputeInstanceId` (nvml-wrapper has no wrapper for them). The profile is the
 //! word after ` MIG ` in the device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`), or, when the
 //! name lacks it, rebuilt from the attributes (see [`super::mig`]).
+//!
+//! # Topology
+//!
+//! Once per discovery (see [`super::topology`]): for every GPU pair
+//! `nvmlDeviceGetTopologyCommonAncestor`, and for every GPU and link number below
+//! `NVML_NVLINK_MAX_LINKS` (18) `nvmlDeviceGetNvLinkState` and, for an active link,
+//! `nvmlDeviceGetNvLinkRemotePciInfo_v2`: a link whose remote bus id is another GPU's counts
+//! one NVLink for that pair; one whose remote is not a GPU of this node is an NVSwitch port, and
+//! two GPUs that both have such ports are all-to-all over NVSwitch. A GPU without NVLink
+//! answers `NotSupported` at link 0, and a link number past its last `InvalidArgument`; both
+//! end its scan. Any other failure makes that pair's level (or that GPU's NVLinks) unknown,
+//! logged once per GPU pair and call: discovery never fails because of topology.
 
 use crate::health::Health;
 use std::ffi::OsStr;
 use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
 
+use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
 
 use super::mig::{self, Profile};
+use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
 use crate::health::HealthEvent;
 
@@ -43,6 +57,8 @@ pub struct NvmlSource {
     /// from here as Unhealthy (fail closed) instead of failing the whole node.
     last: std::collections::BTreeMap<u32, Gpu>,
     proc_root: PathBuf,
+    /// Topology failures already logged (call and GPU UUIDs), so each is logged once.
+    topology_logged: std::collections::BTreeSet<String>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -77,6 +93,7 @@ impl NvmlSource {
             sysfs_root: sysfs_root.map_or_else(|| PathBuf::from("/sys"), Path::to_path_buf),
             last: Default::default(),
             proc_root: PathBuf::from("/"),
+            topology_logged: Default::default(),
         })
     }
     /// Reads the nvidia-caps MIG minors under `root` instead of `/`
@@ -195,6 +212,109 @@ impl NvmlSource {
     }
 }
 
+impl NvmlSource {
+    /// Logs a failed topology call once per (call, GPUs).
+    fn topology_failed(&mut self, call: &'static str, uuids: &[&str], error: &NvmlError) {
+        let key = format!("{call} {}", uuids.join(" "));
+        if self.topology_logged.insert(key) {
+            tracing::warn!(call, gpus = %uuids.join(", "), error = %error, "NVML topology query failed; the link is unknown (scored like system)");
+        }
+    }
+
+    /// Every GPU pair's PCIe level and NVLinks (see the module documentation).
+    fn topology(&mut self, gpus: &[Gpu]) -> Topology {
+        let nvml = std::sync::Arc::clone(&self.nvml);
+        let mut out = Topology::default();
+        // (GPU index, handle) of every GPU that still gives one.
+        let mut devices: Vec<(u32, &str, Device<'_>)> = Vec::new();
+        for g in gpus {
+            match nvml.device_by_index(g.index) {
+                Ok(d) => devices.push((g.index, &g.uuid, d)),
+                Err(e) => self.topology_failed("nvmlDeviceGetHandleByIndex", &[&g.uuid], &e),
+            }
+        }
+        let mut by_bus: std::collections::BTreeMap<String, u32> = Default::default();
+        for (i, uuid, d) in &devices {
+            match d.pci_info() {
+                Ok(p) => {
+                    by_bus.insert(sysfs_bus_id(&p.bus_id), *i);
+                }
+                Err(e) => self.topology_failed("nvmlDeviceGetPciInfo_v3", &[uuid], &e),
+            }
+        }
+        // Per GPU: NVLinks to each other GPU, and ports to something else (NVSwitch).
+        let mut nvlinks: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+        let mut switch_ports: std::collections::BTreeMap<u32, u32> = Default::default();
+        for (i, uuid, d) in &devices {
+            for link in 0..MAX_NVLINKS {
+                let l = d.link_wrapper_for(link);
+                match l.is_active() {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(NvmlError::NotSupported | NvmlError::InvalidArg) => break,
+                    Err(e) => {
+                        self.topology_failed("nvmlDeviceGetNvLinkState", &[uuid], &e);
+                        break;
+                    }
+                }
+                match l.remote_pci_info() {
+                    Ok(p) => match by_bus.get(&sysfs_bus_id(&p.bus_id)) {
+                        Some(&j) if j != *i => *nvlinks.entry((*i, j)).or_default() += 1,
+                        Some(_) => {}
+                        None => *switch_ports.entry(*i).or_default() += 1,
+                    },
+                    Err(e) => {
+                        self.topology_failed("nvmlDeviceGetNvLinkRemotePciInfo_v2", &[uuid], &e)
+                    }
+                }
+            }
+        }
+        for (n, (i, ui, a)) in devices.iter().enumerate() {
+            for (j, uj, _) in &devices[n + 1..] {
+                let Ok(other) = nvml.device_by_index(*j) else {
+                    continue;
+                };
+                let pcie = match a.topology_common_ancestor(other) {
+                    Ok(level) => path_level(level),
+                    Err(e) => {
+                        self.topology_failed("nvmlDeviceGetTopologyCommonAncestor", &[ui, uj], &e);
+                        PathLevel::Unknown
+                    }
+                };
+                // Each side counts the links it sees; one side's failed scan must not hide them.
+                let count = nvlinks
+                    .get(&(*i, *j))
+                    .copied()
+                    .unwrap_or(0)
+                    .max(nvlinks.get(&(*j, *i)).copied().unwrap_or(0));
+                let nvswitch = switch_ports.contains_key(i) && switch_ports.contains_key(j);
+                out.set(
+                    *i,
+                    *j,
+                    Link {
+                        nvlinks: count,
+                        nvswitch,
+                        pcie,
+                    },
+                );
+            }
+        }
+        out
+    }
+}
+
+/// NVML's topology level as slicelet's.
+fn path_level(level: TopologyLevel) -> PathLevel {
+    match level {
+        TopologyLevel::Internal => PathLevel::Internal,
+        TopologyLevel::Single => PathLevel::Single,
+        TopologyLevel::Multiple => PathLevel::Multiple,
+        TopologyLevel::HostBridge => PathLevel::HostBridge,
+        TopologyLevel::Node => PathLevel::Node,
+        TopologyLevel::System => PathLevel::System,
+    }
+}
+
 #[derive(Clone, Copy)]
 enum InstanceId {
     Gpu,
@@ -279,7 +399,8 @@ impl GpuSource for NvmlSource {
         for g in gpus.iter().filter(|g| g.health.is_healthy()) {
             self.last.insert(g.index, g.clone());
         }
-        let mut inv = Inventory::new(gpus);
+        let links = self.topology(&gpus);
+        let mut inv = Inventory::new(gpus).with_links(links);
         mig::resolve_caps(&mut inv, &self.proc_root);
         Ok(inv)
     }

@@ -15,7 +15,18 @@
 //!       devices:
 //!         - profile: 1g.10gb
 //!           count: 7
+//! links:                             # optional; pairs not listed are derived from numaNode
+//!   - gpus: [0, 1]                   # GPU indices
+//!     nvlinks: 4                     # NVLinks between them (at most 18)
+//!   - gpus: [0, 2]
+//!     pcie: single                   # single | multiple | hostbridge
+//! nvswitch: true                     # optional: every pair all-to-all over NVSwitch
 //! ```
+//!
+//! Without `links`, GPUs on the same `numaNode` are `node` (NVML's `NVML_TOPOLOGY_NODE`),
+//! others `system`; a listed pair without `pcie` is derived the same way. A pair listed twice,
+//! a GPU index the file does not have, or an entry with neither `nvlinks` nor `pcie` is an
+//! error naming `links[i]`.
 //!
 //! UUIDs not given are derived deterministically from the model and the GPU index (same file,
 //! same UUIDs). Unknown keys are errors with their path.
@@ -35,6 +46,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::mig::{self, Profile};
+use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
 use crate::policy::Limits;
 
@@ -52,6 +64,31 @@ pub const MAX_MIG_DEVICES: u32 = 7;
 #[serde(deny_unknown_fields)]
 struct NodeFile {
     gpus: Vec<GpuEntry>,
+    #[serde(default)]
+    links: Vec<LinkEntry>,
+    #[serde(default)]
+    nvswitch: bool,
+}
+
+/// `links[i]`: how two GPUs are connected.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LinkEntry {
+    gpus: [u32; 2],
+    nvlinks: Option<u32>,
+    pcie: Option<PcieValue>,
+}
+
+/// `links[i].pcie`: the PCIe level two GPUs share.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum PcieValue {
+    /// One PCIe switch.
+    Single,
+    /// Several PCIe switches below one host bridge.
+    Multiple,
+    /// One host bridge.
+    Hostbridge,
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,7 +360,84 @@ fn parse_with_xids(
             ));
         }
     }
-    Ok((Inventory::new(gpus), xids))
+    let links = links(path, &file, &gpus)?;
+    Ok((Inventory::new(gpus).with_links(links), xids))
+}
+
+/// The `links:` and `nvswitch:` of a node file as a [`Topology`]: a pair not listed is
+/// derived from `numaNode` (`node` on the same node, `system` otherwise), a listed pair
+/// without `pcie` too; `nvswitch: true` makes every pair all-to-all over NVSwitch.
+fn links(path: &Path, file: &NodeFile, gpus: &[Gpu]) -> Result<Topology, InventoryError> {
+    let mut out = Topology::default();
+    if file.links.is_empty() && !file.nvswitch {
+        return Ok(out);
+    }
+    let numa = |i: u32| gpus.get(i as usize).and_then(|g| g.numa_node);
+    for (i, a) in gpus.iter().enumerate() {
+        for b in &gpus[i + 1..] {
+            let mut l = Link::pcie(PathLevel::from_numa(a.numa_node, b.numa_node));
+            l.nvswitch = file.nvswitch;
+            out.set(a.index, b.index, l);
+        }
+    }
+    let mut listed = std::collections::BTreeMap::new();
+    for (i, entry) in file.links.iter().enumerate() {
+        let at = format!("links[{i}]");
+        let [a, b] = entry.gpus;
+        for g in [a, b] {
+            if g as usize >= gpus.len() {
+                return Err(invalid(
+                    path,
+                    &format!("{at}.gpus"),
+                    format!(
+                        "GPU {g} does not exist (this node has GPUs 0-{})",
+                        gpus.len().saturating_sub(1)
+                    ),
+                ));
+            }
+        }
+        if a == b {
+            return Err(invalid(
+                path,
+                &format!("{at}.gpus"),
+                format!("names GPU {a} twice; a link joins two GPUs"),
+            ));
+        }
+        if let Some(first) = listed.insert((a.min(b), a.max(b)), i) {
+            return Err(invalid(
+                path,
+                &format!("{at}.gpus"),
+                format!("GPUs {a} and {b} are listed already in links[{first}]"),
+            ));
+        }
+        if entry.nvlinks.is_none() && entry.pcie.is_none() {
+            return Err(invalid(path, &at, "needs nvlinks or pcie"));
+        }
+        let nvlinks = entry.nvlinks.unwrap_or(0);
+        if nvlinks > MAX_NVLINKS {
+            return Err(invalid(
+                path,
+                &format!("{at}.nvlinks"),
+                format!("{nvlinks} is more than the {MAX_NVLINKS} NVLinks a GPU has"),
+            ));
+        }
+        let pcie = match entry.pcie {
+            Some(PcieValue::Single) => PathLevel::Single,
+            Some(PcieValue::Multiple) => PathLevel::Multiple,
+            Some(PcieValue::Hostbridge) => PathLevel::HostBridge,
+            None => PathLevel::from_numa(numa(a), numa(b)),
+        };
+        out.set(
+            a,
+            b,
+            Link {
+                nvlinks,
+                nvswitch: file.nvswitch,
+                pcie,
+            },
+        );
+    }
+    Ok(out)
 }
 
 /// A UUID-shaped identifier (`<kind>-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) derived from `seed`.
@@ -562,3 +676,59 @@ mod tests {
 
 #[cfg(test)]
 mod hostile_tests;
+
+#[cfg(test)]
+mod link_tests {
+    use super::*;
+
+    const FOUR: &str = "gpus:\n  - model: X\n    memoryMiB: 1\n    count: 2\n    numaNode: 0\n  - model: X\n    memoryMiB: 1\n    count: 2\n    numaNode: 1\n";
+
+    #[test]
+    fn links_and_nvswitch_are_read() {
+        let text = format!("{FOUR}links:\n  - gpus: [0, 1]\n    nvlinks: 4\n  - gpus: [3, 2]\n    pcie: single\n  - gpus: [0, 2]\n    nvlinks: 2\n    pcie: hostbridge\n");
+        let inv = parse(Path::new("n.yaml"), &text).unwrap();
+        assert_eq!(
+            inv.link(1, 0),
+            Link {
+                nvlinks: 4,
+                nvswitch: false,
+                pcie: PathLevel::Node
+            }
+        );
+        assert_eq!(inv.link(2, 3), Link::pcie(PathLevel::Single));
+        assert_eq!(inv.link(0, 2).pcie, PathLevel::HostBridge);
+        assert_eq!(inv.link(0, 2).nvlinks, 2);
+        // Not listed: from numaNode.
+        assert_eq!(inv.link(1, 3), Link::pcie(PathLevel::System));
+        let inv = parse(Path::new("n.yaml"), &format!("{FOUR}nvswitch: true\n")).unwrap();
+        assert!(inv.link(0, 3).nvswitch && inv.link(1, 2).nvswitch);
+        assert_eq!(inv.link(0, 1).pcie, PathLevel::Node);
+        // Without links, derived from numaNode (and nothing recorded).
+        let inv = parse(Path::new("n.yaml"), FOUR).unwrap();
+        assert!(inv.links.is_empty());
+        assert_eq!(inv.link(0, 1), Link::pcie(PathLevel::Node));
+        assert_eq!(inv.link(0, 2), Link::pcie(PathLevel::System));
+    }
+
+    #[test]
+    fn bad_links_name_their_path() {
+        let cases = [
+            ("links:\n  - gpus: [0, 4]\n    nvlinks: 1\n", "links[0].gpus: GPU 4 does not exist"),
+            ("links:\n  - gpus: [1, 1]\n    nvlinks: 1\n", "links[0].gpus: names GPU 1 twice"),
+            ("links:\n  - gpus: [0, 1]\n    nvlinks: 1\n  - gpus: [1, 0]\n    pcie: single\n", "links[1].gpus: GPUs 1 and 0 are listed already in links[0]"),
+            ("links:\n  - gpus: [0, 1]\n", "links[0]: needs nvlinks or pcie"),
+            ("links:\n  - gpus: [0, 1]\n    nvlinks: 19\n", "links[0].nvlinks: 19 is more than the 18"),
+            ("links:\n  - gpus: [0, 1]\n    pcie: pix\n", "links[0].pcie: unknown variant `pix`, expected one of `single`, `multiple`, `hostbridge`"),
+            ("links:\n  - gpus: [0, 1, 2]\n    nvlinks: 1\n", "links[0].gpus"),
+            ("links:\n  - gpus: [0, 1]\n    nvlink: 1\n", "links[0].nvlink: unknown field `nvlink`"),
+            ("nvlink:\n  - gpus: [0, 1]\n", "nvlink: unknown field `nvlink`"),
+            ("nvswitch: yes please\n", "nvswitch"),
+        ];
+        for (extra, want) in cases {
+            let e = parse(Path::new("n.yaml"), &format!("{FOUR}{extra}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+}

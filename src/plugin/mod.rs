@@ -314,14 +314,16 @@ impl DevicePlugin for Service {
                     size: req.allocation_size,
                 })
             })?;
-            let ids = allocate::preferred(
+            let chosen = allocate::preferred_scored(
                 &res,
                 &req.available_device_i_ds,
                 &req.must_include_device_i_ds,
                 size,
             );
-            container_responses
-                .push(api::ContainerPreferredAllocationResponse { device_i_ds: ids });
+            tracing::debug!(resource = %self.resource, size, available = req.available_device_i_ds.len(), chosen = ?chosen.ids, score = chosen.score, "GetPreferredAllocation");
+            container_responses.push(api::ContainerPreferredAllocationResponse {
+                device_i_ds: chosen.ids,
+            });
         }
         Ok(Response::new(api::PreferredAllocationResponse {
             container_responses,

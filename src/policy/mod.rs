@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
 pub use read::{read_bounded, Limits, ReadError};
-pub use schema::{DeviceRef, DeviceSelector, MigStrategy};
+pub use schema::{DeviceRef, DeviceSelector, MigStrategy, SharedAllocation};
 
 /// Where a policy error is in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +113,8 @@ pub struct Policy {
     pub fail_on_init_error: bool,
     /// `flags.plugin.passDeviceSpecs` (default false).
     pub pass_device_specs: bool,
+    /// `flags.plugin.sharedDevicesAllocationPolicy` (default `distributed`).
+    pub shared_allocation: SharedAllocation,
     /// `sharing.timeSlicing`.
     pub time_slicing: TimeSlicing,
     /// `health` (slicelet extension).
@@ -135,6 +137,7 @@ impl Default for Policy {
             mig_strategy: MigStrategy::None,
             fail_on_init_error: true,
             pass_device_specs: false,
+            shared_allocation: SharedAllocation::Distributed,
             time_slicing: TimeSlicing::default(),
             health: HealthPolicy::default(),
             mps: Mps::default(),
@@ -285,6 +288,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         );
         if let Some(plugin) = &flags.plugin {
             policy.pass_device_specs = plugin.pass_device_specs.unwrap_or(false);
+            policy.shared_allocation = plugin.shared_devices_allocation_policy.unwrap_or_default();
             if let Some(list) = &plugin.device_list_strategy {
                 if list.values() != ["envvar"] {
                     ignored.push("flags.plugin.deviceListStrategy".to_string());
@@ -297,7 +301,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             {
                 ignored.push("flags.plugin.deviceIDStrategy".to_string());
             }
-            let not_acted: [(&str, bool); 4] = [
+            let not_acted: [(&str, bool); 3] = [
                 (
                     "cdiAnnotationPrefix",
                     plugin.cdi_annotation_prefix.is_some(),
@@ -306,10 +310,6 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                 (
                     "containerDriverRoot",
                     plugin.container_driver_root.is_some(),
-                ),
-                (
-                    "sharedDevicesAllocationPolicy",
-                    plugin.shared_devices_allocation_policy.is_some(),
                 ),
             ];
             ignored.extend(

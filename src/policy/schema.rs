@@ -163,9 +163,32 @@ pub struct PluginFlags {
     pub nvidia_ctk_path: Option<String>,
     /// Recognised, not acted on.
     pub container_driver_root: Option<String>,
-    /// `distributed` or `packed`. Recognised, not acted on: slicelet always spreads replicas
-    /// across GPUs first.
-    pub shared_devices_allocation_policy: Option<String>,
+    /// How GetPreferredAllocation places replicas (NVIDIA's plugin v0.20): `distributed`
+    /// (default) or `packed`; any other value is an error listing both.
+    pub shared_devices_allocation_policy: Option<SharedAllocation>,
+}
+
+/// `flags.plugin.sharedDevicesAllocationPolicy`: how GetPreferredAllocation chooses replicas
+/// of shared GPUs (time-slicing; MPS always packs one request onto one GPU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SharedAllocation {
+    /// Distinct GPUs first, then the least-loaded GPU (NVIDIA's default, and slicelet's
+    /// behaviour before the key was honoured).
+    #[default]
+    Distributed,
+    /// The GPU that already has the most replicas in use first, so whole GPUs stay free.
+    Packed,
+}
+
+impl SharedAllocation {
+    /// The spelling in the policy file: `distributed` or `packed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SharedAllocation::Distributed => "distributed",
+            SharedAllocation::Packed => "packed",
+        }
+    }
 }
 
 /// `flags.gfd`. Recognised, not acted on.

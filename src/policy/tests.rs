@@ -104,6 +104,7 @@ imex:
     let p = parse(text).unwrap();
     assert!(!p.fail_on_init_error);
     assert!(p.pass_device_specs);
+    assert_eq!(p.shared_allocation, SharedAllocation::Distributed);
     let expected = [
         "flags.restartOnDeviceUnhealthy",
         "flags.nvidiaDriverRoot",
@@ -118,7 +119,6 @@ imex:
         "flags.plugin.cdiAnnotationPrefix",
         "flags.plugin.nvidiaCTKPath",
         "flags.plugin.containerDriverRoot",
-        "flags.plugin.sharedDevicesAllocationPolicy",
         "resources",
         "imex",
     ];
@@ -501,4 +501,23 @@ fn yaml_messages_keep_their_own_sentence() {
         strip_yaml_path("invalid value: string", "a.b"),
         "invalid value: string"
     );
+}
+
+#[test]
+fn shared_devices_allocation_policy_is_validated() {
+    let p = parse("flags:\n  plugin:\n    sharedDevicesAllocationPolicy: packed\n").unwrap();
+    assert_eq!(p.shared_allocation, SharedAllocation::Packed);
+    assert!(p.ignored_keys.is_empty(), "{:?}", p.ignored_keys);
+    assert_eq!(
+        parse("").unwrap().shared_allocation,
+        SharedAllocation::Distributed
+    );
+    let e = parse("flags:\n  plugin:\n    sharedDevicesAllocationPolicy: spread\n").unwrap_err();
+    assert_eq!(e.path, "flags.plugin.sharedDevicesAllocationPolicy");
+    assert!(
+        e.message
+            .contains("unknown variant `spread`, expected `distributed` or `packed`"),
+        "{e}"
+    );
+    assert_eq!(e.location.map(|l| l.line), Some(3));
 }

@@ -391,7 +391,14 @@ async fn nvml_mig_enumeration_skips_empty_slots_and_keeps_nvml_indices() {
             mig(mig_uuid(0), 0, "3g.40gb"),
         ]},
     ]});
-    assert_eq!(v, want, "{}", serde_json::to_string_pretty(&v).unwrap());
+    assert_eq!(
+        v["resources"],
+        want["resources"],
+        "{}",
+        serde_json::to_string_pretty(&v).unwrap()
+    );
+    // Three GPUs: three pairs in the link matrix (the fake reports every pair as system).
+    assert_eq!(v["links"].as_array().unwrap().len(), 3);
 
     // The table shows parent and profile too.
     let out = plan_with_nvml(&node, &inv, "table").await;
@@ -806,4 +813,136 @@ async fn one_lost_gpu_at_start_does_not_darken_the_node() {
     let (code, log) = sigterm_and_wait(child).await;
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("left out"), "{log}");
+}
+
+/// Five GPUs whose topology the fake NVML reports: 1-2 two NVLinks behind several PCIe
+/// switches, 3 and 4 on NVSwitch ports (all-to-all) under one host bridge, 0-1 one PCIe switch,
+/// 0-2's common-ancestor call failing and GPU 0's NVLink queries failing.
+fn linked_gpus() -> serde_json::Value {
+    let gpu = |i: u32, extra: serde_json::Value| {
+        let mut g = serde_json::json!({
+            "uuid": format!("GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-0000-0000-000000000000"),
+            "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "minor": i,
+            "computeCapability": [9, 0], "pciBusId": format!("00000000:{:02X}:00.0", 0x17 + i)});
+        for (k, v) in extra.as_object().unwrap() {
+            g[k] = v.clone();
+        }
+        g
+    };
+    serde_json::json!({
+        "topology": [
+            {"gpus": [0, 1], "level": 10},
+            {"gpus": [2, 1], "level": 20},
+            {"gpus": [3, 4], "level": 30},
+            {"gpus": [0, 2], "error": 999}
+        ],
+        "gpus": [
+            gpu(0, serde_json::json!({"nvLinkError": 999})),
+            gpu(1, serde_json::json!({"nvLinks": ["00000000:19:00.0", null, "00000000:19:00.0"]})),
+            gpu(2, serde_json::json!({"nvLinks": ["00000000:18:00.0", "00000000:18:00.0"]})),
+            gpu(3, serde_json::json!({"nvLinks": ["00000000:C0:00.0", "00000000:C1:00.0"]})),
+            gpu(4, serde_json::json!({"nvLinks": ["00000000:C0:00.0"]})),
+        ]
+    })
+}
+
+#[tokio::test]
+async fn nvml_topology_reaches_plan_links() {
+    let node = Node::new("version: v1\n");
+    let inv = write_inventory(node.tmp.path(), linked_gpus());
+    let out = plan_with_nvml(&node, &inv, "json").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let links = v["links"].as_array().unwrap();
+    assert_eq!(links.len(), 10, "every pair of 5 GPUs");
+    let pair = |a: u64, b: u64| {
+        links
+            .iter()
+            .find(|l| l["gpus"] == serde_json::json!([a, b]))
+            .unwrap_or_else(|| panic!("no pair {a}-{b} in {links:?}"))
+    };
+    let shape = |a, b| {
+        let l = pair(a, b);
+        (
+            l["nvlinks"].as_u64().unwrap(),
+            l["nvswitch"].as_bool().unwrap(),
+            l["pcie"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(shape(0, 1), (0, false, "single".into()));
+    assert_eq!(shape(1, 2), (2, false, "multiple".into()));
+    assert_eq!(shape(3, 4), (0, true, "hostbridge".into()));
+    // A failing call for one pair: that pair is unknown; the node is still planned.
+    assert_eq!(shape(0, 2), (0, false, "unknown".into()));
+    assert_eq!(shape(1, 3), (0, false, "system".into()));
+    assert_eq!(pair(0, 2)["score"], 0);
+    assert_eq!(v["resources"][0]["devices"].as_array().unwrap().len(), 5);
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        stderr
+            .matches("nvmlDeviceGetTopologyCommonAncestor")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("nvmlDeviceGetNvLinkState"), "{stderr}");
+    // The table draws the matrix.
+    let out = plan_with_nvml(&node, &inv, "table").await;
+    let table = text(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("GPU1 ")).unwrap();
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["GPU1", "PIX", "X", "NV2", "SYS", "SYS", "-"],
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_nvml_topology_answers_get_preferred_allocation_by_links() {
+    let node = Node::new("version: v1\n");
+    let inv = write_inventory(node.tmp.path(), linked_gpus());
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let mut child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_INVENTORY", &inv),
+            ("SLICELET_LOG", Path::new("slicelet=debug")),
+        ],
+    );
+    let state = wait_lists(&emu, &[("nvidia.com/gpu", 5)]).await;
+    let ids: Vec<String> = state.resources["nvidia.com/gpu"]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    let mut client = emu.client("nvidia.com/gpu").await.unwrap();
+    let mut ask = async |available: Vec<String>, size: i32| {
+        client
+            .get_preferred_allocation(slicelet::api::PreferredAllocationRequest {
+                container_requests: vec![slicelet::api::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available,
+                    must_include_device_i_ds: vec![],
+                    allocation_size: size,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_responses[0]
+            .device_i_ds
+            .clone()
+    };
+    // NVSwitch (18 links) beats two NVLinks; the lowest index (0, 1) would share nothing.
+    assert_eq!(ask(ids.clone(), 2).await, ids[3..5].to_vec());
+    // GPU 3 taken: the NVLink pair.
+    let rest: Vec<String> = [0, 1, 2, 4].iter().map(|&i| ids[i].clone()).collect();
+    assert_eq!(ask(rest, 2).await, ids[1..3].to_vec());
+    let log = wait_for_log(&mut child, "GetPreferredAllocation").await;
+    assert!(log.contains("score="), "{log}");
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
 }

@@ -498,3 +498,42 @@ async fn a_socket_held_by_another_process_is_served_once_freed() {
     d.wait_status(|s| s.ready().is_ok()).await;
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_links_steer_get_preferred_allocation() {
+    let node = Node::new("version: v1\n");
+    let emu = emulator(&node).await;
+    let sim = node_file("v100-16gb-x8-dgx1.yaml");
+    let d = Daemon::start(node.settings(&sim));
+    wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
+    let gpus = uuids(&sim);
+    let mut client = emu.client("nvidia.com/gpu").await.unwrap();
+    let mut ask = async |taken: &[usize], size: i32| {
+        let available: Vec<String> = (0..8)
+            .filter(|i| !taken.contains(i))
+            .map(|i| gpus[i].clone())
+            .rev()
+            .collect();
+        client
+            .get_preferred_allocation(api::PreferredAllocationRequest {
+                container_requests: vec![api::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available,
+                    must_include_device_i_ds: vec![],
+                    allocation_size: size,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_responses[0]
+            .device_i_ds
+            .clone()
+    };
+    // A fully connected NVLink quad on one NUMA node.
+    assert_eq!(ask(&[], 4).await, gpus[0..4].to_vec());
+    // Two NVLinks and one PCIe switch: 2-3 (the lowest index would give 0-1, one link).
+    assert_eq!(ask(&[], 2).await, gpus[2..4].to_vec());
+    // GPU 0 taken: 1, 2, 3 keeps the other quad whole.
+    assert_eq!(ask(&[0], 3).await, gpus[1..4].to_vec());
+    d.stop().await;
+}
