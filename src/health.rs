@@ -296,10 +296,6 @@ impl Tracker {
         self.health(uuid).is_healthy()
     }
 
-    /// UUIDs currently Unhealthy because of an event (Xid) waiting for recovery.
-    pub fn unhealthy(&self) -> impl Iterator<Item = &str> {
-        self.sick.keys().map(String::as_str)
-    }
 
     /// Runs `change` and returns the transition of `uuid` it caused, if any.
     fn track(&mut self, uuid: &str, change: impl FnOnce(&mut Self)) -> Option<Transition> {
