@@ -795,3 +795,90 @@ fn an_empty_devices_list_is_accepted_and_claims_nothing() {
         built.warnings
     );
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn the_list_limit_is_the_kubelets_4_mib() {
+    // The kubelet's gRPC receive limit is 4 MiB: the largest replica count whose message fits
+    // is accepted, one more is refused.
+    const KUBELET_LIMIT: u64 = 4 * 1024 * 1024;
+    let node = test_node(1);
+    let units = [Unit {
+        gpu: &node.gpus[0],
+        mig: None,
+    }];
+    let (mut lo, mut hi) = (1u32, 1_000_000u32);
+    assert!(encoded_size(&units, hi) > KUBELET_LIMIT);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if encoded_size(&units, mid) <= KUBELET_LIMIT {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let ts = |r: u32| {
+        policy(&format!(
+            "    resources:\n      - name: nvidia.com/gpu\n        replicas: {r}\n"
+        ))
+    };
+    let built = build(&ts(lo), &node).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu"].devices.len(),
+        lo as usize
+    );
+    match build(&ts(hi), &node).unwrap_err() {
+        PlanError::MessageTooLarge { bytes, limit, .. } => {
+            assert_eq!(limit as u64, KUBELET_LIMIT);
+            assert!(bytes > KUBELET_LIMIT, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_mig_hint_only_for_mig_names_outside_mixed() {
+    let hint = "MIG profiles are resources only under migStrategy mixed";
+    let entry = |name: &str| {
+        format!("    resources:\n      - name: {name}\n        rename: x\n        replicas: 2\n")
+    };
+    // (strategy, node, entry name, hint expected)
+    let h100 = h100_mixed();
+    let plain = test_node(2);
+    let cases: &[(&str, &Inventory, &str, Option<&str>)] = &[
+        (
+            "none",
+            &plain,
+            "nvidia.com/mig-1g.10gb",
+            Some("(this policy: none)"),
+        ),
+        (
+            "single",
+            &plain,
+            "nvidia.com/mig-1g.10gb",
+            Some("(this policy: single)"),
+        ),
+        // Mixed, but this node has no such profile: the hint would be wrong.
+        ("mixed", &h100, "nvidia.com/mig-7g.80gb", None),
+        // Not a MIG name.
+        ("none", &plain, "example.com/fpga", None),
+    ];
+    for (strategy, node, name, want) in cases {
+        let built = build(&mig_policy(strategy, &entry(name)), node).unwrap();
+        let w = built.warnings.join("\n");
+        assert!(
+            w.contains(&format!(
+                "resources[0].name: {name} is not a resource of this node"
+            )),
+            "{strategy} {name}: {w}"
+        );
+        match want {
+            Some(policy) => assert!(
+                w.contains(hint) && w.contains(policy),
+                "{strategy} {name}: {w}"
+            ),
+            None => assert!(!w.contains(hint), "{strategy} {name}: {w}"),
+        }
+    }
+}
