@@ -803,3 +803,212 @@ fn an_empty_devices_list_is_accepted_and_claims_nothing() {
         built.warnings
     );
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn the_list_limit_is_the_kubelets_4_mib() {
+    // The kubelet's gRPC receive limit is 4 MiB: the largest replica count whose message fits
+    // is accepted, one more is refused.
+    const KUBELET_LIMIT: u64 = 4 * 1024 * 1024;
+    let node = test_node(1);
+    let units = [Unit {
+        gpu: &node.gpus[0],
+        mig: None,
+    }];
+    let (mut lo, mut hi) = (1u32, 1_000_000u32);
+    assert!(encoded_size(&units, hi) > KUBELET_LIMIT);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if encoded_size(&units, mid) <= KUBELET_LIMIT {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let ts = |r: u32| {
+        policy(&format!(
+            "    resources:\n      - name: nvidia.com/gpu\n        replicas: {r}\n"
+        ))
+    };
+    let built = build(&ts(lo), &node).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu"].devices.len(),
+        lo as usize
+    );
+    match build(&ts(hi), &node).unwrap_err() {
+        PlanError::MessageTooLarge { bytes, limit, .. } => {
+            assert_eq!(limit as u64, KUBELET_LIMIT);
+            assert!(bytes > KUBELET_LIMIT, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_mig_hint_only_for_mig_names_outside_mixed() {
+    let hint = "MIG profiles are resources only under migStrategy mixed";
+    let entry = |name: &str| {
+        format!("    resources:\n      - name: {name}\n        rename: x\n        replicas: 2\n")
+    };
+    // (strategy, node, entry name, hint expected)
+    let h100 = h100_mixed();
+    let plain = test_node(2);
+    let cases: &[(&str, &Inventory, &str, Option<&str>)] = &[
+        (
+            "none",
+            &plain,
+            "nvidia.com/mig-1g.10gb",
+            Some("(this policy: none)"),
+        ),
+        (
+            "single",
+            &plain,
+            "nvidia.com/mig-1g.10gb",
+            Some("(this policy: single)"),
+        ),
+        // Mixed, but this node has no such profile: the hint would be wrong.
+        ("mixed", &h100, "nvidia.com/mig-7g.80gb", None),
+        // Not a MIG name.
+        ("none", &plain, "example.com/fpga", None),
+    ];
+    for (strategy, node, name, want) in cases {
+        let built = build(&mig_policy(strategy, &entry(name)), node).unwrap();
+        let w = built.warnings.join("\n");
+        assert!(
+            w.contains(&format!(
+                "resources[0].name: {name} is not a resource of this node"
+            )),
+            "{strategy} {name}: {w}"
+        );
+        match want {
+            Some(policy) => assert!(
+                w.contains(hint) && w.contains(policy),
+                "{strategy} {name}: {w}"
+            ),
+            None => assert!(!w.contains(hint), "{strategy} {name}: {w}"),
+        }
+    }
+}
+
+#[test]
+fn a_count_warns_only_above_the_devices_present() {
+    let node = test_node(2);
+    let entry = |devices: &str| {
+        policy(&format!("    resources:\n      - name: nvidia.com/gpu\n        rename: x\n        devices: {devices}\n        replicas: 2\n"))
+    };
+    // (count, warned, devices shared)
+    for (count, warned, shared) in [(1, false, 2), (2, false, 4), (3, true, 4)] {
+        let built = build(&entry(&count.to_string()), &node).unwrap();
+        let w = built.warnings.join("\n");
+        let want = format!(
+            "resources[0].devices: asks for the first {count} GPUs of nvidia.com/gpu, this node has 2"
+        );
+        assert_eq!(w.contains(&want), warned, "devices: {count}: {w}");
+        assert_eq!(
+            built.plan.resources["nvidia.com/x"].devices.len(),
+            shared,
+            "devices: {count}"
+        );
+    }
+}
+
+#[test]
+fn a_device_listed_twice_warns_and_distinct_ones_do_not() {
+    let node = test_node(3);
+    let entry = |devices: &str| {
+        policy(&format!("    resources:\n      - name: nvidia.com/gpu\n        rename: x\n        devices: {devices}\n        replicas: 2\n"))
+    };
+    let u1 = &node.gpus[1].uuid;
+    // (devices, warning expected, devices shared: 2 replicas per distinct GPU)
+    let cases = [
+        ("[0, 1]".to_string(), None, 4),
+        (
+            format!("[1, \"{u1}\"]"),
+            Some(format!("{u1} names a GPU listed already")),
+            2,
+        ),
+        (
+            format!("[\"{u1}\", 1]"),
+            Some("1 names a GPU listed already".to_string()),
+            2,
+        ),
+    ];
+    for (devices, want, shared) in cases {
+        let built = build(&entry(&devices), &node).unwrap();
+        let w = built.warnings.join("\n");
+        match want {
+            Some(m) => assert!(
+                w.contains(&format!("resources[0].devices: {m}")),
+                "{devices}: {w}"
+            ),
+            None => assert!(!w.contains("listed already"), "{devices}: {w}"),
+        }
+        assert_eq!(
+            built.plan.resources["nvidia.com/x"].devices.len(),
+            shared,
+            "{devices}"
+        );
+    }
+}
+
+#[test]
+fn a_message_of_exactly_4_mib_is_still_accepted() {
+    // gRPC refuses a message *larger* than the receive limit; exactly 4 MiB is delivered.
+    // Find a UUID length whose largest fitting replica count makes exactly 4 MiB.
+    const KUBELET_LIMIT: u64 = 4 * 1024 * 1024;
+    let mut node = test_node(1);
+    let exact = (8..400).find_map(|len| {
+        node.gpus[0].uuid = format!("GPU-{}", "a".repeat(len));
+        let units = [Unit {
+            gpu: &node.gpus[0],
+            mig: None,
+        }];
+        let (mut lo, mut hi) = (1u32, 2_000_000u32);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if encoded_size(&units, mid) <= KUBELET_LIMIT {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (encoded_size(&units, lo) == KUBELET_LIMIT).then_some((len, lo))
+    });
+    let (len, replicas) = exact.expect("some UUID length hits 4 MiB exactly");
+    node.gpus[0].uuid = format!("GPU-{}", "a".repeat(len));
+    let ts = |r: u32| {
+        policy(&format!(
+            "    resources:\n      - name: nvidia.com/gpu\n        replicas: {r}\n"
+        ))
+    };
+    let built = build(&ts(replicas), &node).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu"].devices.len(),
+        replicas as usize
+    );
+    assert!(matches!(
+        build(&ts(replicas + 1), &node),
+        Err(PlanError::MessageTooLarge { .. })
+    ));
+}
+
+#[test]
+fn id_len_is_the_length_of_the_id_a_device_gets() {
+    // With more than one replica the ID is `<uuid>::<n>` (replica_id), else the plain UUID.
+    let uuid = "GPU-00000001-0000-0000-0000-000000000000";
+    for replicas in [0u32, 1, 2, 10, 48, 1000] {
+        for n in [0u32, 1, 9, 10, 47, 99, 100, 999, u32::MAX] {
+            let want = if replicas > 1 {
+                replica_id(uuid, n).len()
+            } else {
+                uuid.len()
+            };
+            assert_eq!(
+                id_len(uuid, replicas, n),
+                want,
+                "replicas {replicas}, n {n}"
+            );
+        }
+    }
+}

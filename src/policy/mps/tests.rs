@@ -222,3 +222,23 @@ fn the_both_modes_notice_needs_both_modes() {
         ts_only.notices
     );
 }
+
+#[test]
+fn a_memory_limit_of_the_wrong_type_says_what_is_expected() {
+    for bad in ["[1]", "true", "{a: 1}", ".inf", ".nan"] {
+        let e = parse(&mps(
+            &format!("        pinnedDeviceMemoryLimit: {bad}\n"),
+            "4",
+        ))
+        .expect_err(bad);
+        assert_eq!(
+            e.path, "sharing.mps.resources[0].pinnedDeviceMemoryLimit",
+            "{bad}: {e}"
+        );
+        assert!(
+            e.message
+                .contains("a Kubernetes quantity such as 10Gi or 20000Mi"),
+            "{bad}: {e}"
+        );
+    }
+}
