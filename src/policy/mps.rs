@@ -126,14 +126,44 @@ pub(super) fn validate_mps(
     Ok(out)
 }
 
-/// Validates `flags.mpsRoot` (default [`DEFAULT_MPS_ROOT`]): an absolute path.
+/// Trees `flags.mpsRoot` may not be in (or be): slicelet creates, chmods (1777 for `shm`)
+/// and removes directories there.
+pub const FORBIDDEN_MPS_ROOTS: [&str; 4] = ["/proc", "/sys", "/etc", "/dev"];
+
+/// Validates `flags.mpsRoot` (default [`DEFAULT_MPS_ROOT`]): an absolute, normalised path
+/// (`/` then plain components joined by single `/`: no `.` or `..`, no `//`, no trailing `/`,
+/// no NUL), not `/` itself and not in [`FORBIDDEN_MPS_ROOTS`].
 pub(super) fn validate_root(root: Option<&str>) -> Result<PathBuf, PolicyError> {
     let root = root.unwrap_or(DEFAULT_MPS_ROOT);
+    let shown = crate::uuid::truncate_id(root);
+    let fail = |why: &str| err("flags.mpsRoot", format!("`{}` {why}", shown.escape_debug()));
     if !root.starts_with('/') {
-        return Err(err(
-            "flags.mpsRoot",
-            format!("`{root}` is not an absolute path"),
+        return Err(fail("is not an absolute path"));
+    }
+    if root.contains('\0') {
+        return Err(fail("contains a NUL byte"));
+    }
+    let parts: Vec<&str> = root[1..].split('/').collect();
+    if root == "/" {
+        return Err(fail(
+            "is the file-system root; use a directory of its own such as /run/nvidia/mps",
         ));
+    }
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || *p == "." || *p == "..")
+    {
+        return Err(fail(
+            "is not normalised (no `.` or `..` segments, `//` or trailing `/`)",
+        ));
+    }
+    if let Some(f) = FORBIDDEN_MPS_ROOTS
+        .iter()
+        .find(|f| root == **f || root.starts_with(&format!("{f}/")))
+    {
+        return Err(fail(&format!(
+            "is under {f}, where slicelet must not create or remove directories"
+        )));
     }
     Ok(PathBuf::from(root))
 }
