@@ -42,6 +42,11 @@ pub struct Mps {
     pub fail_requests_greater_than_one: bool,
     /// Set compute mode EXCLUSIVE_PROCESS on GPUs under MPS while their daemons run.
     pub exclusive_process: bool,
+    /// `allowPreVolta` (slicelet extension, default false): MPS on GPUs of compute capability
+    /// below 7.0 (Tesla P4, P100), which NVIDIA's MPS documentation says cannot enforce
+    /// per-client limits or give clients isolated address spaces. Without it such a GPU under
+    /// MPS is a plan error naming it.
+    pub allow_pre_volta: bool,
     /// The entries, in file order.
     pub resources: Vec<MpsEntry>,
 }
@@ -51,6 +56,7 @@ impl Default for Mps {
         Mps {
             fail_requests_greater_than_one: true,
             exclusive_process: false,
+            allow_pre_volta: false,
             resources: Vec::new(),
         }
     }
@@ -87,6 +93,7 @@ pub(super) fn validate_mps(
     let mut out = Mps {
         fail_requests_greater_than_one: mps.fail_requests_greater_than_one.unwrap_or(true),
         exclusive_process: mps.exclusive_process.unwrap_or(false),
+        allow_pre_volta: mps.allow_pre_volta.unwrap_or(false),
         resources: Vec::new(),
     };
     for (entry, (pct, mem)) in shared.resources.into_iter().zip(extensions) {

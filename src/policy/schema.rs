@@ -246,6 +246,9 @@ pub struct MpsSharing {
     /// slicelet extension: set the GPUs under MPS to compute mode EXCLUSIVE_PROCESS through
     /// NVML while their daemons run (default false), restored on stop.
     pub exclusive_process: Option<bool>,
+    /// slicelet extension: allow MPS on GPUs older than compute capability 7.0 (default
+    /// false), where MPS enforces neither per-client limits nor isolated address spaces.
+    pub allow_pre_volta: Option<bool>,
     /// The entries.
     pub resources: Option<Vec<MpsResource>>,
 }
