@@ -24,7 +24,7 @@ pub enum CommandError {
         /// The node, e.g. `simulated node config/nodes/l4-x1.yaml`.
         node: String,
         /// What is wrong, naming the entries at fault (printed above, not also a source).
-        error: plan::PlanError,
+        error: Box<plan::PlanError>,
     },
     /// The plan could not be encoded as JSON.
     #[error("encoding the plan as JSON")]
@@ -64,7 +64,7 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
             let built = plan::build(&policy, inv).map_err(|error| CommandError::Plan {
                 path: path.clone(),
                 node: source.clone(),
-                error,
+                error: Box::new(error),
             })?;
             let resources: Vec<String> = built
                 .plan
@@ -121,7 +121,7 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let built = plan::build(&policy, &inv).map_err(|error| CommandError::Plan {
         path: path.clone(),
         node: source.clone(),
-        error,
+        error: Box::new(error),
     })?;
     let view = built.plan.view();
     if json {
