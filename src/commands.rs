@@ -6,10 +6,30 @@ use crate::daemon::{self, Settings};
 use crate::plan;
 use crate::policy;
 
-/// A command failed; the message is what the user sees.
+/// A command failed; the message (with its sources, as `main` prints them) is what the user
+/// sees.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct CommandError(pub String);
+pub enum CommandError {
+    /// The policy file was refused or is invalid (the error names the file and field path).
+    #[error(transparent)]
+    Policy(#[from] policy::LoadError),
+    /// The node (NVML or the simulated node file) could not be discovered.
+    #[error(transparent)]
+    Node(#[from] crate::inventory::InventoryError),
+    /// The policy is valid but cannot be applied to this node.
+    #[error("invalid policy {path} for {node}: {error}")]
+    Plan {
+        /// The policy file.
+        path: String,
+        /// The node, e.g. `simulated node config/nodes/l4-x1.yaml`.
+        node: String,
+        /// What is wrong, naming the entries at fault (printed above, not also a source).
+        error: Box<plan::PlanError>,
+    },
+    /// The plan could not be encoded as JSON.
+    #[error("encoding the plan as JSON")]
+    Json(#[source] serde_json::Error),
+}
 
 /// `slicelet validate`: Ok(report) for a valid policy (first line a one-line summary, then
 /// notices and node-dependent warnings), Err with the field path otherwise.
@@ -22,8 +42,7 @@ pub struct CommandError(pub String);
 /// entries at fault for this node.
 pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy =
-        policy::load(&settings.config).map_err(|e| CommandError(crate::errors::chain(&e)))?;
+    let policy = policy::load(&settings.config)?;
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
     if !policy.mps.resources.is_empty() {
@@ -35,13 +54,18 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     let mut out = String::new();
     let node = daemon::discover(settings);
     // A node file the user named must be usable; only a missing NVML is "no node here".
-    if let (Some(_), Err(e)) = (&settings.simulate, &node) {
-        return Err(CommandError(e.to_string()));
+    if settings.simulate.is_some() {
+        if let Err(e) = node {
+            return Err(e.into());
+        }
     }
     match &node {
         Ok((inv, source)) => {
-            let built = plan::build(&policy, inv)
-                .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
+            let built = plan::build(&policy, inv).map_err(|error| CommandError::Plan {
+                path: path.clone(),
+                node: source.clone(),
+                error: Box::new(error),
+            })?;
             let resources: Vec<String> = built
                 .plan
                 .resources
@@ -92,17 +116,19 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
 /// cannot be built.
 pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy =
-        policy::load(&settings.config).map_err(|e| CommandError(crate::errors::chain(&e)))?;
-    let (inv, source) = daemon::discover(settings).map_err(|e| CommandError(e.to_string()))?;
-    let built = plan::build(&policy, &inv)
-        .map_err(|e| CommandError(format!("invalid policy {path} for {source}: {e}")))?;
+    let policy = policy::load(&settings.config)?;
+    let (inv, source) = daemon::discover(settings)?;
+    let built = plan::build(&policy, &inv).map_err(|error| CommandError::Plan {
+        path: path.clone(),
+        node: source.clone(),
+        error: Box::new(error),
+    })?;
     let mut view = built.plan.view();
     view.links = inv.link_views();
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")
-            .map_err(|e| CommandError(e.to_string()));
+            .map_err(CommandError::Json);
     }
     let mut out = String::new();
     let _ = writeln!(out, "# {source}: {}", plural(inv.gpus.len(), "GPU", "GPUs"));

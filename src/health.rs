@@ -296,7 +296,6 @@ impl Tracker {
         self.health(uuid).is_healthy()
     }
 
-
     /// Runs `change` and returns the transition of `uuid` it caused, if any.
     fn track(&mut self, uuid: &str, change: impl FnOnce(&mut Self)) -> Option<Transition> {
         let before = self.health(uuid);

@@ -517,6 +517,20 @@ pub enum PlanError {
         /// GPU or MIG UUID.
         uuid: String,
     },
+    /// An MPS entry claims a GPU older than compute capability 7.0 without
+    /// `sharing.mps.allowPreVolta` (NVIDIA: per-client limits and isolated address spaces need
+    /// Volta or newer).
+    #[error("{entry}: GPU {gpu} ({uuid}) has compute capability {capability}; MPS before Volta (7.0) enforces no per-client limits and gives clients no isolated address spaces; use time-slicing for it, leave it out of devices, or set sharing.mps.allowPreVolta: true")]
+    MpsPreVolta {
+        /// The entry.
+        entry: String,
+        /// GPU index.
+        gpu: u32,
+        /// GPU or MIG UUID.
+        uuid: String,
+        /// Its compute capability, `6.1`.
+        capability: String,
+    },
 }
 
 /// A plan and the node-dependent warnings found while building it.

@@ -321,8 +321,21 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// Connections the status endpoint serves at once; more wait in the kernel's listen backlog
+/// (holding no file descriptor of ours) until one closes.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send a request's headers before it is closed (hyper's
+/// `header_read_timeout`), so idle or slowloris connections free their slot.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Binds `addr` and serves the status endpoints until `stop` is cancelled. Returns the bound
 /// address (useful with port 0).
+///
+/// Connection hygiene (HTTP/1.1 through hyper): at most [`MAX_CONNECTIONS`] at once, each must
+/// send its headers within [`HEADER_READ_TIMEOUT`], and a connection serves one request
+/// (no keep-alive, so no connection idles between requests). Probes and Prometheus open a
+/// connection per scrape, so nothing is lost; 200 idle connections cannot exhaust file
+/// descriptors or starve a probe for longer than the header timeout.
 ///
 /// # Errors
 /// The bind error.
@@ -344,12 +357,52 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .with_state(AppState { status, metrics });
-    let handle = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-    });
+    let handle = tokio::spawn(accept_loop(listener, app, stop));
     Ok((local, handle))
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, stop: CancellationToken) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(false);
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!(error = %e, "status endpoint accept");
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(HEADER_READ_TIMEOUT, conn).await;
+                }
+            }
+        });
+    }
+    connections.close();
+    connections.wait().await;
 }
 
 #[cfg(test)]
@@ -422,3 +475,6 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod hostile_tests;

@@ -9,6 +9,11 @@ use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+// Declared here rather than in mps/mod.rs, which is being reworked; it belongs to the MPS
+// module as a whole and can move to `pub mod dirs;` there.
+#[path = "dirs.rs"]
+pub(crate) mod dirs;
+
 use super::control::{Control, ControlError};
 use super::{Config, Event};
 use crate::plan::{MpsDirs, MpsLimits};
@@ -210,7 +215,10 @@ impl Task {
     /// until it answers and sets its defaults.
     async fn start(&self, limits: MpsLimits) -> Result<Child, String> {
         self.create_dirs()
-            .map_err(|e| format!("creating {}: {e}", self.dirs.base.display()))?;
+            .map_err(|e| match std::error::Error::source(&e) {
+                Some(cause) => format!("MPS directories: {e}: {cause}"),
+                None => format!("MPS directories: {e}"),
+            })?;
         let control = self.control();
         if control.server_list().await.is_ok() {
             tracing::warn!(gpu = %self.uuid, pipe = %self.dirs.pipe.display(),
@@ -356,27 +364,18 @@ impl Task {
         }
     }
 
-    fn create_dirs(&self) -> std::io::Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        for (dir, mode) in [
-            (&self.dirs.pipe, 0o755),
-            (&self.dirs.log, 0o755),
-            (&self.dirs.shm, 0o1777),
-        ] {
-            std::fs::create_dir_all(dir)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
-        }
-        Ok(())
+    fn create_dirs(&self) -> Result<(), dirs::DirError> {
+        dirs::create(&self.dirs)
     }
 
     fn remove_dirs(&self) {
-        match std::fs::remove_dir_all(&self.dirs.base) {
-            Ok(()) => {
+        match dirs::remove(&self.dirs) {
+            Ok(true) => {
                 tracing::info!(gpu = %self.uuid, dir = %self.dirs.base.display(), "MPS control daemon stopped; directory removed")
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Ok(false) => {}
             Err(e) => {
-                tracing::warn!(gpu = %self.uuid, dir = %self.dirs.base.display(), error = %e, "removing the MPS directory")
+                tracing::warn!(gpu = %self.uuid, error = %e, "not removing the MPS directory")
             }
         }
     }

@@ -263,7 +263,8 @@ pub(super) fn insert_resources(
 /// The resource for one MPS entry over `targets` (GPUs or MIG devices, ordered by index).
 ///
 /// # Errors
-/// [`PlanError::MpsClientLimit`], [`PlanError::MpsMemory`], [`PlanError::MessageTooLarge`].
+/// [`PlanError::MpsPreVolta`], [`PlanError::MpsClientLimit`], [`PlanError::MpsMemory`],
+/// [`PlanError::MessageTooLarge`].
 pub fn mps_resource(
     name: &ResourceName,
     entry: &MpsEntry,
@@ -275,6 +276,16 @@ pub fn mps_resource(
     let mut daemons = BTreeMap::new();
     let mut bytes: u64 = 0;
     for t in targets {
+        if let Some((major, minor)) = t.compute_capability {
+            if major < 7 && !policy.mps.allow_pre_volta {
+                return Err(PlanError::MpsPreVolta {
+                    entry: shared.path.clone(),
+                    gpu: t.gpu_index,
+                    uuid: t.uuid.clone(),
+                    capability: format!("{major}.{minor}"),
+                });
+            }
+        }
         if replicas > t.max_clients() {
             return Err(PlanError::MpsClientLimit {
                 entry: shared.path.clone(),
@@ -481,3 +492,38 @@ impl MpsResource {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod pre_volta_tests {
+    use crate::inventory::test_node;
+    use crate::plan::{build, PlanError};
+    use crate::policy::parse;
+
+    #[test]
+    fn mps_on_a_pre_volta_gpu_is_an_error_naming_it_unless_allowed() {
+        let mut node = test_node(2);
+        node.gpus[1].compute_capability = Some((6, 1));
+        let policy = |extra: &str| {
+            parse(&format!(
+                "sharing:\n  mps:\n{extra}    resources:\n      - name: gpu\n        replicas: 2\n"
+            ))
+            .unwrap()
+        };
+        let e = build(&policy(""), &node).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::MpsPreVolta { gpu: 1, capability, .. } if capability == "6.1"),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("sharing.mps.resources[0]: GPU 1 (")
+                && msg.contains(&node.gpus[1].uuid)
+                && msg.contains("compute capability 6.1"),
+            "{msg}"
+        );
+        assert!(build(&policy("    allowPreVolta: true\n"), &node).is_ok());
+        // Volta and newer, and unknown capabilities, are fine.
+        node.gpus[1].compute_capability = Some((7, 0));
+        assert!(build(&policy(""), &node).is_ok());
+    }
+}

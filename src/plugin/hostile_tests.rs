@@ -123,7 +123,8 @@ async fn idle_connections_beyond_the_limit_wait_and_the_kubelet_is_still_served(
     for _ in 0..MAX_CONNECTIONS + 50 {
         idle.push(tokio::net::UnixStream::connect(&s.path).await.unwrap());
     }
-    // ...and when some go away, a real client is served.
+    // ...until they are closed for saying nothing (FIRST_BYTES_TIMEOUT), or go away: a real
+    // client is served.
     idle.truncate(MAX_CONNECTIONS - 1);
     let mut c = client(&s.path).await;
     let opts = tokio::time::timeout(DEADLINE, c.get_device_plugin_options(api::Empty {}))
@@ -131,9 +132,66 @@ async fn idle_connections_beyond_the_limit_wait_and_the_kubelet_is_still_served(
         .expect("not served")
         .unwrap();
     assert!(opts.into_inner().get_preferred_allocation_available);
+    // A connection that never speaks is closed by the server.
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncReadExt as _;
+        idle[0].read(&mut buf).await
+    })
+    .await
+    .expect("a silent connection stayed open")
+    .unwrap_or(0);
+    assert_eq!(n, 0);
     s.stop.cancel();
     tokio::time::timeout(DEADLINE, s.task)
         .await
         .unwrap()
         .unwrap();
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A measurement, not a check (RSS is process-wide and other tests run alongside): run alone
+/// with `cargo test --lib rss_with_idle -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn rss_with_idle_unix_connections() {
+    // Before issue 15 (no limit, every connection handed to tonic at once), then now.
+    for (limit, first_bytes) in [
+        (100_000, None),
+        (MAX_CONNECTIONS, Some(FIRST_BYTES_TIMEOUT)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = bind(dir.path(), RESOURCE).unwrap();
+        let path = socket.path.clone();
+        let (_plans, rx) = watch::channel(plan(4));
+        let stop = CancellationToken::new();
+        let task = serve_limited(
+            socket,
+            Service::new(RESOURCE, rx, stop.clone(), "/"),
+            stop.clone(),
+            limit,
+            first_bytes,
+        );
+        let before = rss_kib();
+        let mut idle = Vec::new();
+        for _ in 0..1000 {
+            idle.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+        }
+        // Let the server accept and set up what it will (a measurement: a settle time, not a
+        // synchronisation).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let during = rss_kib();
+        drop(idle);
+        stop.cancel();
+        let _ = tokio::time::timeout(DEADLINE, task).await;
+        println!(
+            "limit {limit}: RSS {before} KiB before, {during} KiB with 1,000 idle connections (+{} KiB)",
+            during.saturating_sub(before)
+        );
+    }
 }

@@ -100,6 +100,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// HTTP/2 streams one connection may have open at once (the kubelet uses one long-lived
 /// ListAndWatch stream and short unary calls).
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
+/// How long a new connection may stay silent before it is closed (the kubelet sends the
+/// HTTP/2 preface at once); frees the connection slots idle clients would hold.
+pub const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a stopped server waits for its connections to close before dropping them, so a
 /// client that never reads its ListAndWatch stream cannot hold a server open.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -369,7 +372,8 @@ impl DevicePlugin for Service {
 /// [`DRAIN_TIMEOUT`] after `stop` are dropped, so the task ends even when a client never reads.
 ///
 /// Limits: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in
-/// the listen backlog, holding no memory of ours), each with at most
+/// the listen backlog, holding no memory of ours), a connection silent for
+/// [`FIRST_BYTES_TIMEOUT`] after it is accepted is closed, each has at most
 /// [`MAX_STREAMS_PER_CONNECTION`] concurrent HTTP/2 streams and requests; idle connections are
 /// pinged (HTTP/2 keepalive, 30 s, dropped after 10 s without an answer).
 pub fn serve(
@@ -377,7 +381,24 @@ pub fn serve(
     service: Service,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let incoming = limited_incoming(socket.listener, MAX_CONNECTIONS);
+    serve_limited(
+        socket,
+        service,
+        stop,
+        MAX_CONNECTIONS,
+        Some(FIRST_BYTES_TIMEOUT),
+    )
+}
+
+/// [`serve`] with other connection limits (for measurements).
+fn serve_limited(
+    socket: BoundSocket,
+    service: Service,
+    stop: CancellationToken,
+    max_connections: usize,
+    first_bytes: Option<std::time::Duration>,
+) -> tokio::task::JoinHandle<()> {
+    let incoming = limited_incoming(socket.listener, max_connections, first_bytes);
     let path = socket.path;
     tokio::spawn(async move {
         let server = tonic::transport::Server::builder()
@@ -413,10 +434,13 @@ pub fn withdrawn() -> api::ListAndWatchResponse {
 }
 
 /// Accepted connections of `listener`, at most `max` open at once: a permit is taken before
-/// each accept and released when the connection is dropped.
+/// each accept and released when the connection is dropped. A connection that sends nothing
+/// within `first_bytes` (HTTP/2's preface comes first) is closed before tonic sees it, so idle
+/// connections cannot hold the permits; `None` hands every connection over at once.
 fn limited_incoming(
     listener: tokio::net::UnixListener,
     max: usize,
+    first_bytes: Option<std::time::Duration>,
 ) -> impl Stream<Item = std::io::Result<socket::Limited>> + Send + 'static {
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
     let (tx, rx) = mpsc::channel(1);
@@ -425,13 +449,36 @@ fn limited_incoming(
             let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
                 return;
             };
-            let item = tokio::select! {
-                accepted = listener.accept() => accepted.map(|(io, _)| socket::Limited::new(io, permit)),
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
                 () = tx.closed() => return,
             };
-            if tx.send(item).await.is_err() {
-                return;
-            }
+            let (io, _) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    if tx.send(Err(e)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut first = Vec::new();
+                if let Some(limit) = first_bytes {
+                    use tokio::io::AsyncReadExt as _;
+                    let mut io = io;
+                    let mut buf = [0u8; 64];
+                    match tokio::time::timeout(limit, io.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => first.extend_from_slice(&buf[..n]),
+                        // Silent for too long, closed or broken: drop it, freeing the permit.
+                        _ => return,
+                    }
+                    let _ = tx.send(Ok(socket::Limited::new(io, permit, first))).await;
+                    return;
+                }
+                let _ = tx.send(Ok(socket::Limited::new(io, permit, first))).await;
+            });
         }
     });
     ReceiverStream::new(rx)

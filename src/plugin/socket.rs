@@ -185,10 +185,13 @@ mod tests {
     }
 }
 
-/// An accepted connection holding one of its listener's connection permits until dropped.
+/// An accepted connection holding one of its listener's connection permits until dropped;
+/// reads first return the bytes already read from it (`first`), then the stream's.
 #[derive(Debug)]
 pub struct Limited {
     io: tokio::net::UnixStream,
+    first: Vec<u8>,
+    pos: usize,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -196,9 +199,12 @@ impl Limited {
     pub(super) fn new(
         io: tokio::net::UnixStream,
         permit: tokio::sync::OwnedSemaphorePermit,
+        first: Vec<u8>,
     ) -> Self {
         Limited {
             io,
+            first,
+            pos: 0,
             _permit: permit,
         }
     }
@@ -217,6 +223,13 @@ impl tokio::io::AsyncRead for Limited {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        if self.pos < self.first.len() {
+            let n = buf.remaining().min(self.first.len() - self.pos);
+            let start = self.pos;
+            buf.put_slice(&self.first[start..start + n]);
+            self.pos += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
         std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }

@@ -42,6 +42,11 @@ pub struct Mps {
     pub fail_requests_greater_than_one: bool,
     /// Set compute mode EXCLUSIVE_PROCESS on GPUs under MPS while their daemons run.
     pub exclusive_process: bool,
+    /// `allowPreVolta` (slicelet extension, default false): MPS on GPUs of compute capability
+    /// below 7.0 (Tesla P4, P100), which NVIDIA's MPS documentation says cannot enforce
+    /// per-client limits or give clients isolated address spaces. Without it such a GPU under
+    /// MPS is a plan error naming it.
+    pub allow_pre_volta: bool,
     /// The entries, in file order.
     pub resources: Vec<MpsEntry>,
 }
@@ -51,6 +56,7 @@ impl Default for Mps {
         Mps {
             fail_requests_greater_than_one: true,
             exclusive_process: false,
+            allow_pre_volta: false,
             resources: Vec::new(),
         }
     }
@@ -87,6 +93,7 @@ pub(super) fn validate_mps(
     let mut out = Mps {
         fail_requests_greater_than_one: mps.fail_requests_greater_than_one.unwrap_or(true),
         exclusive_process: mps.exclusive_process.unwrap_or(false),
+        allow_pre_volta: mps.allow_pre_volta.unwrap_or(false),
         resources: Vec::new(),
     };
     for (entry, (pct, mem)) in shared.resources.into_iter().zip(extensions) {
@@ -126,14 +133,44 @@ pub(super) fn validate_mps(
     Ok(out)
 }
 
-/// Validates `flags.mpsRoot` (default [`DEFAULT_MPS_ROOT`]): an absolute path.
+/// Trees `flags.mpsRoot` may not be in (or be): slicelet creates, chmods (1777 for `shm`)
+/// and removes directories there.
+pub const FORBIDDEN_MPS_ROOTS: [&str; 4] = ["/proc", "/sys", "/etc", "/dev"];
+
+/// Validates `flags.mpsRoot` (default [`DEFAULT_MPS_ROOT`]): an absolute, normalised path
+/// (`/` then plain components joined by single `/`: no `.` or `..`, no `//`, no trailing `/`,
+/// no NUL), not `/` itself and not in [`FORBIDDEN_MPS_ROOTS`].
 pub(super) fn validate_root(root: Option<&str>) -> Result<PathBuf, PolicyError> {
     let root = root.unwrap_or(DEFAULT_MPS_ROOT);
+    let shown = crate::uuid::truncate_id(root);
+    let fail = |why: &str| err("flags.mpsRoot", format!("`{}` {why}", shown.escape_debug()));
     if !root.starts_with('/') {
-        return Err(err(
-            "flags.mpsRoot",
-            format!("`{root}` is not an absolute path"),
+        return Err(fail("is not an absolute path"));
+    }
+    if root.contains('\0') {
+        return Err(fail("contains a NUL byte"));
+    }
+    let parts: Vec<&str> = root[1..].split('/').collect();
+    if root == "/" {
+        return Err(fail(
+            "is the file-system root; use a directory of its own such as /run/nvidia/mps",
         ));
+    }
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || *p == "." || *p == "..")
+    {
+        return Err(fail(
+            "is not normalised (no `.` or `..` segments, `//` or trailing `/`)",
+        ));
+    }
+    if let Some(f) = FORBIDDEN_MPS_ROOTS
+        .iter()
+        .find(|f| root == **f || root.starts_with(&format!("{f}/")))
+    {
+        return Err(fail(&format!(
+            "is under {f}, where slicelet must not create or remove directories"
+        )));
     }
     Ok(PathBuf::from(root))
 }

@@ -13,6 +13,40 @@ use serde::Deserialize;
 /// Prefix added to a resource name that has no `/`.
 pub const DEFAULT_PREFIX: &str = "nvidia.com";
 
+/// A resource name that is not a valid Kubernetes extended resource name; each variant
+/// carries the text as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The part before `/` is not a DNS subdomain.
+    #[error(
+        "`{raw}`: prefix `{prefix}` is not a DNS subdomain (lowercase letters, digits, `-`, `.`)"
+    )]
+    Prefix {
+        /// The name as written.
+        raw: String,
+        /// Its prefix.
+        prefix: String,
+    },
+    /// The prefix is in `kubernetes.io`.
+    #[error("`{raw}`: the kubernetes.io domain is reserved for native resources")]
+    Reserved {
+        /// The name as written.
+        raw: String,
+    },
+    /// The part after `/` is empty or longer than 63 characters.
+    #[error("`{raw}`: the name after `/` must be 1 to 63 characters")]
+    Length {
+        /// The name as written.
+        raw: String,
+    },
+    /// The part after `/` has other characters or ends.
+    #[error("`{raw}`: the name after `/` must be letters, digits, `-`, `_`, `.`, beginning and ending with a letter or digit")]
+    Characters {
+        /// The name as written.
+        raw: String,
+    },
+}
+
 /// A validated, fully qualified extended resource name such as `nvidia.com/gpu-shared`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceName(String);
@@ -21,8 +55,9 @@ impl ResourceName {
     /// Qualifies (adds `nvidia.com/` when there is no `/`) and validates `raw`.
     ///
     /// # Errors
-    /// A sentence naming what is wrong, for the caller to prefix with the field path.
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    /// [`NameError`] naming the text and what is wrong, for the caller to prefix with the
+    /// field path (rules: Kubernetes extended resource names).
+    pub fn parse(raw: &str) -> Result<Self, NameError> {
         let full = if raw.contains('/') {
             raw.to_string()
         } else {
@@ -30,19 +65,20 @@ impl ResourceName {
         };
         let (prefix, name) = full.split_once('/').expect("qualified above");
         if prefix.is_empty() || prefix.len() > 253 || !is_dns_subdomain(prefix) {
-            return Err(format!(
-                "`{raw}`: prefix `{prefix}` is not a DNS subdomain (lowercase letters, digits, `-`, `.`)"
-            ));
+            return Err(NameError::Prefix {
+                raw: raw.to_string(),
+                prefix: prefix.to_string(),
+            });
         }
         if prefix == "kubernetes.io" || prefix.ends_with(".kubernetes.io") {
-            return Err(format!(
-                "`{raw}`: the kubernetes.io domain is reserved for native resources"
-            ));
+            return Err(NameError::Reserved {
+                raw: raw.to_string(),
+            });
         }
         if name.is_empty() || name.len() > 63 {
-            return Err(format!(
-                "`{raw}`: the name after `/` must be 1 to 63 characters"
-            ));
+            return Err(NameError::Length {
+                raw: raw.to_string(),
+            });
         }
         let ok_chars = name
             .chars()
@@ -50,9 +86,9 @@ impl ResourceName {
         let ok_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
             && name.ends_with(|c: char| c.is_ascii_alphanumeric());
         if !ok_chars || !ok_ends {
-            return Err(format!(
-                "`{raw}`: the name after `/` must be letters, digits, `-`, `_`, `.`, beginning and ending with a letter or digit"
-            ));
+            return Err(NameError::Characters {
+                raw: raw.to_string(),
+            });
         }
         Ok(ResourceName(full))
     }
@@ -63,7 +99,10 @@ impl ResourceName {
     }
 
     /// `<name>.shared`, the name `renameByDefault` gives (NVIDIA's rule).
-    pub fn shared(&self) -> Result<Self, String> {
+    ///
+    /// # Errors
+    /// [`NameError`] when `<name>.shared` is too long.
+    pub fn shared(&self) -> Result<Self, NameError> {
         Self::parse(&format!("{}.shared", self.0))
     }
 }
@@ -77,8 +116,9 @@ impl fmt::Display for ResourceName {
 impl<'de> Deserialize<'de> for ResourceName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = String::deserialize(d)?;
-        ResourceName::parse(&raw)
-            .map_err(|msg| de::Error::invalid_value(Unexpected::Str(&raw), &msg.as_str()))
+        ResourceName::parse(&raw).map_err(|msg| {
+            de::Error::invalid_value(Unexpected::Str(&raw), &msg.to_string().as_str())
+        })
     }
 }
 

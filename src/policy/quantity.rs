@@ -17,19 +17,32 @@
 //! A memory size cannot be negative, so a `-` sign is rejected. Arithmetic is exact (`u128`
 //! rationals); the byte count is rounded down.
 
+/// A text that is not a usable quantity of bytes; each variant carries the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Not in Kubernetes' quantity grammar.
+    #[error("`{0}` is not a Kubernetes quantity (for example 10Gi, 20000Mi, 8G or 1.5Gi)")]
+    NotAQuantity(String),
+    /// A `-` sign.
+    #[error("`{0}` is negative; a memory limit must be positive")]
+    Negative(String),
+    /// More bytes than fit in 128 bits.
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+    /// An exponent too small to compute.
+    #[error("`{0}` is too small")]
+    TooSmall(String),
+}
+
 /// Parses a quantity of bytes. Returns the byte count, rounded down.
 ///
 /// # Errors
-/// A sentence naming what is wrong with `text`.
-pub fn parse_bytes(text: &str) -> Result<u128, String> {
-    let bad = || {
-        format!("`{text}` is not a Kubernetes quantity (for example 10Gi, 20000Mi, 8G or 1.5Gi)")
-    };
+/// [`QuantityError`] naming `text` and what is wrong with it.
+pub fn parse_bytes(text: &str) -> Result<u128, QuantityError> {
+    let bad = || QuantityError::NotAQuantity(text.to_string());
     let s = text.strip_prefix('+').unwrap_or(text);
     if s.starts_with('-') {
-        return Err(format!(
-            "`{text}` is negative; a memory limit must be positive"
-        ));
+        return Err(QuantityError::Negative(text.to_string()));
     }
     let digits_end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -45,7 +58,7 @@ pub fn parse_bytes(text: &str) -> Result<u128, String> {
         mantissa = mantissa
             .checked_mul(10)
             .and_then(|m| m.checked_add(u128::from(c.to_digit(10).expect("digit"))))
-            .ok_or_else(|| format!("`{text}` is too large"))?;
+            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))?;
     }
     let frac_len = i32::try_from(frac_part.len()).map_err(|_| bad())?;
     let (binary, exp10): (u32, i32) = match suffix {
@@ -69,7 +82,9 @@ pub fn parse_bytes(text: &str) -> Result<u128, String> {
                 if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
                     return Err(bad());
                 }
-                let e: i32 = exp.parse().map_err(|_| format!("`{text}` is too large"))?;
+                let e: i32 = exp
+                    .parse()
+                    .map_err(|_| QuantityError::TooLarge(text.to_string()))?;
                 (0, e)
             }
             None => return Err(bad()),
@@ -78,20 +93,20 @@ pub fn parse_bytes(text: &str) -> Result<u128, String> {
     // Checked: `1.5e-2147483648` must be an error, not an overflow panic.
     let exp = exp10
         .checked_sub(frac_len)
-        .ok_or_else(|| format!("`{text}` is too small"))?;
-    let pow = |e: i32| -> Result<u128, String> {
+        .ok_or_else(|| QuantityError::TooSmall(text.to_string()))?;
+    let pow = |e: i32| -> Result<u128, QuantityError> {
         10u128
             .checked_pow(e.unsigned_abs())
-            .ok_or_else(|| format!("`{text}` is too large"))
+            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
     };
     let numerator = mantissa
         .checked_shl(binary)
         .filter(|v| v >> binary == mantissa)
-        .ok_or_else(|| format!("`{text}` is too large"))?;
+        .ok_or_else(|| QuantityError::TooLarge(text.to_string()))?;
     if exp >= 0 {
         numerator
             .checked_mul(pow(exp)?)
-            .ok_or_else(|| format!("`{text}` is too large"))
+            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
     } else {
         // A huge negative exponent just means "less than one byte".
         Ok(pow(exp).map_or(0, |d| numerator / d))
@@ -162,9 +177,13 @@ mod tests {
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?}");
         }
-        assert!(parse_bytes("-1Gi").unwrap_err().contains("negative"));
+        assert!(parse_bytes("-1Gi")
+            .unwrap_err()
+            .to_string()
+            .contains("negative"));
         assert!(parse_bytes("99999999999999999999999999999999999999999Ei")
             .unwrap_err()
+            .to_string()
             .contains("too large"));
     }
 }

@@ -269,6 +269,9 @@ pub struct MpsSharing {
     /// slicelet extension: set the GPUs under MPS to compute mode EXCLUSIVE_PROCESS through
     /// NVML while their daemons run (default false), restored on stop.
     pub exclusive_process: Option<bool>,
+    /// slicelet extension: allow MPS on GPUs older than compute capability 7.0 (default
+    /// false), where MPS enforces neither per-client limits nor isolated address spaces.
+    pub allow_pre_volta: Option<bool>,
     /// The entries.
     pub resources: Option<Vec<MpsResource>>,
 }
@@ -479,7 +482,7 @@ impl fmt::Display for DeviceRef {
 }
 
 impl DeviceRef {
-    fn parse(s: &str) -> Result<Self, String> {
+    fn parse(s: &str) -> Result<Self, DeviceRefError> {
         if let Ok(i) = s.parse::<u32>() {
             return Ok(DeviceRef::Index(i));
         }
@@ -492,13 +495,21 @@ impl DeviceRef {
             // The one UUID check (crate::uuid): a UUID in `devices` must never carry `/`.
             return crate::uuid::Uuid::parse(s)
                 .map(|u| DeviceRef::Uuid(u.into_string()))
-                .map_err(|e| e.to_string());
+                .map_err(DeviceRefError::Uuid);
         }
-        Err(format!(
-            "`{}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID",
-            crate::uuid::truncate_id(s)
-        ))
+        Err(DeviceRefError::NotADevice(s.to_string()))
     }
+}
+
+/// A `devices` item that names no device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceRefError {
+    /// It starts with `GPU-`/`MIG-` but is not a UUID in NVML's form.
+    #[error(transparent)]
+    Uuid(crate::uuid::UuidError),
+    /// Neither an index, a `<gpu>:<mig>` pair nor a UUID.
+    #[error("`{}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID", crate::uuid::truncate_id(.0))]
+    NotADevice(String),
 }
 
 struct DeviceSelectorVisitor;

@@ -306,7 +306,7 @@ fn prefix_of_at_most_253_characters() {
     assert_eq!(p254.len(), 254);
     assert!(names::ResourceName::parse(&format!("{p253}/gpu")).is_ok());
     let e = names::ResourceName::parse(&format!("{p254}/gpu")).unwrap_err();
-    assert!(e.contains("is not a DNS subdomain"), "{e}");
+    assert!(e.to_string().contains("is not a DNS subdomain"), "{e}");
     assert!(names::ResourceName::parse("/gpu").is_err());
 }
 
@@ -357,7 +357,10 @@ fn a_malformed_exponent_is_not_a_quantity() {
     // `1e`, `1e+`, `1ex` are malformed, not numbers too large.
     for bad in ["1e", "1e+", "1e-", "1ex", "1e3x", "1e+-3"] {
         let e = quantity::parse_bytes(bad).unwrap_err();
-        assert!(e.contains("is not a Kubernetes quantity"), "{bad}: {e}");
+        assert!(
+            e.to_string().contains("is not a Kubernetes quantity"),
+            "{bad}: {e}"
+        );
     }
 }
 

@@ -5,6 +5,7 @@ mod binary;
 mod common;
 mod daemon;
 mod fixtures;
+mod hostile;
 mod live;
 mod manifests;
 pub mod mps;

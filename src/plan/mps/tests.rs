@@ -111,7 +111,7 @@ fn client_limit_depends_on_compute_capability() {
     node.gpus[1].compute_capability = Some((6, 0));
     let p = |replicas: u32| {
         parse(&format!(
-            "sharing:\n  mps:\n    resources:\n      - name: gpu\n        replicas: {replicas}\n"
+            "sharing:\n  mps:\n    allowPreVolta: true\n    resources:\n      - name: gpu\n        replicas: {replicas}\n"
         ))
         .unwrap()
     };
