@@ -184,6 +184,7 @@ impl State {
                     tracing::error!(policy = %path.display(), error = %error, "cannot read the policy; {keeping}");
                 }
                 self.policy_hash = None;
+                self.rejected_for_node = None;
                 self.policy_error = Some(error);
             }
             Input::Discovered(result) => self.discovered(result, &mut out),
@@ -280,9 +281,11 @@ impl State {
                 out.extend(ts.into_iter().map(Action::Transition));
                 self.inventory = Some(inv);
                 // A policy rejected for the old GPUs may fit the new ones.
-                if let Some(p) = self.rejected_for_node.take() {
-                    self.try_apply(p, "", out);
-                } else {
+                let applied = match self.rejected_for_node.take() {
+                    Some(p) => self.try_apply(p, "", out),
+                    None => false,
+                };
+                if !applied {
                     self.replan(out);
                 }
             }
@@ -321,6 +324,7 @@ impl State {
                 }
             }
             Err(e) => {
+                self.rejected_for_node = None;
                 let keeping = if self.policy.is_some() {
                     "keeping the last good policy"
                 } else {

@@ -533,3 +533,45 @@ fn health_table() {
         run(name, steps);
     }
 }
+
+/// Regression (review): a policy waiting for other GPUs made a discovery skip the re-plan, so a
+/// GPU discovery reported unusable stayed advertised Healthy.
+#[test]
+fn a_waiting_policy_does_not_stop_the_plan_from_following_the_gpus() {
+    let t0 = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(mig_node(false)), t0);
+    s.fold(policy(TS2, true), t0);
+    s.fold(policy(MIG_SINGLE, false), t0);
+    assert!(s.rejected_for_node.is_some());
+    let mut inv = mig_node(false);
+    inv.gpus[1].health = Health::Unhealthy;
+    s.fold(discovered(inv), t0);
+    let sick: Vec<_> = plan_view(&s).into_iter().flat_map(|(_, _, u)| u).collect();
+    assert!(sick.contains(&gpu(1)), "{:?}", plan_view(&s));
+}
+
+/// Regression (review): a policy that did not fit, replaced in the file by a broken one (or
+/// the file deleted), was applied when the GPUs later changed.
+#[test]
+fn a_policy_no_longer_in_the_file_is_never_applied() {
+    let t0 = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(mig_node(false)), t0);
+    s.fold(policy(TS2, true), t0);
+    s.fold(policy(MIG_SINGLE, false), t0);
+    s.fold(policy(TYPO, false), t0);
+    s.fold(
+        Input::PolicyUnreadable {
+            path: "/etc/slicelet/config.yaml".into(),
+            error: "gone".into(),
+        },
+        t0,
+    );
+    s.fold(discovered(mig_node(true)), t0);
+    assert_eq!(
+        s.policy.as_ref().map(|p| p.mig_strategy),
+        Some(crate::policy::MigStrategy::None)
+    );
+    assert!(s.policy_error.is_some());
+}
