@@ -343,16 +343,20 @@ pub async fn run_target(
     let mut node_debounce: Option<Instant> = None;
     let mut policy_read: Option<tokio::task::JoinHandle<Input>> = None;
     let mut policy_again: Option<bool> = None;
-    let mut resync = tokio::time::interval(settings.policy_resync_interval);
-    resync.tick().await;
-    let mut inventory_resync = tokio::time::interval(if discovered {
+    // Timers never catch up on ticks missed while their arm was disabled or the loop was busy
+    // (a bind retry disabled for an hour would otherwise fire 3,600 times at once).
+    let timer = |period: Duration| {
+        let mut t = tokio::time::interval_at(Instant::now() + period, period);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    };
+    let mut resync = timer(settings.policy_resync_interval);
+    let mut inventory_resync = timer(if discovered {
         settings.inventory_resync_interval
     } else {
         settings.nvml_retry_interval
     });
-    inventory_resync.tick().await;
-    let mut bind_retry = tokio::time::interval(BIND_RETRY);
-    bind_retry.tick().await;
+    let mut bind_retry = timer(BIND_RETRY);
     loop {
         let recovery = state.next_deadline().map(Instant::from_std);
         let stream_deadline = servers.next_stream_deadline();
@@ -414,7 +418,7 @@ pub async fn run_target(
                     next = reports.try_recv().ok();
                 }
                 if state.inventory.is_some() && inventory_resync.period() != settings.inventory_resync_interval {
-                    inventory_resync = tokio::time::interval_at(Instant::now() + settings.inventory_resync_interval, settings.inventory_resync_interval);
+                    inventory_resync = timer(settings.inventory_resync_interval);
                 }
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),

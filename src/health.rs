@@ -368,7 +368,8 @@ impl Tracker {
 
     /// Takes discovery's verdict: the devices `inventory` reports unusable (a GPU lost, a
     /// simulated `health: Unhealthy`) are held Unhealthy until a discovery reports them usable
-    /// again; devices no longer present drop every level condition.
+    /// again; devices no longer present drop every condition, an Xid too (a MIG device configured
+    /// away is not probed forever).
     pub fn observe_discovery(&mut self, inventory: &Inventory) -> Vec<Transition> {
         let mut present = BTreeMap::new();
         for g in &inventory.gpus {
@@ -381,6 +382,7 @@ impl Tracker {
             .lost
             .keys()
             .chain(self.unwatched.keys())
+            .chain(self.sick.keys())
             .filter(|u| !present.contains_key(*u))
             .cloned()
             .collect();
@@ -389,6 +391,7 @@ impl Tracker {
             out.extend(self.track(&uuid, |t| {
                 t.lost.remove(&uuid);
                 t.unwatched.remove(&uuid);
+                t.sick.remove(&uuid);
             }));
         }
         for (uuid, healthy) in present {
@@ -937,5 +940,25 @@ mod mps_ready_tests {
             t.mps_ready().iter().map(String::as_str).collect::<Vec<_>>(),
             ["GPU-b"]
         );
+    }
+}
+
+#[cfg(test)]
+mod gone_tests {
+    use super::*;
+    use crate::inventory::test_node;
+
+    /// Regression (review): an Xid on a device that discovery no longer reports (a MIG device
+    /// configured away) stayed held and was probed every recovery period forever.
+    #[test]
+    fn a_device_gone_from_discovery_drops_its_xid() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(Some(Duration::from_secs(60)));
+        let inv = test_node(1);
+        t.on_xid(&XidPolicy::default(), "MIG-gone", 79, t0);
+        assert_eq!(t.due(t0 + Duration::from_secs(61)), ["MIG-gone"]);
+        t.observe_discovery(&inv);
+        assert!(t.due(t0 + Duration::from_secs(61)).is_empty());
+        assert!(t.is_healthy("MIG-gone"));
     }
 }

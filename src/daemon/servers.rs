@@ -224,10 +224,13 @@ impl Servers {
             self.dev_root.clone(),
         )
         .report_streams(self.lost_tx.clone(), epoch);
-        let serving = plugin::serve(socket, service, stop.clone());
+        let serving = AbortOnDrop(plugin::serve(socket, service, stop.clone()));
         let finished = done.clone();
+        // Aborting this task (a restart past its deadline, shutdown past its deadline) drops
+        // the guard, which aborts the server task itself, not only this wait for it.
         let serve = self.tasks.spawn(async move {
-            let _ = serving.await;
+            let mut serving = serving;
+            let _ = (&mut serving.0).await;
             finished.cancel();
         });
         let kubelet = self.dir.join(KUBELET_SOCKET);
@@ -482,6 +485,15 @@ impl Servers {
         for s in servers.values() {
             plugin::remove_if_ours(&s.path, s.id);
         }
+    }
+}
+
+/// Aborts the task it holds when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
