@@ -312,9 +312,20 @@ pub async fn run_target(
         _ => true,
     };
     let first = loop {
-        match reports.recv().await {
+        let report = tokio::select! {
+            // SIGTERM while the first NVML initialisation or discovery hangs.
+            _ = shutdown.cancelled() => {
+                drop(reports);
+                hardware.shutdown(SHUTDOWN_DEADLINE).await;
+                mps.shutdown(SHUTDOWN_DEADLINE).await;
+                return Ok(());
+            }
+            r = reports.recv() => r,
+        };
+        match report {
             Some(Report::Discovered(r)) => break r,
-            Some(other) => shell.early(other, &mut state),
+            Some(Report::Health(e)) => shell.fold(&mut state, Input::Health(e), &mut servers),
+            Some(Report::Probed(p)) => shell.fold(&mut state, Input::Probed(p), &mut servers),
             None => break Err(InventoryError::NvmlCount("hardware thread ended".into())),
         }
     };
@@ -343,6 +354,7 @@ pub async fn run_target(
     let mut node_debounce: Option<Instant> = None;
     let mut policy_read: Option<tokio::task::JoinHandle<Input>> = None;
     let mut policy_again: Option<bool> = None;
+    let mut hardware_gone = false;
     // Timers never catch up on ticks missed while their arm was disabled or the loop was busy
     // (a bind retry disabled for an hour would otherwise fire 3,600 times at once).
     let timer = |period: Duration| {
@@ -406,7 +418,12 @@ pub async fn run_target(
                 });
                 shell.fold(&mut state, input, &mut servers);
             }
-            Some(report) = reports.recv() => {
+            report = reports.recv(), if !hardware_gone => {
+                let Some(report) = report else {
+                    tracing::error!("the hardware thread ended: no more discoveries, probes or compute-mode changes");
+                    hardware_gone = true;
+                    continue;
+                };
                 let mut next = Some(report);
                 while let Some(r) = next {
                     let input = match r {
@@ -450,12 +467,20 @@ pub async fn run_target(
             _ = bind_retry.tick(), if servers.has_unserved() => servers.retry_unserved(),
         }
     }
-    // One overall deadline: servers and MPS daemons stop together, then the hardware thread
-    // restores compute modes.
+    // One overall deadline: servers, MPS daemons and the status endpoint stop together, then
+    // the hardware thread restores compute modes in what is left. Nobody reads reports any
+    // more: drop the channels so a hardware thread never waits for room.
     let deadline = Instant::now() + SHUTDOWN_DEADLINE;
+    drop(reports);
+    drop(mps_events);
     tokio::join!(
         servers.shutdown(SHUTDOWN_DEADLINE),
-        mps.shutdown(SHUTDOWN_DEADLINE)
+        mps.shutdown(SHUTDOWN_DEADLINE),
+        async {
+            if let Some(h) = status_server {
+                let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+            }
+        }
     );
     hardware
         .shutdown(
@@ -464,9 +489,6 @@ pub async fn run_target(
                 .max(Duration::from_millis(500)),
         )
         .await;
-    if let Some(h) = status_server {
-        let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
-    }
     tracing::info!("stopped: every stream ended and every socket removed");
     Ok(())
 }
@@ -483,17 +505,6 @@ struct Shell<'a> {
 }
 
 impl Shell<'_> {
-    /// A report that arrived before the first discovery (an Xid from the watch): kept for the
-    /// fold by folding it right away.
-    fn early(&mut self, report: Report, state: &mut State) {
-        let input = match report {
-            Report::Health(e) => Input::Health(e),
-            Report::Probed(p) => Input::Probed(p),
-            Report::Discovered(_) => return,
-        };
-        let _ = state.fold(input, Instant::now().into_std());
-    }
-
     fn fold(&mut self, state: &mut State, input: Input, servers: &mut servers::Servers) {
         let actions = state.fold(input, Instant::now().into_std());
         for action in actions {

@@ -53,13 +53,17 @@ where
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let token = CancellationToken::new();
         let signals = cancel_on_signal(token.clone())?;
         let result = body(token).await;
         signals.abort();
         result.context(what)
-    })
+    });
+    // A blocking task still stuck (an NVML call on a GPU that fell off the bus, a policy read
+    // on a hung file system) must not hold the exit: the daemon already stopped everything.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    result
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

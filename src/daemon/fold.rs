@@ -28,6 +28,10 @@ use crate::mps;
 use crate::plan::{self, MpsLimits, MpsWanted, Plan};
 use crate::policy::{Policy, PolicyError};
 
+/// How long a probe may go unanswered (its report lost, or the hardware thread stuck) before
+/// the recovery is tried again.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What the outside reported.
 #[derive(Debug)]
 pub enum Input {
@@ -125,7 +129,9 @@ pub struct State {
     pub plan: Arc<Plan>,
     mps_wanted: MpsWanted,
     exclusive: BTreeSet<String>,
-    probing: bool,
+    /// Since when a probe is in flight (its answer may be lost: after [`PROBE_TIMEOUT`] the
+    /// recovery is tried again).
+    probing: Option<Instant>,
     /// Xid events seen since start (critical or not).
     pub xid_events: u64,
 }
@@ -151,15 +157,15 @@ impl State {
             plan: Arc::new(Plan::default()),
             mps_wanted: MpsWanted::default(),
             exclusive: BTreeSet::new(),
-            probing: false,
+            probing: None,
             xid_events: 0,
         }
     }
 
     /// When the shell should report [`Input::RecoveryDue`] (none while a probe is in flight).
     pub fn next_deadline(&self) -> Option<Instant> {
-        if self.probing {
-            return None;
+        if let Some(since) = self.probing {
+            return Some(since + PROBE_TIMEOUT);
         }
         self.tracker.next_deadline()
     }
@@ -202,7 +208,7 @@ impl State {
                 self.transitions(t.into_iter().collect(), &mut out);
             }
             Input::Probed(answers) => {
-                self.probing = false;
+                self.probing = None;
                 let ts = answers
                     .into_iter()
                     .filter_map(|(u, ok)| self.tracker.probed(&u, ok, now))
@@ -211,8 +217,15 @@ impl State {
             }
             Input::RecoveryDue => {
                 let due = self.tracker.due(now);
-                if !due.is_empty() && !self.probing {
-                    self.probing = true;
+                if self
+                    .probing
+                    .is_some_and(|since| now.saturating_duration_since(since) >= PROBE_TIMEOUT)
+                {
+                    tracing::warn!(timeout = ?PROBE_TIMEOUT, "a probe got no answer; probing again");
+                    self.probing = None;
+                }
+                if !due.is_empty() && self.probing.is_none() {
+                    self.probing = Some(now);
                     out.push(Action::Probe(due));
                 }
             }

@@ -372,7 +372,10 @@ fn health_table() {
                         Input::RecoveryDue,
                         &[&format!("Probe([{:?}])", gpu(1))],
                         |s, _| {
-                            assert_eq!(s.next_deadline(), None, "no deadline while probing");
+                            // While probing, the only deadline is the probe's timeout.
+                            assert!(s.next_deadline().is_some_and(|t| {
+                                t > Instant::now() + PROBE_TIMEOUT - Duration::from_secs(120)
+                            }));
                         },
                     ),
                     // Not again while the probe is in flight.
@@ -574,4 +577,30 @@ fn a_policy_no_longer_in_the_file_is_never_applied() {
         Some(crate::policy::MigStrategy::None)
     );
     assert!(s.policy_error.is_some());
+}
+
+/// Regression (review): a probe answer that never arrived (its report dropped) left `probing`
+/// set, so no device recovered again. After the probe timeout the recovery is tried again.
+#[test]
+fn a_lost_probe_answer_is_retried_after_the_timeout() {
+    let t0 = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(crate::inventory::test_node(2)), t0);
+    s.fold(policy(TS2, true), t0);
+    let uuid = s.inventory.as_ref().unwrap().gpus[1].uuid.clone();
+    s.fold(
+        Input::Health(HealthEvent::Xid {
+            uuid: uuid.clone(),
+            xid: 79,
+        }),
+        t0,
+    );
+    let due = t0 + crate::health::DEFAULT_RECOVERY;
+    let probe = |a: &[Action]| a.iter().any(|a| matches!(a, Action::Probe(_)));
+    assert!(probe(&s.fold(Input::RecoveryDue, due)));
+    assert!(!probe(
+        &s.fold(Input::RecoveryDue, due + Duration::from_secs(1))
+    ));
+    assert_eq!(s.next_deadline(), Some(due + PROBE_TIMEOUT));
+    assert!(probe(&s.fold(Input::RecoveryDue, due + PROBE_TIMEOUT)));
 }
