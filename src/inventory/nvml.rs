@@ -129,6 +129,15 @@ impl NvmlSource {
                 Err(e) => return Err(q("nvmlDeviceGetMigDeviceHandleByIndex", e)),
             };
             let uuid = m.uuid().map_err(|e| q("nvmlDeviceGetUUID", e))?;
+            // A driver answering garbage must not reach paths or the container's environment.
+            let uuid = crate::uuid::Uuid::parse(&uuid)
+                .map_err(|e| InventoryError::NvmlMigQuery {
+                    query: "nvmlDeviceGetUUID",
+                    gpu: index,
+                    slot,
+                    reason: e.to_string(),
+                })?
+                .to_string();
             let name = m.name().map_err(|e| q("nvmlDeviceGetName", e))?;
             let gi_id = self
                 .instance_id(&m, InstanceId::Gpu)
@@ -374,7 +383,7 @@ impl GpuSource for NvmlSource {
                     // the node is not dark because of one GPU (and the kubelet sees the
                     // capacity it cannot use); without a UUID it cannot be named at all.
                     None => match self.nvml.device_by_index(i).and_then(|d| d.uuid()) {
-                        Ok(uuid) => {
+                        Ok(uuid) if crate::uuid::Uuid::parse(&uuid).is_ok() => {
                             tracing::error!(gpu = i, uuid = %uuid, error = %e, "GPU does not answer NVML; advertising it Unhealthy");
                             gpus.push(Gpu {
                                 index: i,
@@ -388,6 +397,9 @@ impl GpuSource for NvmlSource {
                                 mig_devices: Vec::new(),
                                 health: Health::Unhealthy,
                             });
+                        }
+                        Ok(bad) => {
+                            tracing::error!(gpu = i, error = %e, uuid = %crate::uuid::truncate_id(&bad), "GPU does not answer NVML and its UUID is not in NVML's form; it is left out");
                         }
                         Err(uuid_err) => {
                             tracing::error!(gpu = i, error = %e, uuid_error = %uuid_err, "GPU does not answer NVML, not even its UUID; it is left out");
@@ -683,6 +695,14 @@ impl NvmlSource {
             self.nvml.device_by_index(i),
         )?;
         let uuid = query(i, "nvmlDeviceGetUUID", dev.uuid())?;
+        // A driver answering garbage must not reach paths or the container's environment.
+        let uuid = crate::uuid::Uuid::parse(&uuid)
+            .map_err(|e| InventoryError::NvmlQuery {
+                query: "nvmlDeviceGetUUID",
+                index: i,
+                reason: e.to_string(),
+            })?
+            .to_string();
         let model = query(i, "nvmlDeviceGetName", dev.name())?;
         let memory = query(i, "nvmlDeviceGetMemoryInfo_v2", dev.memory_info())?;
         let minor = dev.minor_number().ok();

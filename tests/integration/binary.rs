@@ -946,3 +946,27 @@ async fn run_with_nvml_topology_answers_get_preferred_allocation_by_links() {
     let (code, log) = sigterm_and_wait(child).await;
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// A driver answering a UUID that is not in NVML's form (here one that would traverse a path):
+/// that GPU is left out with an error naming the query (the other GPUs would still serve); the
+/// string never reaches a path, a mount or the environment.
+#[tokio::test]
+async fn a_garbage_uuid_from_nvml_is_refused() {
+    let node = Node::new(&ts_policy(2));
+    let inv = write_inventory(
+        node.tmp.path(),
+        serde_json::json!({"gpus": [
+            {"uuid": "GPU-/../../victim", "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559,
+             "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0"}
+        ]}),
+    );
+    let out = plan_with_nvml(&node, &inv, "table").await;
+    let err = text(&out.stderr);
+    assert!(
+        !text(&out.stdout).contains("victim"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(err.contains("nvmlDeviceGetUUID"), "{err}");
+    assert!(err.contains("is not a GPU or MIG UUID"), "{err}");
+}
