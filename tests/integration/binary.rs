@@ -970,3 +970,69 @@ async fn a_garbage_uuid_from_nvml_is_refused() {
     assert!(err.contains("nvmlDeviceGetUUID"), "{err}");
     assert!(err.contains("is not a GPU or MIG UUID"), "{err}");
 }
+
+/// Regression (issue 15, D5): under `ulimit -n 128`, 200 idle TCP connections to the status
+/// port made a kubelet restart fail to re-register ("Too many open files"). The status endpoint
+/// now holds at most 64 connections, so the restart re-registers as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_status_connections_do_not_starve_a_kubelet_restart() {
+    let node = Node::new(&ts_policy(2));
+    let mut emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let sim = node_file("l4-x1.yaml");
+    let mut child = Command::new("prlimit")
+        .arg("--nofile=128:128")
+        .arg("--")
+        .arg(bin())
+        .args([
+            "run",
+            "--config",
+            node.policy().to_str().unwrap(),
+            "--device-plugin-path",
+            node.plugins().to_str().unwrap(),
+            "--simulate",
+            sim.to_str().unwrap(),
+        ])
+        .env("SLICELET_STATUS_ADDRESS", "127.0.0.1:0")
+        .env("SLICELET_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let log = wait_for_log(&mut child, "serving /healthz").await;
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let address: std::net::SocketAddr = line
+        .split("address=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .map(|s| s.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != ':'))
+        .unwrap()
+        .parse()
+        .unwrap();
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        // Connections beyond the limit wait in the listen backlog; connect may still succeed.
+        if let Ok(Ok(c)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect(address),
+        )
+        .await
+        {
+            idle.push(c);
+        }
+    }
+    assert!(idle.len() >= 64, "only {} connections opened", idle.len());
+    emu.restart().await.unwrap();
+    emu.wait_for(WAIT, |s| {
+        let r = &s.resources["nvidia.com/gpu-shared"];
+        r.registrations >= 2 && r.streaming && s.device_count("nvidia.com/gpu-shared") == Some(2)
+    })
+    .await
+    .unwrap();
+    drop(idle);
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("Too many open files"), "{log}");
+}
