@@ -36,7 +36,7 @@
 //! is the profile's nominal GB × 1024 MiB. A profile must be spelled as NVIDIA spells it
 //! (`1g.10gb`, `1g.24gb+me`, `1c.3g.40gb`), and a GPU's MIG devices may use at most 7 GPU
 //! slices, as on every MIG-capable GPU. Use the profiles the model really offers (the tests check
-//! the shipped nodes against `../shared/fixtures/gpu-models.yaml`). `mig:` without devices is a
+//! the shipped nodes against `fixtures/models/gpu-models.yaml`). `mig:` without devices is a
 //! MIG-enabled GPU on which no instance was created yet.
 
 use crate::health::Health;

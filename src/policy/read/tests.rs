@@ -199,7 +199,7 @@ fn every_shipped_policy_and_node_passes_the_nesting_check() {
     let mut dirs = vec![
         repo.join("config"),
         repo.join("config/nodes"),
-        repo.join("../shared/fixtures/policies"),
+        repo.join("fixtures/policies"),
     ];
     let mut seen = 0;
     while let Some(d) = dirs.pop() {
