@@ -176,7 +176,7 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub node: NodeArgs,
     /// Output format.
-    #[arg(long, default_value = "table")]
+    #[arg(long, env = "SLICELET_OUTPUT", default_value = "table")]
     pub output: OutputFormat,
 }
 

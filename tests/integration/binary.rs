@@ -1001,7 +1001,10 @@ async fn idle_status_connections_do_not_starve_a_kubelet_restart() {
         .spawn()
         .unwrap();
     let log = wait_for_log(&mut child, "serving /healthz").await;
-    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("serving /healthz"))
+        .unwrap();
     let address: std::net::SocketAddr = line
         .split("address=")
         .nth(1)
