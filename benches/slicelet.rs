@@ -770,11 +770,11 @@ fn main() {
         let t = Instant::now();
         configmap_write(&cm, 2, &hostile);
         client_rt
-            .block_on(tokio::time::timeout(
-                WAIT,
-                status.wait_for(|s| s.policy_error.is_some()),
-            ))
-            .unwrap()
+            .block_on(async {
+                tokio::time::timeout(WAIT, status.wait_for(|s| s.policy_error.is_some()))
+                    .await
+                    .map(|r| r.is_ok())
+            })
             .unwrap();
         let ms = t.elapsed().as_secs_f64() * 1e3;
         table.row(

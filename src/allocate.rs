@@ -243,10 +243,11 @@ pub fn preferred_scored(
 ) -> Preferred {
     // The answer lies within `available`: a `must_include` ID outside it is ignored (the
     // kubelet's own contract says it is a subset; a caller that breaks it gets no foreign ID).
-    let offered: BTreeSet<&str> = available.iter().map(String::as_str).collect();
+    // must_include is short (at most the request's size) and usually empty: a scan per ID
+    // costs nothing, where a set of every available ID cost 400 µs per call at 2,688 IDs.
     let must_include: Vec<String> = must_include
         .iter()
-        .filter(|id| offered.contains(id.as_str()))
+        .filter(|id| available.contains(id))
         .cloned()
         .collect();
     let must_include = must_include.as_slice();

@@ -340,9 +340,9 @@ pub async fn run_target(
             return Err(DaemonError::Inventory(e));
         }
         Err(e) => {
-            tracing::error!(error = %e, retry_in = ?settings.nvml_retry_interval,
+            tracing::error!(error = %crate::errors::chain(&e), retry_in = ?settings.nvml_retry_interval,
                 "GPU discovery failed; failOnInitError is false, so advertising nothing and retrying");
-            Err(e.to_string())
+            Err(crate::errors::chain(&e))
         }
     };
     let discovered = first.is_ok();
@@ -394,7 +394,7 @@ pub async fn run_target(
                             tracing::info!("the policy directory was replaced; watching the new one");
                             _watches = w;
                         }
-                        Err(e) => tracing::error!(error = %e, "re-watching the replaced policy directory failed; the periodic re-read still applies"),
+                        Err(e) => tracing::error!(error = %crate::errors::chain(&e), "re-watching the replaced policy directory failed; the periodic re-read still applies"),
                     }
                 }
                 if p.policy_commit {
@@ -427,7 +427,9 @@ pub async fn run_target(
                 let mut next = Some(report);
                 while let Some(r) = next {
                     let input = match r {
-                        Report::Discovered(r) => Input::Discovered(r.map_err(|e| e.to_string())),
+                        Report::Discovered(r) => {
+                            Input::Discovered(r.map_err(|e| crate::errors::chain(&e)))
+                        }
                         Report::Health(e) => Input::Health(e),
                         Report::Probed(p) => Input::Probed(p),
                     };

@@ -30,7 +30,7 @@ pub const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     /// kubelet.sock could not be reached.
-    #[error("connecting to {path}: {source}")]
+    #[error("connecting to {path}")]
     Connect {
         /// The kubelet socket.
         path: PathBuf,

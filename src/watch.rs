@@ -76,7 +76,7 @@ impl Inbox {
 
 /// Watching a directory failed.
 #[derive(Debug, thiserror::Error)]
-#[error("watching {path}: {source}")]
+#[error("watching {path}")]
 pub struct WatchError {
     /// The directory.
     pub path: PathBuf,

@@ -202,7 +202,7 @@ impl Servers {
             Ok(s) => s,
             Err(e) => {
                 if self.unserved.insert(name.to_string()) {
-                    tracing::error!(resource = %name, error = %e, "cannot serve resource; retrying every second and when the directory changes");
+                    tracing::error!(resource = %name, error = %crate::errors::chain(&e), "cannot serve resource; retrying every second and when the directory changes");
                 }
                 return;
             }

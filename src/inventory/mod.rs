@@ -229,7 +229,7 @@ pub enum InventoryError {
     #[error("NVML device count: {0}")]
     NvmlCount(String),
     /// The simulated node file could not be read.
-    #[error("reading simulated node {path}: {source}")]
+    #[error("reading simulated node {path}")]
     SimulatedRead {
         /// The node file.
         path: PathBuf,

@@ -23,7 +23,7 @@ pub const CUDA_MPS_LOG_DIRECTORY: &str = "CUDA_MPS_LOG_DIRECTORY";
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     /// The binary could not be started.
-    #[error("starting {binary}: {source}")]
+    #[error("starting {binary}")]
     Spawn {
         /// The control binary.
         binary: PathBuf,
@@ -32,7 +32,7 @@ pub enum ControlError {
         source: std::io::Error,
     },
     /// Writing the command or reading the reply failed.
-    #[error("`{command}`: {source}")]
+    #[error("`{command}`")]
     Io {
         /// The command.
         command: String,

@@ -353,7 +353,7 @@ impl Task {
     /// `quit`, then wait for the child; kill it if it does not exit in time.
     async fn quit(&self, child: &mut Child) {
         if let Err(e) = self.control().send("quit").await {
-            tracing::warn!(gpu = %self.uuid, error = %e, "quit failed; killing the MPS control daemon");
+            tracing::warn!(gpu = %self.uuid, error = %crate::errors::chain(&e), "quit failed; killing the MPS control daemon");
         }
         if tokio::time::timeout(self.config.quit_timeout, child.wait())
             .await
@@ -382,5 +382,5 @@ impl Task {
 }
 
 fn failed_check(e: &ControlError) -> String {
-    format!("get_server_list failed: {e}")
+    format!("get_server_list failed: {}", crate::errors::chain(e))
 }

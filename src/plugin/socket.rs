@@ -38,7 +38,7 @@ pub enum SocketError {
         len: usize,
     },
     /// Binding or removing failed.
-    #[error("binding {path}: {source}")]
+    #[error("binding {path}")]
     Io {
         /// The path.
         path: PathBuf,

@@ -80,7 +80,7 @@ pub enum ReadError {
         offset: usize,
     },
     /// The text nests deeper than the limits.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     TooDeep {
         /// The file.
         path: PathBuf,

@@ -25,7 +25,7 @@ fn a_fifo_node_file_is_refused_at_once() {
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("discover blocked on a FIFO")
         .unwrap_err();
-    assert!(e.to_string().contains("FIFO"), "{e}");
+    assert!(crate::errors::chain(&e).contains("FIFO"), "{e}");
 }
 
 #[test]

@@ -349,3 +349,45 @@ fn dirs_under_the_root() {
     );
     assert_eq!(container_pipe_dir("GPU-x"), "/mps/GPU-x/pipe");
 }
+
+// --- mutation-testing gaps ---
+
+#[test]
+fn memory_that_fills_the_gpu_exactly_fits() {
+    // 1 replica × 81559 MiB on an 81559 MiB GPU: the whole GPU, not more.
+    let node = test_node(1);
+    let text = "sharing:\n  mps:\n    resources:\n      - name: gpu\n        rename: gpu-mps\n        replicas: 1\n        pinnedDeviceMemoryLimit: 81559Mi\n";
+    assert!(build(&parse(text).unwrap(), &node).is_ok());
+    let over = text.replace("81559Mi", "81560Mi");
+    assert!(matches!(
+        build(&parse(&over).unwrap(), &node),
+        Err(PlanError::MpsMemory { .. })
+    ));
+}
+
+#[test]
+fn volta_gets_the_full_client_limit() {
+    // Compute capability 7.0 (Volta) is the first with 48 clients per daemon (NVIDIA's MPS
+    // documentation); 6.x has 16.
+    let mut node = test_node(1);
+    node.gpus[0].compute_capability = Some((7, 0));
+    let p = parse("sharing:\n  mps:\n    resources:\n      - name: gpu\n        replicas: 48\n")
+        .unwrap();
+    assert!(build(&p, &node).is_ok());
+}
+
+#[test]
+fn an_unhealthy_mig_device_makes_only_its_mps_devices_unhealthy() {
+    let mut node = test_node(1);
+    node.gpus[0].mig_enabled = true;
+    node.gpus[0].mig_devices = test_mig(0, &[("3g.40gb", 2)]);
+    node.gpus[0].mig_devices[1].health = Health::Unhealthy;
+    let policy = parse("flags:\n  migStrategy: mixed\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/mig-3g.40gb\n        rename: m\n        replicas: 2\n").unwrap();
+    let built = build(&policy, &node).unwrap();
+    let health: Vec<bool> = built.plan.resources["nvidia.com/m"]
+        .devices
+        .iter()
+        .map(|d| d.health.is_healthy())
+        .collect();
+    assert_eq!(health, [true, true, false, false]);
+}
