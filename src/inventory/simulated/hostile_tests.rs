@@ -99,9 +99,8 @@ fn counts_are_bounded_before_anything_is_expanded() {
     let mig = |count: &str| {
         format!("gpus:\n  - model: NVIDIA A100-SXM4-40GB\n    memoryMiB: 40960\n    mig:\n      devices:\n        - profile: 1c.1g.5gb\n          count: {count}\n")
     };
-    let start = std::time::Instant::now();
+    // Refused before expanding (an expansion of 4294967295 devices would not finish).
     let e = err(&mig("4294967295"));
-    assert!(start.elapsed() < std::time::Duration::from_secs(1));
     assert!(
         e.contains("gpus[0].mig.devices: the MIG devices use more than the GPU's 7 GPU slices"),
         "{e}"
