@@ -190,14 +190,27 @@ impl UnitLinks {
             unit_of.push(u);
         }
         let n = first.len();
+        // One link lookup per GPU pair, not per unit pair (7 MIG devices per GPU make 49 unit
+        // pairs per GPU pair).
+        let mut gpus: Vec<(u32, Option<i64>)> =
+            gpu.iter().copied().zip(numa.iter().copied()).collect();
+        gpus.sort_unstable();
+        gpus.dedup_by_key(|g| g.0);
+        let g = gpus.len();
+        let slot = |index: u32| gpus.binary_search_by_key(&index, |x| x.0).unwrap_or(0);
+        let mut by_gpu = vec![SAME_GPU_SCORE; g * g];
+        for i in 0..g {
+            for j in i + 1..g {
+                let s = link(gpus[i].0, gpus[i].1, gpus[j].0, gpus[j].1).score();
+                by_gpu[i * g + j] = s;
+                by_gpu[j * g + i] = s;
+            }
+        }
+        let slots: Vec<usize> = gpu.iter().map(|&i| slot(i)).collect();
         let mut scores = vec![0; n * n];
         for a in 0..n {
             for b in a + 1..n {
-                let s = if gpu[a] == gpu[b] {
-                    SAME_GPU_SCORE
-                } else {
-                    link(gpu[a], numa[a], gpu[b], numa[b]).score()
-                };
+                let s = by_gpu[slots[a] * g + slots[b]];
                 scores[a * n + b] = s;
                 scores[b * n + a] = s;
             }
