@@ -210,18 +210,7 @@ fn main() {
         settings.simulate = Some(sim_file(&dir, 8));
         let token = CancellationToken::new();
         let d = server_rt.spawn(daemon::run(settings, token.clone()));
-        let state = client_rt
-            .block_on(emu.wait_for(WAIT, |s| {
-                s.device_count("nvidia.com/gpu-shared") == Some(32)
-            }))
-            .unwrap();
-        let ids: Vec<String> = state.resources["nvidia.com/gpu-shared"]
-            .devices
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(|d| d.id.clone())
-            .collect();
+        let ids = shared_ids(&client_rt, &emu);
         let slicelet = client_rt
             .block_on(emu.client("nvidia.com/gpu-shared"))
             .unwrap();
@@ -673,18 +662,7 @@ fn main() {
                 .env("SLICELET_STATUS_ADDRESS", "")
                 .spawn()
                 .unwrap();
-            let state = client_rt
-                .block_on(emu.wait_for(WAIT, |s| {
-                    s.device_count("nvidia.com/gpu-shared") == Some(32)
-                }))
-                .unwrap();
-            let ids: Vec<String> = state.resources["nvidia.com/gpu-shared"]
-                .devices
-                .as_ref()
-                .unwrap()
-                .iter()
-                .map(|d| d.id.clone())
-                .collect();
+            let ids = shared_ids(&client_rt, &emu);
             let client = client_rt
                 .block_on(emu.client("nvidia.com/gpu-shared"))
                 .unwrap();
@@ -821,6 +799,23 @@ fn configmap_write(dir: &Path, generation: u32, text: &str) {
             let _ = std::fs::remove_dir_all(dir.join(old));
         }
     }
+}
+
+/// Waits until the emulator sees the 32 `nvidia.com/gpu-shared` replicas of an 8-GPU ×4 node;
+/// returns their IDs.
+fn shared_ids(rt: &Runtime, emu: &KubeletEmulator) -> Vec<String> {
+    let state = rt
+        .block_on(emu.wait_for(WAIT, |s| {
+            s.device_count("nvidia.com/gpu-shared") == Some(32)
+        }))
+        .unwrap();
+    state.resources["nvidia.com/gpu-shared"]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect()
 }
 
 /// The fake libnvidia-ml (a dev-dependency): it sits next to this benchmark binary in `deps/`.
