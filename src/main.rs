@@ -94,22 +94,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The error and its causes on one line, skipping a cause whose text an outer message already
-/// includes (several library errors print their source inline).
-fn describe(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -117,11 +101,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if daemon => {
-            tracing::error!("{}", describe(&e));
+            tracing::error!("{}", slicelet::errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("error: {}", describe(&e));
+            eprintln!("error: {}", slicelet::errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

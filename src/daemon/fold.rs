@@ -246,10 +246,8 @@ impl State {
                     uuid: ev.uuid,
                     ready: ev.ready && !ev.removed,
                 };
-                if let Some(t) = self.tracker.apply(&self.xid_policy, &ready, now) {
-                    tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
-                    out.push(Action::Transition(t));
-                }
+                let t = self.tracker.apply(&self.xid_policy, &ready, now);
+                note(t, &mut out);
                 self.replan(&mut out);
             }
         }
@@ -260,10 +258,7 @@ impl State {
         if ts.is_empty() {
             return;
         }
-        for t in ts {
-            tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
-            out.push(Action::Transition(t));
-        }
+        note(ts, out);
         self.replan(out);
     }
 
@@ -287,11 +282,7 @@ impl State {
                 if !first {
                     tracing::info!(gpus = inv.gpus.len(), "GPU inventory changed; re-planning");
                 }
-                let ts = self.tracker.observe_discovery(&inv);
-                for t in &ts {
-                    tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
-                }
-                out.extend(ts.into_iter().map(Action::Transition));
+                note(self.tracker.observe_discovery(&inv), out);
                 self.inventory = Some(inv);
                 // A policy rejected for the old GPUs may fit the new ones.
                 let applied = match self.rejected_for_node.take() {
@@ -441,6 +432,14 @@ impl State {
         log_changes(&self.plan, &plan);
         self.plan = Arc::new(plan);
         out.push(Action::Publish(Arc::clone(&self.plan)));
+    }
+}
+
+/// Logs each health transition and counts it (an action for the metrics).
+fn note(ts: impl IntoIterator<Item = Transition>, out: &mut Vec<Action>) {
+    for t in ts {
+        tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
+        out.push(Action::Transition(t));
     }
 }
 

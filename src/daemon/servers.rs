@@ -182,6 +182,11 @@ impl Servers {
         s.stop.cancel();
         s.register.abort();
         plugin::remove_if_ours(&s.path, s.id);
+        self.forget(name);
+    }
+
+    /// `name` is no longer registered, streaming or stalled, as far as `/readyz` goes.
+    fn forget(&self, name: &str) {
         self.status.send_if_modified(|st| {
             let a = st.registered.remove(name);
             let b = st.streaming.remove(name);
@@ -463,12 +468,7 @@ impl Servers {
         for (name, s) in &servers {
             s.stop.cancel();
             s.register.abort();
-            self.status.send_if_modified(|st| {
-                let a = st.registered.remove(name);
-                let b = st.streaming.remove(name);
-                let c = st.stalled.remove(name);
-                a || b || c
-            });
+            self.forget(name);
         }
         let drained = tokio::time::timeout(deadline, async {
             while self.tasks.join_next().await.is_some() {}
