@@ -1120,7 +1120,7 @@ pub fn device_encoded_len(id_len: usize, health: Health, numa: Option<i64>) -> u
 mod mps;
 pub use mps::{
     container_pipe_dir, mps_dirs, mps_resource, MpsDaemon, MpsDaemonView, MpsDirs, MpsLimits,
-    MpsObserved, MpsResource, MpsTarget, MpsWanted,
+    MpsResource, MpsTarget, MpsWanted,
 };
 
 #[cfg(test)]

@@ -135,15 +135,6 @@ pub fn container_pipe_dir(uuid: &str) -> String {
     format!("/mps/{uuid}/pipe")
 }
 
-/// What the MPS supervisor last observed of one daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MpsObserved {
-    /// Running, answering `get_server_list`, defaults set.
-    pub ready: bool,
-    /// The limits the daemon enforces now (None: unknown, e.g. a daemon run by `slicelet mps`).
-    pub applied: Option<MpsLimits>,
-}
-
 /// A GPU or MIG device that can get an MPS control daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsTarget {
