@@ -79,6 +79,9 @@ pub struct MpsArgs {
     /// Control daemon settings.
     #[command(flatten)]
     pub daemons: MpsDaemonArgs,
+    /// Watching this node's config label.
+    #[command(flatten)]
+    pub label: LabelArgs,
     /// Seconds between policy re-reads without a file event (safety net).
     #[arg(long, env = "SLICELET_POLICY_RESYNC_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub policy_resync_seconds: u64,
@@ -89,21 +92,29 @@ pub struct MpsArgs {
 
 impl MpsArgs {
     /// The supervisor's settings.
-    pub fn settings(&self) -> Settings {
-        let mut s = self.node.settings();
+    ///
+    /// # Errors
+    /// As [`NodeArgs::settings`].
+    pub fn settings(&self) -> Result<Settings, crate::policy::select::UnknownFallback> {
+        let mut s = self.node.settings()?;
+        self.label.apply(&mut s);
         s.mps = self.daemons.config();
         s.policy_resync_interval = Duration::from_secs(self.policy_resync_seconds);
         s.inventory_resync_interval = Duration::from_secs(self.inventory_resync_seconds);
-        s
+        Ok(s)
     }
 }
 
 /// Where the policy and the GPUs come from.
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
-    /// Sharing policy file (NVIDIA config v1 format).
+    /// Sharing policy (NVIDIA config v1 format): a file, or a directory of named configs (a
+    /// ConfigMap mounted whole; one is chosen per node by label, default and fallbacks).
     #[arg(long, env = "SLICELET_CONFIG")]
     pub config: PathBuf,
+    /// How a config is chosen from a directory.
+    #[command(flatten)]
+    pub select: SelectArgs,
     /// Use a simulated node described in this YAML file instead of NVML.
     #[arg(long, env = "SLICELET_SIMULATE")]
     pub simulate: Option<PathBuf>,
@@ -155,6 +166,9 @@ pub struct RunArgs {
     /// MPS control daemon settings.
     #[command(flatten)]
     pub mps: MpsDaemonArgs,
+    /// Watching this node's config label.
+    #[command(flatten)]
+    pub label: LabelArgs,
     /// MPS control daemons are run by `slicelet mps` (another DaemonSet): only check their
     /// health, never start, configure or stop them.
     #[arg(long, env = "SLICELET_MPS_EXTERNAL")]
@@ -189,22 +203,107 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Choosing one named config when `--config` is a directory (NVIDIA's config-manager rules,
+/// [`crate::policy::select`]).
+#[derive(Debug, Clone, Args)]
+pub struct SelectArgs {
+    /// The node label whose value names the config.
+    #[arg(long, env = "SLICELET_CONFIG_LABEL", default_value = crate::policy::select::DEFAULT_LABEL)]
+    pub config_label: String,
+    /// The config used when the node label is unset (NVIDIA's `DEFAULT_CONFIG` is read too).
+    #[arg(long, env = "SLICELET_CONFIG_DEFAULT")]
+    pub config_default: Option<String>,
+    /// Fallbacks, in order, when neither the label nor a default names a config: `named` (a
+    /// key called `default`), `single` (the only key), `empty` (no sharing). NVIDIA's
+    /// `FALLBACK_STRATEGIES` is read too. Default `named,single`.
+    #[arg(long, env = "SLICELET_CONFIG_FALLBACK", value_delimiter = ',')]
+    pub config_fallback: Option<Vec<crate::policy::select::Fallback>>,
+}
+
+impl SelectArgs {
+    /// The selection rules, with NVIDIA's variables where slicelet's are not set.
+    ///
+    /// # Errors
+    /// An unknown strategy in `FALLBACK_STRATEGIES` (slicelet's own flag is checked by clap).
+    pub fn selection(
+        &self,
+    ) -> Result<crate::policy::select::Selection, crate::policy::select::UnknownFallback> {
+        let nvidia = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let fallbacks = match &self.config_fallback {
+            Some(f) => f.clone(),
+            None => match nvidia("FALLBACK_STRATEGIES") {
+                Some(v) => v
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => crate::policy::select::DEFAULT_FALLBACKS.to_vec(),
+            },
+        };
+        Ok(crate::policy::select::Selection {
+            label: self.config_label.clone(),
+            default: self
+                .config_default
+                .clone()
+                .filter(|v| !v.is_empty())
+                .or_else(|| nvidia("DEFAULT_CONFIG")),
+            fallbacks,
+        })
+    }
+}
+
+/// Watching this node's config label through the Kubernetes API.
+#[derive(Debug, Clone, Args)]
+pub struct LabelArgs {
+    /// This node's name (the downward API's `spec.nodeName`): watch its config label through
+    /// the Kubernetes API (RBAC: get, list, watch on nodes). Unset: no API access.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// A kubeconfig for the API (default: in-cluster config, else `~/.kube/config`).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl LabelArgs {
+    fn apply(&self, s: &mut Settings) {
+        s.label_watch = self
+            .node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .map(|node| crate::k8s::LabelWatch {
+                node,
+                label: s.selection.label.clone(),
+                kubeconfig: self
+                    .kubeconfig
+                    .clone()
+                    .filter(|p| !p.as_os_str().is_empty()),
+            });
+    }
+}
+
 impl NodeArgs {
     /// Settings for discovering this node's GPUs (the device-plugin directory is unused).
-    pub fn settings(&self) -> Settings {
+    ///
+    /// # Errors
+    /// An unknown strategy in NVIDIA's `FALLBACK_STRATEGIES`.
+    pub fn settings(&self) -> Result<Settings, crate::policy::select::UnknownFallback> {
         let mut s = Settings::new(&self.config, crate::api::DEFAULT_DEVICE_PLUGIN_PATH);
+        s.selection = self.select.selection()?;
         s.simulate = self.simulate.clone();
         s.nvml_library = self.nvml_library.clone();
         s.sysfs_root = self.sysfs_root.clone();
         s.proc_root = self.proc_root.clone();
-        s
+        Ok(s)
     }
 }
 
 impl RunArgs {
     /// The daemon's settings.
-    pub fn settings(&self) -> Settings {
-        let mut s = self.node.settings();
+    ///
+    /// # Errors
+    /// As [`NodeArgs::settings`].
+    pub fn settings(&self) -> Result<Settings, crate::policy::select::UnknownFallback> {
+        let mut s = self.node.settings()?;
+        self.label.apply(&mut s);
         s.device_plugin_path = self.device_plugin_path.clone();
         s.dev_root = self.dev_root.clone();
         s.nvml_retry_interval = Duration::from_secs(self.nvml_retry_seconds);
@@ -217,6 +316,6 @@ impl RunArgs {
             external: self.mps_external,
             ..self.mps.config()
         };
-        s
+        Ok(s)
     }
 }

@@ -26,6 +26,19 @@ pub enum CommandError {
         /// What is wrong, naming the entries at fault (printed above, not also a source).
         error: Box<plan::PlanError>,
     },
+    /// No config could be chosen from a directory of named configs.
+    #[error("{0}")]
+    Select(String),
+    /// Some configs of a directory are invalid (each named, with its error).
+    #[error("{} of {total} configs in {dir} are invalid:\n{}", failed.len(), failed.iter().map(|(k, e)| format!("  {k}: {e}")).collect::<Vec<_>>().join("\n"))]
+    Configs {
+        /// The directory.
+        dir: String,
+        /// How many configs it holds.
+        total: usize,
+        /// (key, error with its sources) for each invalid one.
+        failed: Vec<(String, String)>,
+    },
     /// The plan could not be encoded as JSON.
     #[error("encoding the plan as JSON")]
     Json(#[source] serde_json::Error),
@@ -107,6 +120,81 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
         let _ = writeln!(out, "notice: {n}");
     }
     Ok(out)
+}
+
+/// The settings with `--config` narrowed to one file: a directory of named configs is chosen
+/// from as the daemon does without a node label (`--config-default`, then the fallbacks).
+///
+/// # Errors
+/// [`CommandError::Select`] when no config can be chosen, or the `empty` fallback chose none.
+pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
+    match daemon::chosen_file(&settings.config, &settings.selection, None) {
+        Ok(Some(file)) => Ok(Settings {
+            config: file,
+            ..settings.clone()
+        }),
+        Ok(None) => Err(CommandError::Select(format!(
+            "no config chosen from {} (the `empty` fallback): every GPU is advertised whole",
+            settings.config.display()
+        ))),
+        Err(e) => Err(CommandError::Select(e)),
+    }
+}
+
+/// `slicelet validate` for a file or a directory of named configs: a directory's configs are
+/// validated one by one, each report under a `== <key>` heading.
+///
+/// # Errors
+/// As [`validate`] for a file; [`CommandError::Configs`] naming every invalid key of a
+/// directory.
+pub fn validate_config(settings: &Settings) -> Result<String, CommandError> {
+    if !std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()) {
+        return validate(settings);
+    }
+    let dir = settings.config.display().to_string();
+    let keys = policy::select::config_keys(&settings.config)
+        .map_err(|e| CommandError::Select(format!("listing the configs in {dir}: {e}")))?;
+    let mut out = String::new();
+    let mut failed = Vec::new();
+    for key in &keys {
+        let one = Settings {
+            config: settings.config.join(key),
+            ..settings.clone()
+        };
+        match validate(&one) {
+            Ok(report) => {
+                let _ = write!(out, "== {key}\n{report}");
+            }
+            Err(e) => failed.push((key.clone(), crate::errors::chain(&e))),
+        }
+    }
+    match daemon::chosen_file(&settings.config, &settings.selection, None) {
+        Ok(Some(file)) => {
+            let _ = writeln!(
+                out,
+                "without a node label this node uses: {}",
+                file.file_name().unwrap_or_default().to_string_lossy()
+            );
+        }
+        Ok(None) => {
+            let _ = writeln!(
+                out,
+                "without a node label this node uses no config (the `empty` fallback)"
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(out, "warning: without a node label: {e}");
+        }
+    }
+    if failed.is_empty() {
+        Ok(out)
+    } else {
+        Err(CommandError::Configs {
+            dir,
+            total: keys.len(),
+            failed,
+        })
+    }
 }
 
 /// `slicelet plan`: the plan for this node as a table or JSON.

@@ -44,6 +44,7 @@ use crate::mps;
 use crate::plan::Plan;
 use crate::plugin;
 use crate::policy;
+use crate::policy::select;
 pub use crate::settings::Settings;
 pub use crate::status::Status;
 use crate::status::{self as status_http, Metrics};
@@ -172,28 +173,77 @@ pub async fn run_mps(settings: Settings, shutdown: CancellationToken) -> Result<
     .await
 }
 
-/// Reads and parses the policy file (blocking; run off the loop) within the read limits
+/// Reads and parses the policy (blocking; run off the loop) within the read limits
 /// ([`policy::read_bounded`]: a regular file, 1 MiB, nesting checked before parsing, UTF-8), the
-/// same path `slicelet validate` takes.
-fn read_policy(path: &Path, force: bool) -> Input {
-    match policy::read_bounded(path, &policy::Limits::default()) {
+/// same path `slicelet validate` takes. A directory of named configs is narrowed to one first
+/// ([`select`]: the node label's value `label`, the default, the fallbacks); a choice that
+/// fails is an unreadable policy naming the keys that exist, so the last good one keeps
+/// serving.
+fn read_policy(path: &Path, force: bool, sel: &select::Selection, label: Option<&str>) -> Input {
+    let file = match chosen_file(path, sel, label) {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            return Input::Policy {
+                path: path.to_path_buf(),
+                hash: Sha256::digest(b"").into(),
+                force,
+                parsed: policy::parse(""),
+            }
+        }
+        Err(error) => {
+            return Input::PolicyUnreadable {
+                path: path.to_path_buf(),
+                error,
+            }
+        }
+    };
+    match policy::read_bounded(&file, &policy::Limits::default()) {
         Ok(text) => Input::Policy {
-            path: path.to_path_buf(),
+            path: file,
             hash: Sha256::digest(text.as_bytes()).into(),
             force,
             parsed: policy::parse(&text),
         },
         Err(e) => Input::PolicyUnreadable {
-            path: path.to_path_buf(),
+            path: file,
             error: crate::errors::chain(&e),
         },
     }
 }
 
+/// The file to read for `path`: itself, or the config chosen from a directory (`None`: the
+/// `empty` fallback, no config).
+///
+/// # Errors
+/// The directory cannot be listed, or no config can be chosen (the message names the keys).
+pub fn chosen_file(
+    path: &Path,
+    sel: &select::Selection,
+    label: Option<&str>,
+) -> Result<Option<PathBuf>, String> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Ok(Some(path.to_path_buf()));
+    }
+    let keys = select::config_keys(path)
+        .map_err(|e| format!("listing the configs in {}: {e}", path.display()))?;
+    match select::choose(path, &keys, label, sel).map_err(|e| e.to_string())? {
+        select::Choice::Named { name, by } => {
+            tracing::debug!(config = %name, by = %by, "config chosen");
+            Ok(Some(path.join(name)))
+        }
+        select::Choice::Empty => Ok(None),
+    }
+}
+
 /// Reads the policy on a blocking thread, within [`POLICY_READ_DEADLINE`].
-async fn read_policy_off_loop(path: PathBuf, force: bool) -> Input {
+async fn read_policy_off_loop(
+    path: PathBuf,
+    force: bool,
+    sel: select::Selection,
+    label: Option<String>,
+) -> Input {
     let p = path.clone();
-    let read = tokio::task::spawn_blocking(move || read_policy(&p, force));
+    let read = tokio::task::spawn_blocking(move || read_policy(&p, force, &sel, label.as_deref()));
     match tokio::time::timeout(POLICY_READ_DEADLINE, read).await {
         Ok(Ok(input)) => input,
         Ok(Err(e)) => Input::PolicyUnreadable {
@@ -306,7 +356,43 @@ pub async fn run_target(
 
     // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
     hardware.send(Command::Discover);
-    let first_policy = read_policy_off_loop(settings.config.clone(), true).await;
+    // The node's config label, when a directory of configs is chosen from by label: wait
+    // (bounded, and not past the first API error) for its value, so that a restart does not
+    // serve the default config for a moment.
+    let mut labels = match &settings.label_watch {
+        Some(w) if is_config_dir(&settings.config) => {
+            Some(crate::k8s::watch_label(w.clone(), shutdown.child_token()))
+        }
+        Some(w) => {
+            tracing::info!(node = %w.node, config = %settings.config.display(), "--config is a file, not a directory of named configs: the node label is not watched");
+            None
+        }
+        None => None,
+    };
+    let mut label_value: Option<String> = None;
+    if let Some(rx) = labels.as_mut() {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = tokio::time::timeout(settings.label_start_wait, rx.wait_for(|v| v.synced || v.error.is_some())) => {
+                if r.is_err() {
+                    tracing::warn!(waited = ?settings.label_start_wait, "the Kubernetes API gave no node label in time; choosing the config without it until it does");
+                }
+            }
+        }
+        let v = rx.borrow_and_update().clone();
+        label_value.clone_from(&v.value);
+        status.send_modify(|s| {
+            s.node_label = v.value;
+            s.api_error = v.error;
+        });
+    }
+    let first_policy = read_policy_off_loop(
+        settings.config.clone(),
+        true,
+        settings.selection.clone(),
+        label_value.clone(),
+    )
+    .await;
     let fail_on_init_error = match &first_policy {
         Input::Policy { parsed: Ok(p), .. } => p.fail_on_init_error,
         _ => true,
@@ -378,6 +464,8 @@ pub async fn run_target(
                 policy_read = Some(tokio::spawn(read_policy_off_loop(
                     settings.config.clone(),
                     force,
+                    settings.selection.clone(),
+                    label_value.clone(),
                 )));
             }
         }
@@ -438,6 +526,22 @@ pub async fn run_target(
                 }
                 if state.inventory.is_some() && inventory_resync.period() != settings.inventory_resync_interval {
                     inventory_resync = timer(settings.inventory_resync_interval);
+                }
+            }
+            changed = async { labels.as_mut().expect("guarded").changed().await }, if labels.is_some() => {
+                let rx = labels.as_mut().expect("guarded");
+                let v = rx.borrow_and_update().clone();
+                if changed.is_err() {
+                    // The watch ended (no API configuration): the last value stays.
+                    labels = None;
+                }
+                status.send_modify(|s| {
+                    s.node_label.clone_from(&v.value);
+                    s.api_error.clone_from(&v.error);
+                });
+                if v.value != label_value {
+                    label_value = v.value;
+                    want_policy(false);
                 }
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
@@ -569,6 +673,11 @@ impl Shell<'_> {
             changed
         });
     }
+}
+
+/// Whether the policy path is a directory of named configs (chosen from by label).
+fn is_config_dir(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_dir())
 }
 
 /// The socket path a resource is served on in `dir` (for tests and tools).

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod errors;
 pub mod health;
 pub mod inventory;
+pub mod k8s;
 pub mod kubelet;
 pub mod mps;
 pub mod plan;

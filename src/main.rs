@@ -69,25 +69,27 @@ where
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
-            let settings = args.settings();
+            let settings = args.settings()?;
             run_until_signal(usize::from(args.worker_threads), "slicelet run", |token| {
                 slicelet::daemon::run(settings, token)
             })
         }
         Command::Mps(args) => {
-            let settings = args.settings();
+            let settings = args.settings()?;
             run_until_signal(2, "slicelet mps", |token| {
                 slicelet::daemon::run_mps(settings, token)
             })
         }
         Command::Plan(args) => {
-            let out =
-                slicelet::commands::plan(&args.node.settings(), args.output == OutputFormat::Json)?;
+            let out = slicelet::commands::plan(
+                &slicelet::commands::resolve(&args.node.settings()?)?,
+                args.output == OutputFormat::Json,
+            )?;
             print!("{out}");
             Ok(())
         }
         Command::Validate(args) => {
-            let out = slicelet::commands::validate(&args.settings())?;
+            let out = slicelet::commands::validate_config(&args.settings()?)?;
             print!("{out}");
             Ok(())
         }

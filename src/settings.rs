@@ -9,8 +9,17 @@ use crate::mps;
 /// Everything the daemon needs, resolved from the command line once.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// The policy file (a ConfigMap mounted as a directory).
+    /// The policy: a file (a ConfigMap key), or a directory of named configs (a ConfigMap
+    /// mounted whole), one chosen per node by [`Settings::selection`].
     pub config: PathBuf,
+    /// How a directory's config is chosen: the node label's key, the default, the fallbacks.
+    pub selection: crate::policy::select::Selection,
+    /// Watch this node's config label through the Kubernetes API (`--node-name`); `None`: no
+    /// API access, a directory's config is chosen by the default and the fallbacks.
+    pub label_watch: Option<crate::k8s::LabelWatch>,
+    /// How long the first policy read waits for the node's label before choosing without it
+    /// (default 5 s; it stops waiting at the first API error).
+    pub label_start_wait: Duration,
     /// The kubelet's device-plugin directory.
     pub device_plugin_path: PathBuf,
     /// A simulated node file instead of NVML.
@@ -48,6 +57,9 @@ impl Settings {
     pub fn new(config: impl Into<PathBuf>, device_plugin_path: impl Into<PathBuf>) -> Self {
         Settings {
             config: config.into(),
+            selection: crate::policy::select::Selection::default(),
+            label_watch: None,
+            label_start_wait: Duration::from_secs(5),
             device_plugin_path: device_plugin_path.into(),
             simulate: None,
             nvml_library: None,

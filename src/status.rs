@@ -59,6 +59,12 @@ pub struct Status {
     pub devices: usize,
     /// Of those, the Healthy ones.
     pub healthy_devices: usize,
+    /// The node's config-selection label value, when it is watched (`--node-name` with a
+    /// directory of configs); `None` also when the label is not set.
+    pub node_label: Option<String>,
+    /// The last Kubernetes API error while watching the node's label (not a readiness
+    /// failure: the chosen config keeps serving).
+    pub api_error: Option<String>,
 }
 
 impl Status {

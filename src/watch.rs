@@ -229,7 +229,14 @@ pub fn start_policy(
     let mut watchers = Vec::new();
     // The directory's parent, for the directory itself being replaced (an inotify watch
     // follows the old directory, not the path). Best effort: `/` has no parent to watch.
-    let dir = parent(policy_file);
+    // A directory of named configs (a ConfigMap mounted whole) is watched itself, and every
+    // entry in it concerns the policy (any key may be the chosen one).
+    let config_dir = std::fs::metadata(policy_file).is_ok_and(|m| m.is_dir());
+    let dir = if config_dir {
+        policy_file.to_path_buf()
+    } else {
+        parent(policy_file)
+    };
     if let (Some(grand), Some(dir_name)) = (dir.parent(), dir.file_name()) {
         let dir_name = dir_name.to_os_string();
         let gtx = tx.clone();
@@ -255,15 +262,19 @@ pub fn start_policy(
             watchers.push(w);
         }
     }
-    if let Some(w) = watch_link_target(policy_file, inbox, |p| p.policy = true) {
-        watchers.push(w);
+    if !config_dir {
+        if let Some(w) = watch_link_target(policy_file, inbox, |p| p.policy = true) {
+            watchers.push(w);
+        }
     }
     let ptx = tx.clone();
     let policy_name = policy_file.file_name().map(OsString::from);
-    watchers.push(watch_dir(&parent(policy_file), move |ev| {
+    watchers.push(watch_dir(&dir, move |ev| {
         if commits(&ev) {
             ptx.mark(|p| p.policy_commit = true);
-        } else if concerns(&ev, policy_name.as_deref()) {
+        } else if (config_dir && !matches!(ev.kind, EventKind::Access(_)))
+            || concerns(&ev, policy_name.as_deref())
+        {
             ptx.mark(|p| p.policy = true);
         }
     })?);

@@ -10,6 +10,7 @@ pub mod names;
 pub mod quantity;
 pub mod read;
 pub mod schema;
+pub mod select;
 
 use std::collections::BTreeMap;
 use std::fmt;

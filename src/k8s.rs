@@ -1,0 +1,178 @@
+//! The Kubernetes API, read-only, for one thing: this node's own config-selection label
+//! (`nvidia.com/device-plugin.config`, [`crate::policy::select`]).
+//!
+//! [`watch_label`] starts a task that watches the Node named `--node-name` only (field selector
+//! `metadata.name=<node>`, so the API server sends nothing about other nodes) with
+//! kube-runtime's watcher: a LIST, then a WATCH from its resourceVersion, re-listing when the
+//! API server says the version is too old (410 Gone), and exponential backoff (0.8 s doubling
+//! to 30 s, kube-runtime's default) after any error. It publishes [`LabelView`] on a `watch`
+//! channel, changed only when the label's value, the sync state or the error changes; the
+//! supervisor re-reads the policy on a change.
+//!
+//! The API is never on the Allocate or ListAndWatch path: a lost connection only means the
+//! label cannot change; the config chosen last keeps serving. RBAC needed: `get`, `list` and
+//! `watch` on `nodes`.
+
+use std::path::PathBuf;
+use std::pin::pin;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use kube::{Api, Client, Config};
+use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+/// What the supervisor knows of the node's label.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelView {
+    /// True once a LIST of the node succeeded (the value below is then the API's, not a
+    /// guess).
+    pub synced: bool,
+    /// The label's value (`None`: the label is not set, or the node does not exist).
+    pub value: Option<String>,
+    /// The last error talking to the API (building the client, LIST or WATCH), cleared by the
+    /// next successful event. The last synced value stays in `value` meanwhile.
+    pub error: Option<String>,
+}
+
+/// Where to reach the API and what to watch.
+#[derive(Debug, Clone)]
+pub struct LabelWatch {
+    /// The node's name (`spec.nodeName` through the downward API).
+    pub node: String,
+    /// The label's key.
+    pub label: String,
+    /// A kubeconfig file; `None`: in-cluster config, else `KUBECONFIG`, else `~/.kube/config`
+    /// (kube's `Config::infer`).
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Building the API client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The kubeconfig file could not be read or parsed.
+    #[error("reading kubeconfig {}", path.display())]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// kube's error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither in-cluster config nor a kubeconfig was found.
+    #[error(
+        "no Kubernetes API configuration (not in a cluster, no KUBECONFIG, no ~/.kube/config)"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the config (TLS settings, say).
+    #[error("building the Kubernetes API client")]
+    Client(#[source] kube::Error),
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                ClientError::Kubeconfig {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|source| ClientError::Kubeconfig {
+                    path: path.to_path_buf(),
+                    source,
+                })?
+        }
+        None => Config::infer().await.map_err(ClientError::Infer)?,
+    };
+    Client::try_from(config).map_err(ClientError::Client)
+}
+
+/// The label's value on a node object.
+fn value_of(node: &Node, label: &str) -> Option<String> {
+    node.metadata.labels.as_ref()?.get(label).cloned()
+}
+
+/// Starts watching `w.node`'s label on the current tokio runtime until `stop` is cancelled.
+/// The receiver starts at [`LabelView::default`] (not synced).
+///
+/// A client that cannot be built (no configuration) is reported in [`LabelView::error`] and
+/// the watch ends: nothing would change without a restart.
+pub fn watch_label(w: LabelWatch, stop: CancellationToken) -> watch::Receiver<LabelView> {
+    let (tx, rx) = watch::channel(LabelView::default());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = run(w, &tx) => {}
+        }
+    });
+    rx
+}
+
+async fn run(w: LabelWatch, tx: &watch::Sender<LabelView>) {
+    let client = match client(w.kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            let error = crate::errors::chain(&e);
+            tracing::error!(error = %error, node = %w.node, "cannot watch the node's config label; choosing the config by --config-default and the fallbacks");
+            tx.send_modify(|v| v.error = Some(error));
+            return;
+        }
+    };
+    let nodes: Api<Node> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", w.node));
+    let mut events = pin!(watcher::watcher(nodes, config).default_backoff());
+    // The value seen during a (re-)list, applied when the list is complete.
+    let mut listing: Option<Option<String>> = None;
+    while let Some(ev) = events.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                let error = crate::errors::chain(&e);
+                tx.send_if_modified(|v| {
+                    if v.error.as_deref() == Some(error.as_str()) {
+                        return false;
+                    }
+                    tracing::warn!(error = %error, node = %w.node, "Kubernetes API: watching the node failed; keeping the current config and retrying with backoff");
+                    v.error = Some(error.clone());
+                    true
+                });
+                continue;
+            }
+        };
+        let seen = match ev {
+            Event::Init => {
+                listing = Some(None);
+                continue;
+            }
+            Event::InitApply(node) => {
+                if node.metadata.name.as_deref() == Some(w.node.as_str()) {
+                    listing = Some(value_of(&node, &w.label));
+                }
+                continue;
+            }
+            Event::InitDone => listing.take().unwrap_or(None),
+            Event::Apply(node) => value_of(&node, &w.label),
+            Event::Delete(_) => None,
+        };
+        tx.send_if_modified(|v| {
+            let next = LabelView {
+                synced: true,
+                value: seen.clone(),
+                error: None,
+            };
+            if *v == next {
+                return false;
+            }
+            if v.value != next.value || !v.synced {
+                tracing::info!(node = %w.node, label = %w.label, value = ?next.value, "node config label");
+            }
+            *v = next;
+            true
+        });
+    }
+}
