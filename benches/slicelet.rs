@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use kubelet_emulator::kube_api::KubeApi;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugin_server};
 use slicelet::daemon::{self, Settings};
@@ -537,7 +538,7 @@ fn main() {
     {
         let bin = env!("CARGO_BIN_EXE_slicelet");
         let three = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, rename: a, devices: [0, 1, 2], replicas: 16}\n      - {name: nvidia.com/gpu, rename: b, devices: [3, 4, 5], replicas: 16}\n      - {name: nvidia.com/gpu, rename: c, devices: [6, 7], replicas: 16}\n";
-        for (label, gpus, policy_text, resources, goal) in [
+        for (label, gpus, policy_text, resources, goal, node_watch) in [
             (
                 "8 GPUs x 16 replicas, 3 resources",
                 8u32,
@@ -548,6 +549,19 @@ fn main() {
                     ("nvidia.com/c", 32),
                 ],
                 Some(8.0),
+                false,
+            ),
+            (
+                "the same, config chosen by Node label (API watch on)",
+                8u32,
+                three.to_string(),
+                vec![
+                    ("nvidia.com/a", 48),
+                    ("nvidia.com/b", 48),
+                    ("nvidia.com/c", 32),
+                ],
+                Some(8.0),
+                true,
             ),
             (
                 "2,688 devices (8 GPUs x 7 MIG slices x 48)",
@@ -555,11 +569,25 @@ fn main() {
                 MIG_POLICY.to_string(),
                 vec![(MIG_RESOURCE, 2688)],
                 None,
+                false,
             ),
         ] {
-            let dir = tmp.path().join(format!("rss-{gpus}"));
+            let dir = tmp.path().join(format!("rss-{gpus}-{node_watch}"));
             std::fs::create_dir_all(dir.join("policy")).unwrap();
-            std::fs::write(dir.join("policy/config.yaml"), &policy_text).unwrap();
+            // With the Node watch: a directory of named configs ("any" and "three"), the
+            // node's label choosing "three" through the Kubernetes API emulator.
+            let (config, api) = if node_watch {
+                std::fs::write(dir.join("policy/any"), "version: v1\n").unwrap();
+                std::fs::write(dir.join("policy/three"), &policy_text).unwrap();
+                let api = client_rt.block_on(KubeApi::start(
+                    "bench-node",
+                    &[("nvidia.com/device-plugin.config", "three")],
+                ));
+                (dir.join("policy"), Some(api))
+            } else {
+                std::fs::write(dir.join("policy/config.yaml"), &policy_text).unwrap();
+                (dir.join("policy/config.yaml"), None)
+            };
             let plugins = dir.join("plugins");
             let emu = client_rt
                 .block_on(KubeletEmulator::start(&plugins))
@@ -571,24 +599,30 @@ fn main() {
             } else {
                 sim_file(&dir, gpus)
             };
-            let mut child = std::process::Command::new(bin)
-                .args(["run", "--config"])
-                .arg(dir.join("policy/config.yaml"))
+            let mut cmd = std::process::Command::new(bin);
+            cmd.args(["run", "--config"])
+                .arg(&config)
                 .arg("--device-plugin-path")
                 .arg(&plugins)
                 .arg("--simulate")
                 .arg(&sim)
                 .env("SLICELET_LOG", "warn")
                 .env("SLICELET_STATUS_ADDRESS", "127.0.0.1:0")
-                .spawn()
-                .unwrap();
+                .env_remove("NODE_NAME")
+                .env_remove("KUBECONFIG");
+            if let Some(api) = &api {
+                cmd.args(["--node-name", "bench-node", "--config-default", "any"])
+                    .arg("--kubeconfig")
+                    .arg(api.kubeconfig(&dir));
+            }
+            let mut child = cmd.spawn().unwrap();
             let state = client_rt
                 .block_on(emu.wait_for(WAIT, |s| {
                     resources.iter().all(|(r, n)| s.device_count(r) == Some(*n))
                 }))
                 .unwrap();
             let idle = rss_kib(child.id(), "VmRSS");
-            if gpus == 8 {
+            if gpus == 8 && !node_watch {
                 // Idle CPU: nothing changes for a while; the daemon must not poll.
                 let window = Duration::from_secs(if quick { 10 } else { 60 });
                 let before = cpu_ticks(child.id());

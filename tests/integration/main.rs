@@ -6,7 +6,6 @@ mod common;
 mod daemon;
 mod fixtures;
 mod hostile;
-mod kube_api;
 mod live;
 mod manifests;
 pub mod mps;

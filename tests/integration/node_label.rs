@@ -8,7 +8,7 @@ use slicelet::k8s::LabelWatch;
 use slicelet::policy::select::{Fallback, DEFAULT_LABEL};
 
 use crate::common::{self, emulator, node_file, wait_lists, Daemon, Node, WAIT};
-use crate::kube_api::{kubeconfig_for, KubeApi};
+use kubelet_emulator::kube_api::{kubeconfig_for, KubeApi};
 
 const NODE: &str = "gpu-node-7";
 

@@ -17,6 +17,8 @@
 //! on the latest state) or [`KubeletEmulator::wait_for_sequence`] (lists matching predicates in
 //! order); both await the recorder's change notification under a timeout, never a sleep loop.
 
+pub mod kube_api;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

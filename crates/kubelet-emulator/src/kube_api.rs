@@ -2,7 +2,7 @@
 //! watcher (LIST with a field selector and a resourceVersion, then a streaming WATCH of
 //! newline-delimited watch events), over HTTP on a loopback port, reached through a
 //! kubeconfig file. One node; tests change its labels, end every open watch, or make the API
-//! answer 500 and back.
+//! answer 500 and back. For the integration tests and the benchmark (the Node watch's RSS).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt as _;
+
+/// Longest [`KubeApi::wait`] waits.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 #[derive(Default)]
 struct Inner {
@@ -50,9 +53,10 @@ struct Shared {
 
 /// The emulator; dropping it stops the server.
 pub struct KubeApi {
+    /// Where it listens (`http://<addr>`).
     pub addr: SocketAddr,
     shared: Shared,
-    _server: tokio::task::JoinHandle<()>,
+    _server: AbortOnDrop,
 }
 
 #[derive(serde::Deserialize)]
@@ -117,8 +121,19 @@ async fn nodes(State(s): State<Shared>, Query(q): Query<NodeQuery>) -> Response 
     ([("content-type", "application/json")], list.to_string()).into_response()
 }
 
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl KubeApi {
     /// Serves one node named `node` with `labels` on a loopback port.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
     pub async fn start(node: &str, labels: &[(&str, &str)]) -> KubeApi {
         let shared = Shared {
             inner: Arc::new(Mutex::new(Inner {
@@ -143,7 +158,7 @@ impl KubeApi {
         KubeApi {
             addr,
             shared,
-            _server: server,
+            _server: AbortOnDrop(server),
         }
     }
 
@@ -194,9 +209,12 @@ impl KubeApi {
     }
 
     /// Waits until the counters satisfy `pred`.
+    ///
+    /// # Panics
+    /// After [`WAIT`].
     pub async fn wait(&self, pred: impl FnMut(&Counters) -> bool) -> Counters {
         let mut rx = self.shared.counters.subscribe();
-        let got = tokio::time::timeout(super::common::WAIT, rx.wait_for(pred))
+        let got = tokio::time::timeout(WAIT, rx.wait_for(pred))
             .await
             .expect("timed out waiting for the Kubernetes API emulator")
             .expect("emulator gone")
