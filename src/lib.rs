@@ -22,6 +22,7 @@ pub mod errors;
 pub mod health;
 pub mod inventory;
 pub mod kubelet;
+pub mod labels;
 pub mod mps;
 pub mod plan;
 pub mod plugin;
