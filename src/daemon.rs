@@ -9,7 +9,9 @@
 //!    so their ListAndWatch streams see nothing.
 //! 3. **Reconcile**: the device-plugin servers against the plan (`servers`: start, stop,
 //!    re-register once per kubelet restart), the MPS supervisor against the daemons the plan
-//!    wants, the hardware actor against the compute modes, `/metrics` and `/readyz`.
+//!    wants, the hardware actor against the compute modes, `/metrics` and `/readyz`, and the
+//!    node labels' NFD feature file ([`crate::labels`], `--nfd-features-file`), written off the
+//!    loop and removed on graceful shutdown.
 //!
 //! `slicelet run` and `slicelet mps` run this same loop; `slicelet mps` has no device-plugin
 //! servers and owns the MPS daemons ([`Target::Mps`]).
