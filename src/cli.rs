@@ -173,6 +173,17 @@ pub struct RunArgs {
     /// health, never start, configure or stop them.
     #[arg(long, env = "SLICELET_MPS_EXTERNAL")]
     pub mps_external: bool,
+    /// Write node labels (GPU Feature Discovery's keys, computed from what is advertised) to
+    /// this NFD feature file, e.g.
+    /// /etc/kubernetes/node-feature-discovery/features.d/slicelet; off by default.
+    #[arg(long, env = "SLICELET_NFD_FEATURES_FILE", value_parser = parse_features_file)]
+    pub nfd_features_file: Option<PathBuf>,
+}
+
+fn parse_features_file(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    crate::labels::file::check_path(&p).map_err(|e| e.to_string())?;
+    Ok(p)
 }
 
 /// A parsed `--status-address` (None = disabled).
@@ -316,6 +327,7 @@ impl RunArgs {
             external: self.mps_external,
             ..self.mps.config()
         };
+        s.nfd_features_file = self.nfd_features_file.clone();
         Ok(s)
     }
 }

@@ -9,7 +9,9 @@
 //!    so their ListAndWatch streams see nothing.
 //! 3. **Reconcile**: the device-plugin servers against the plan (`servers`: start, stop,
 //!    re-register once per kubelet restart), the MPS supervisor against the daemons the plan
-//!    wants, the hardware actor against the compute modes, `/metrics` and `/readyz`.
+//!    wants, the hardware actor against the compute modes, `/metrics` and `/readyz`, and the
+//!    node labels' NFD feature file ([`crate::labels`], `--nfd-features-file`), written off the
+//!    loop and removed on graceful shutdown.
 //!
 //! `slicelet run` and `slicelet mps` run this same loop; `slicelet mps` has no device-plugin
 //! servers and owns the MPS daemons ([`Target::Mps`]).
@@ -40,6 +42,7 @@ use crate::inventory::actor::{Command, Hardware, Report};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
 use crate::inventory::{GpuSource, Inventory, InventoryError};
+use crate::labels;
 use crate::mps;
 use crate::plan::Plan;
 use crate::plugin;
@@ -344,6 +347,11 @@ pub async fn run_target(
         settings.stream_grace,
     );
     let mut state = State::new(env);
+    let labels = settings
+        .nfd_features_file
+        .clone()
+        .filter(|_| plugin_mode)
+        .map(|path| labels::file::Writer::spawn(path, labels_report(Arc::clone(&status))));
     let mut shell = Shell {
         plans,
         status: Arc::clone(&status),
@@ -352,6 +360,8 @@ pub async fn run_target(
         mps: &mps,
         owns_compute,
         plugin_mode,
+        labels,
+        labels_content: None,
     };
 
     // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
@@ -579,9 +589,17 @@ pub async fn run_target(
     let deadline = Instant::now() + SHUTDOWN_DEADLINE;
     drop(reports);
     drop(mps_events);
+    let labels = shell.labels.take();
     tokio::join!(
         servers.shutdown(SHUTDOWN_DEADLINE),
         mps.shutdown(SHUTDOWN_DEADLINE),
+        async {
+            // Graceful shutdown removes the labels' file: slicelet advertises nothing once it
+            // stops, so NFD must drop the labels (a crash leaves it for the next start).
+            if let Some(w) = labels {
+                w.shutdown(SHUTDOWN_DEADLINE).await;
+            }
+        },
         async {
             if let Some(h) = status_server {
                 let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
@@ -608,11 +626,34 @@ struct Shell<'a> {
     mps: &'a mps::Supervisor,
     owns_compute: bool,
     plugin_mode: bool,
+    /// The NFD feature file's writer (`--nfd-features-file`).
+    labels: Option<labels::file::Writer>,
+    /// The feature file content last asked for.
+    labels_content: Option<String>,
+}
+
+/// Folds the feature file writer's outcomes into the [`Status`] (`nfd_writes`, `nfd_error`).
+fn labels_report(status: Arc<watch::Sender<Status>>) -> labels::file::Report {
+    Arc::new(move |o: &labels::file::Outcome| {
+        status.send_modify(|s| match o {
+            labels::file::Outcome::Written => {
+                s.nfd_writes += 1;
+                s.nfd_error = None;
+            }
+            labels::file::Outcome::Removed => s.nfd_error = None,
+            labels::file::Outcome::Failed(e) => s.nfd_error = Some(e.clone()),
+        });
+    })
 }
 
 impl Shell<'_> {
     fn fold(&mut self, state: &mut State, input: Input, servers: &mut servers::Servers) {
         let actions = state.fold(input, Instant::now().into_std());
+        // The labels depend on the plan and on the policy's migStrategy, which can change
+        // without changing the plan.
+        let relabel = actions
+            .iter()
+            .any(|a| matches!(a, Action::Publish(_) | Action::PolicyApplied(_)));
         for action in actions {
             match action {
                 Action::Publish(plan) => {
@@ -635,7 +676,37 @@ impl Shell<'_> {
                 Action::PolicyRejected => self.metrics.policy_rejected(),
             }
         }
+        if relabel {
+            self.relabel(state);
+        }
         self.publish_status(state);
+    }
+
+    /// Hands the labels of the applied plan to the feature file writer when they changed (the
+    /// writer writes on a blocking thread; nothing here touches the disk).
+    fn relabel(&mut self, state: &State) {
+        let Some(writer) = &self.labels else { return };
+        let empty = Inventory::default();
+        let strategy = state
+            .policy
+            .as_ref()
+            .map(|p| p.mig_strategy)
+            .unwrap_or_default();
+        let built = labels::node_labels(
+            &state.plan,
+            state.inventory.as_ref().unwrap_or(&empty),
+            strategy,
+        );
+        let content = labels::render(&built.labels);
+        if self.labels_content.as_deref() == Some(content.as_str()) {
+            return;
+        }
+        for w in &built.warnings {
+            tracing::warn!(warning = %w, "node labels");
+        }
+        tracing::debug!(labels = built.labels.len(), "node labels changed");
+        writer.set(content.clone());
+        self.labels_content = Some(content);
     }
 
     /// `/readyz` and the tests' view, derived from the state (the one copy of it).

@@ -23,6 +23,7 @@ pub mod health;
 pub mod inventory;
 pub mod k8s;
 pub mod kubelet;
+pub mod labels;
 pub mod mps;
 pub mod plan;
 pub mod plugin;

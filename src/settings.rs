@@ -50,6 +50,9 @@ pub struct Settings {
     /// How long the kubelet may take to open a ListAndWatch stream after a successful
     /// registration before `/readyz` reports the resource (default 10 s).
     pub stream_grace: Duration,
+    /// Where to write the node labels as an NFD local feature file (`--nfd-features-file`);
+    /// `None` (the default) writes none.
+    pub nfd_features_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -74,6 +77,7 @@ impl Settings {
             enable_healthchecks: None,
             mps: mps::Config::default(),
             stream_grace: Duration::from_secs(10),
+            nfd_features_file: None,
         }
     }
 }

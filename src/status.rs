@@ -3,7 +3,8 @@
 //!
 //! - `/healthz`: 200 while the process serves HTTP.
 //! - `/readyz`: 200 when a policy is applied, the last policy read was valid, and every
-//!   advertised resource is registered with the kubelet; 503 with the reason otherwise.
+//!   advertised resource is registered with the kubelet (and, with `--nfd-features-file`, the
+//!   node labels' feature file is up to date); 503 with the reason otherwise.
 //! - `/metrics`: devices per resource and health, registrations per resource, policy
 //!   generation and reload failures, Xid events per GPU and Xid, health transitions.
 
@@ -65,6 +66,11 @@ pub struct Status {
     /// The last Kubernetes API error while watching the node's label (not a readiness
     /// failure: the chosen config keeps serving).
     pub api_error: Option<String>,
+    /// Contents written to the NFD feature file (`--nfd-features-file`) since start.
+    pub nfd_writes: u64,
+    /// Why the NFD feature file could not be updated (cleared by the next success); its labels
+    /// may be stale meanwhile.
+    pub nfd_error: Option<String>,
 }
 
 impl Status {
@@ -105,6 +111,9 @@ impl Status {
                 "no device is Healthy ({} advertised): every GPU is lost, Unhealthy or waiting for its MPS daemon",
                 self.devices
             ));
+        }
+        if let Some(e) = &self.nfd_error {
+            return Err(format!("node labels may be stale: {e}"));
         }
         Ok(())
     }
@@ -454,6 +463,14 @@ mod tests {
             .unwrap_err()
             .contains("opened no ListAndWatch stream for: nvidia.com/a"));
         s.stalled.clear();
+        assert!(s.ready().is_ok());
+        // A feature file that cannot be written leaves stale node labels: not ready.
+        s.nfd_error = Some("writing /x/.slicelet.tmp: read-only file system".into());
+        assert!(s
+            .ready()
+            .unwrap_err()
+            .contains("node labels may be stale: writing /x/.slicelet.tmp"));
+        s.nfd_error = None;
         assert!(s.ready().is_ok());
         s.policy_error = Some("x: bad".into());
         assert!(s.ready().unwrap_err().contains("x: bad"));

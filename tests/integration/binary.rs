@@ -1039,3 +1039,49 @@ async fn idle_status_connections_do_not_starve_a_kubelet_restart() {
     assert_eq!(code, Some(0), "{log}");
     assert!(!log.contains("Too many open files"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_writes_node_labels_from_nvml_and_sigterm_removes_them() {
+    let node = Node::new(&ts_policy(2));
+    let inv = write_inventory(node.tmp.path(), two_gpus());
+    let features = node.tmp.path().join("features.d");
+    std::fs::create_dir(&features).unwrap();
+    let file = features.join("slicelet");
+    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let lib = fake_nvml();
+    let mut child = spawn_run(
+        &node,
+        &["--nvml-library", lib.to_str().unwrap()],
+        &[
+            ("FAKE_NVML_INVENTORY", &inv),
+            ("SLICELET_NFD_FEATURES_FILE", &file),
+        ],
+    );
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 4)]).await;
+    wait_for_log(&mut child, "NFD feature file written").await;
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!(
+            "{}\n{}",
+            slicelet::labels::HEADER,
+            "nvidia.com/gpu-shared.count=2\nnvidia.com/gpu-shared.memory=81559\nnvidia.com/gpu-shared.product=NVIDIA-H100-80GB-HBM3\nnvidia.com/gpu-shared.replicas=2\nnvidia.com/gpu-shared.sharing-strategy=time-slicing\n"
+        )
+    );
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!file.exists(), "{log}");
+
+    // A dot-file would be ignored by NFD: refused at the command line.
+    let out = slicelet()
+        .args(["run", "--config", node.policy().to_str().unwrap()])
+        .env("SLICELET_NFD_FEATURES_FILE", features.join(".slicelet"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("NFD ignores dot-files"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -6,6 +6,7 @@ mod common;
 mod daemon;
 mod fixtures;
 mod hostile;
+mod labels;
 mod live;
 mod manifests;
 pub mod mps;
