@@ -124,7 +124,13 @@ async fn an_unwritable_feature_file_never_stops_serving_and_is_retried() {
     // The directory does not exist: the write fails, the kubelet is served all the same, and
     // the status (so /readyz) says why.
     wait_lists(&emu, &[("nvidia.com/gpu-shared", 16)]).await;
-    let s = d.wait_status(|s| s.nfd_error.is_some()).await;
+    // (Registered too: the kubelet's stream can open before the daemon has seen the
+    // Register answer, and /readyz would name the registration first.)
+    let s = d
+        .wait_status(|s| {
+            s.nfd_error.is_some() && !s.resources.is_empty() && s.resources.is_subset(&s.registered)
+        })
+        .await;
     let reason = s.ready().unwrap_err();
     assert!(
         reason.contains("node labels may be stale") && reason.contains("features.d/.slicelet.tmp"),
