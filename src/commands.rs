@@ -26,6 +26,17 @@ pub enum CommandError {
         /// What is wrong, naming the entries at fault (printed above, not also a source).
         error: Box<plan::PlanError>,
     },
+    /// `validate --strict`: the policy serves only because slicelet reads it as NVIDIA's
+    /// plugin does.
+    #[error("invalid policy {path} for {node} under --strict: {fallback}")]
+    Strict {
+        /// The policy file.
+        path: String,
+        /// The node.
+        node: String,
+        /// The first fallback, with its fix.
+        fallback: String,
+    },
     /// The plan could not be encoded as JSON.
     #[error("encoding the plan as JSON")]
     Json(#[source] serde_json::Error),
@@ -41,8 +52,21 @@ pub enum CommandError {
 /// [`CommandError`] naming the field path (and line/column) of an invalid policy, or the
 /// entries at fault for this node.
 pub fn validate(settings: &Settings) -> Result<String, CommandError> {
+    validate_with(settings, false)
+}
+
+/// [`validate`]; with `strict`, a policy that serves only because slicelet reads it as
+/// NVIDIA's plugin does (the fallbacks [`plan::Built::fallbacks`] lists, otherwise warnings)
+/// is an error. With a `cdi-*` `deviceListStrategy`, the CDI names of every device are checked
+/// against the specs in [`Settings::cdi_spec_dirs`]: each one that does not resolve is a
+/// warning (the daemon would advertise its devices Unhealthy).
+///
+/// # Errors
+/// As [`validate`], and [`CommandError::Strict`].
+pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config)?;
+    let mut policy = policy::load(&settings.config)?;
+    policy.delivery = policy.delivery.with_cdi_kind(&settings.cdi_kind);
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
     if !policy.mps.resources.is_empty() {
@@ -84,8 +108,18 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
                     resources.join(", ")
                 }
             );
-            for w in &built.warnings {
+            if let (true, Some(f)) = (strict, built.fallbacks.first()) {
+                return Err(CommandError::Strict {
+                    path,
+                    node: source.clone(),
+                    fallback: f.clone(),
+                });
+            }
+            for w in built.fallbacks.iter().chain(&built.warnings) {
                 let _ = writeln!(out, "warning: {w}");
+            }
+            if policy.delivery.strategies.uses_cdi() {
+                out.push_str(&cdi_report(&built.plan, &settings.cdi_spec_dirs));
             }
         }
         Err(e) => {
@@ -107,6 +141,44 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
         let _ = writeln!(out, "notice: {n}");
     }
     Ok(out)
+}
+
+/// The CDI check of `slicelet validate`: one warning per spec that could not be used and per
+/// device whose CDI name does not resolve.
+fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
+    let index = crate::cdi::read_specs(dirs);
+    let mut out = String::new();
+    for e in &index.errors {
+        let _ = writeln!(out, "warning: CDI spec skipped: {e}");
+    }
+    let unresolved = crate::cdi::unresolved(plan, &index);
+    for res in plan.resources.values() {
+        let mut seen = std::collections::BTreeSet::new();
+        for d in &res.devices {
+            let Some(reason) = unresolved.get(&d.gpu_uuid) else {
+                continue;
+            };
+            if !seen.insert(&d.gpu_uuid) {
+                continue;
+            }
+            let n = res
+                .devices
+                .iter()
+                .filter(|x| x.gpu_uuid == d.gpu_uuid)
+                .count();
+            let unit = match &d.mig {
+                Some(m) => format!("MIG device {}:{} ({})", d.gpu_index, m.index, d.gpu_uuid),
+                None => format!("GPU {} ({})", d.gpu_index, d.gpu_uuid),
+            };
+            let _ = writeln!(
+                out,
+                "warning: {unit}: {reason}; the daemon advertises its {} of {} Unhealthy",
+                plural(n, "device", "devices"),
+                res.name
+            );
+        }
+    }
+    out
 }
 
 /// `slicelet plan`: the plan for this node as a table or JSON.

@@ -62,6 +62,9 @@ const CHANNEL_CAPACITY: usize = 256;
 /// Longest a policy read and parse may take before it counts as a rejection (it runs off the
 /// loop, so a slow one never stalls a kubelet restart).
 pub const POLICY_READ_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest a read of the CDI spec directories may take; past it every CDI name counts as
+/// unresolved (a runtime reading the same directories would hang too).
+pub const CDI_READ_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -293,7 +296,8 @@ pub async fn run_target(
         Arc::clone(&metrics),
         settings.stream_grace,
     );
-    let mut state = State::new(env);
+    let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
+    let (cdi_tx, mut cdi_specs) = mpsc::channel(1);
     let mut shell = Shell {
         plans,
         status: Arc::clone(&status),
@@ -302,6 +306,12 @@ pub async fn run_target(
         mps: &mps,
         owns_compute,
         plugin_mode,
+        cdi: CdiCheck {
+            dirs: settings.cdi_spec_dirs.clone(),
+            tx: cdi_tx,
+            busy: false,
+            again: false,
+        },
     };
 
     // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
@@ -441,6 +451,13 @@ pub async fn run_target(
                 }
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
+            Some(index) = cdi_specs.recv() => {
+                shell.cdi.busy = false;
+                shell.fold(&mut state, Input::CdiSpecs(index), &mut servers);
+                if std::mem::take(&mut shell.cdi.again) {
+                    shell.cdi.start();
+                }
+            }
             Some(r) = server_events.registered.recv() => servers.registered(r),
             Some(ev) = server_events.streams.recv() => servers.stream_event(ev),
             _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
@@ -463,9 +480,17 @@ pub async fn run_target(
                 tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
                 want_policy(true);
                 hardware.send(Command::Discover);
+                if state.uses_cdi() {
+                    shell.cdi.start();
+                }
             }
             _ = resync.tick() => want_policy(false),
-            _ = inventory_resync.tick() => hardware.send(Command::Discover),
+            _ = inventory_resync.tick() => {
+                hardware.send(Command::Discover);
+                if state.uses_cdi() {
+                    shell.cdi.start();
+                }
+            }
             _ = bind_retry.tick(), if servers.has_unserved() => servers.retry_unserved(),
         }
     }
@@ -504,6 +529,43 @@ struct Shell<'a> {
     mps: &'a mps::Supervisor,
     owns_compute: bool,
     plugin_mode: bool,
+    cdi: CdiCheck,
+}
+
+/// Reads of the CDI spec directories for [`Action::CheckCdi`]: one at a time, on a blocking
+/// thread within [`CDI_READ_DEADLINE`]; a request while one runs is queued once.
+struct CdiCheck {
+    dirs: Vec<PathBuf>,
+    tx: mpsc::Sender<crate::cdi::SpecIndex>,
+    busy: bool,
+    again: bool,
+}
+
+impl CdiCheck {
+    fn start(&mut self) {
+        if self.busy {
+            self.again = true;
+            return;
+        }
+        self.busy = true;
+        let dirs = self.dirs.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let d = dirs.clone();
+            let read = tokio::task::spawn_blocking(move || crate::cdi::read_specs(&d));
+            let index = match tokio::time::timeout(CDI_READ_DEADLINE, read).await {
+                Ok(Ok(index)) => index,
+                Ok(Err(e)) => {
+                    crate::cdi::unreadable(&dirs, format!("reading the CDI specs failed: {e}"))
+                }
+                Err(_) => crate::cdi::unreadable(
+                    &dirs,
+                    format!("reading the CDI specs took longer than {CDI_READ_DEADLINE:?}"),
+                ),
+            };
+            let _ = tx.send(index).await;
+        });
+    }
 }
 
 impl Shell<'_> {
@@ -525,6 +587,7 @@ impl Shell<'_> {
                     }
                 }
                 Action::Probe(uuids) => self.hardware.send(Command::Probe(uuids)),
+                Action::CheckCdi => self.cdi.start(),
                 Action::Xid { uuid, xid } => self.metrics.xid(&uuid, xid),
                 Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),
@@ -564,11 +627,34 @@ impl Shell<'_> {
                 .values()
                 .map(|r| r.devices.iter().filter(|d| d.health.is_healthy()).count())
                 .sum();
+            n.unhealthy = unhealthy_reasons(state);
             let changed = n != *s;
             *s = n;
             changed
         });
     }
+}
+
+/// Every physical device (GPU or MIG UUID) the plan advertises Unhealthy, with the tracker's
+/// reason (a MIG device held by its parent GPU gets the parent's).
+fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in state.plan.resources.values().flat_map(|r| r.devices.iter()) {
+        if d.health.is_healthy() || out.contains_key(&d.gpu_uuid) {
+            continue;
+        }
+        let reason = state
+            .tracker
+            .reason(&d.gpu_uuid)
+            .or_else(|| {
+                d.mig
+                    .as_ref()
+                    .and_then(|m| state.tracker.reason(&m.parent_uuid))
+            })
+            .unwrap_or("discovery reports it unusable");
+        out.insert(d.gpu_uuid.clone(), reason.to_string());
+    }
+    out
 }
 
 /// The socket path a resource is served on in `dir` (for tests and tools).

@@ -87,7 +87,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Validate(args) => {
-            let out = slicelet::commands::validate(&args.settings())?;
+            let out = slicelet::commands::validate_with(&args.settings(), args.strict)?;
             print!("{out}");
             Ok(())
         }

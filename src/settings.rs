@@ -41,6 +41,12 @@ pub struct Settings {
     /// How long the kubelet may take to open a ListAndWatch stream after a successful
     /// registration before `/readyz` reports the resource (default 10 s).
     pub stream_grace: Duration,
+    /// The CDI kind device names are qualified with under a `cdi-*` `deviceListStrategy`
+    /// (`--cdi-kind`, default `nvidia.com/gpu`, the NVIDIA Container Toolkit's).
+    pub cdi_kind: String,
+    /// The CDI spec directories, lowest priority first (`--cdi-spec-dirs`, default `/etc/cdi`,
+    /// `/var/run/cdi`; in a pod, the host's directories mounted read-only).
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Settings {
@@ -62,6 +68,11 @@ impl Settings {
             enable_healthchecks: None,
             mps: mps::Config::default(),
             stream_grace: Duration::from_secs(10),
+            cdi_kind: crate::cdi::DEFAULT_KIND.to_string(),
+            cdi_spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
         }
     }
 }
