@@ -353,3 +353,74 @@ async fn nvidias_devices_file_validates_with_a_warning_and_serves_16_replicas() 
     assert_eq!(ids, want);
     d.stop().await;
 }
+
+/// The JSON-patch operations of an overlay's patches for `kind`.
+fn overlay_ops(overlay: &str, kind: &str) -> Vec<serde_json::Value> {
+    let path = repo().join(format!("manifests/overlays/{overlay}/kustomization.yaml"));
+    let doc: serde_json::Value = yaml_serde::from_str(&read(&path)).unwrap();
+    doc["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["target"]["kind"] == kind)
+        .flat_map(|p| {
+            let ops: serde_json::Value =
+                yaml_serde::from_str(p["patch"].as_str().unwrap()).unwrap();
+            ops.as_array().unwrap().clone()
+        })
+        .collect()
+}
+
+fn overlay_policy(overlay: &str) -> slicelet::policy::Policy {
+    let ops = overlay_ops(overlay, "ConfigMap");
+    let text = ops
+        .iter()
+        .find(|op| op["path"] == "/data/config.yaml")
+        .and_then(|op| op["value"].as_str())
+        .unwrap();
+    slicelet::policy::parse(text).unwrap()
+}
+
+#[test]
+fn cdi_overlay_mounts_the_spec_dirs_read_only_where_slicelet_reads_them() {
+    let p = overlay_policy("cdi");
+    assert_eq!(p.delivery.strategies.names(), vec!["cdi-cri"]);
+    let ops = overlay_ops("cdi", "DaemonSet");
+    let values: Vec<&serde_json::Value> = ops.iter().map(|op| &op["value"]).collect();
+    let env = values
+        .iter()
+        .find(|v| v["name"] == "SLICELET_CDI_SPEC_DIRS")
+        .unwrap();
+    let dirs: Vec<&str> = env["value"].as_str().unwrap().split(',').collect();
+    assert_eq!(dirs, slicelet::cdi::DEFAULT_SPEC_DIRS);
+    for dir in dirs {
+        let mount = values
+            .iter()
+            .find(|v| v["mountPath"] == dir)
+            .unwrap_or_else(|| panic!("{dir} not mounted"));
+        assert_eq!(mount["readOnly"], true, "{dir}");
+        let volume = values
+            .iter()
+            .find(|v| v["name"] == mount["name"] && v.get("hostPath").is_some())
+            .unwrap();
+        assert_eq!(volume["hostPath"]["path"], dir);
+    }
+}
+
+#[test]
+fn volume_mounts_overlay_asks_for_nvml_by_mount_too() {
+    let p = overlay_policy("volume-mounts");
+    assert_eq!(p.delivery.strategies.names(), vec!["volume-mounts"]);
+    let ops = overlay_ops("volume-mounts", "DaemonSet");
+    let set = ops
+        .iter()
+        .find(|op| op["path"] == "/spec/template/spec/containers/0/env/0/value")
+        .unwrap();
+    assert_eq!(set["value"], slicelet::allocate::VOLUME_MOUNTS_ROOT);
+    let mount = ops
+        .iter()
+        .map(|op| &op["value"])
+        .find(|v| v["mountPath"] == format!("{}/all", slicelet::allocate::VOLUME_MOUNTS_ROOT))
+        .unwrap();
+    assert_eq!(mount["readOnly"], true);
+}
