@@ -184,7 +184,7 @@ fn read_policy(path: &Path, force: bool) -> Input {
             path: path.to_path_buf(),
             hash: Sha256::digest(text.as_bytes()).into(),
             force,
-            parsed: policy::parse(&text),
+            parsed: policy::parse(&text).map(Box::new),
         },
         Err(e) => Input::PolicyUnreadable {
             path: path.to_path_buf(),

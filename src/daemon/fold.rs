@@ -49,8 +49,8 @@ pub enum Input {
         hash: [u8; 32],
         /// Apply even if the bytes did not change (start, SIGHUP).
         force: bool,
-        /// The parsed policy, or why it is invalid.
-        parsed: Result<Policy, PolicyError>,
+        /// The parsed policy (boxed: it is the largest input by far), or why it is invalid.
+        parsed: Result<Box<Policy>, PolicyError>,
     },
     /// The policy file could not be read.
     PolicyUnreadable {
@@ -359,7 +359,7 @@ impl State {
         path: &std::path::Path,
         hash: [u8; 32],
         force: bool,
-        parsed: Result<Policy, PolicyError>,
+        parsed: Result<Box<Policy>, PolicyError>,
         out: &mut Vec<Action>,
     ) {
         if !force && self.policy_hash == Some(hash) {
@@ -371,7 +371,7 @@ impl State {
             Ok(mut p) => {
                 self.rejected_for_node = None;
                 p.delivery = p.delivery.with_cdi_kind(&self.cdi_kind);
-                if self.try_apply(p, &hash_hex, out) {
+                if self.try_apply(*p, &hash_hex, out) {
                     tracing::info!(generation = self.generation, hash = %hash_hex, policy = %path.display(), "policy applied");
                 }
             }

@@ -390,9 +390,15 @@ fn validate_replicated(
         }
         let devices = entry.devices.clone().unwrap_or_default();
         if devices != DeviceSelector::All {
-            notices.push(format!(
-                "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
-            ));
+            notices.push(if advertised == entry.name {
+                format!(
+                    "{path}.devices: NVIDIA's plugin ignores devices and shares all; slicelet shares only the listed devices unless other devices of {advertised} would then stay whole under the same name (it shares all then, with a warning)"
+                )
+            } else {
+                format!(
+                    "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
+                )
+            });
         }
         out.resources.push(SharedResource {
             path,

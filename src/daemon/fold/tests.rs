@@ -22,7 +22,7 @@ fn policy(text: &str, force: bool) -> Input {
         path: PathBuf::from("/etc/slicelet/config.yaml"),
         hash: Sha256::digest(text.as_bytes()).into(),
         force,
-        parsed: crate::policy::parse(text),
+        parsed: crate::policy::parse(text).map(Box::new),
     }
 }
 
