@@ -480,14 +480,14 @@ pub async fn run_target(
                 tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
                 want_policy(true);
                 hardware.send(Command::Discover);
-                if state.uses_cdi() {
+                if plugin_mode && state.uses_cdi() {
                     shell.cdi.start();
                 }
             }
             _ = resync.tick() => want_policy(false),
             _ = inventory_resync.tick() => {
                 hardware.send(Command::Discover);
-                if state.uses_cdi() {
+                if plugin_mode && state.uses_cdi() {
                     shell.cdi.start();
                 }
             }
@@ -587,7 +587,9 @@ impl Shell<'_> {
                     }
                 }
                 Action::Probe(uuids) => self.hardware.send(Command::Probe(uuids)),
-                Action::CheckCdi => self.cdi.start(),
+                // Only the device plugin hands out CDI names (`slicelet mps` serves no Allocate).
+                Action::CheckCdi if self.plugin_mode => self.cdi.start(),
+                Action::CheckCdi => {}
                 Action::Xid { uuid, xid } => self.metrics.xid(&uuid, xid),
                 Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),

@@ -283,3 +283,24 @@ fn mig_devices_are_named_gpu_colon_mig_by_index() {
     let mig0 = node.gpus[1].mig_devices[0].uuid.clone();
     assert_eq!(got.keys().cloned().collect::<Vec<_>>(), vec![mig0]);
 }
+
+#[test]
+fn at_most_max_spec_files_are_read_per_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    for i in 0..=MAX_SPEC_FILES {
+        write(
+            &dir,
+            &format!("{i:04}.yaml"),
+            &yaml_spec("nvidia.com/gpu", &[&i.to_string()]),
+        );
+    }
+    let index = read_specs(std::slice::from_ref(&dir));
+    assert_eq!(index.files, MAX_SPEC_FILES);
+    assert_eq!(index.errors, vec![SpecError::TooMany { dir: dir.clone() }]);
+    // Read in name order: the last file is the one left out.
+    assert!(index.resolve("nvidia.com/gpu=0").is_ok());
+    assert!(index
+        .resolve(&format!("nvidia.com/gpu={MAX_SPEC_FILES}"))
+        .is_err());
+}
