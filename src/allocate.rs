@@ -4,12 +4,26 @@
 //! Allocate rules (kubelet v1beta1 and NVIDIA's plugin):
 //! - Every requested ID must be a device of this resource, else [`AllocateError::UnknownDevice`]
 //!   naming the ID (the kubelet turns it into a failed pod start).
-//! - `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` are the distinct physical units behind
-//!   the IDs — GPU UUIDs, or `MIG-…` UUIDs for MIG devices — comma-joined, ordered by GPU index
-//!   and then MIG index: the kubelet passes IDs in random order, and three replicas of one GPU
-//!   are still one GPU. (CUDA uses only one MIG device per process: a container given two MIG
-//!   devices sees both, but one process can use only the first.)
-//! - With `flags.plugin.passDeviceSpecs`: `/dev/nvidia<minor>` of every GPU involved (a MIG
+//! - The container gets the distinct physical units behind the IDs — GPUs, or MIG devices —
+//!   ordered by GPU index and then MIG index: the kubelet passes IDs in random order, and three
+//!   replicas of one GPU are still one GPU (a replica ID `<uuid>::<n>` never reaches the
+//!   container). (CUDA uses only one MIG device per process: a container given two MIG devices
+//!   sees both, but one process can use only the first.)
+//! - How the runtime is told, per `flags.plugin.deviceListStrategy` (several may be combined;
+//!   see [`crate::policy::delivery`]), each unit named per `deviceIDStrategy` (its UUID, or
+//!   `3` / `3:1`):
+//!   - `envvar`: `NVIDIA_VISIBLE_DEVICES=<id>,<id>`;
+//!   - `volume-mounts`: `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` and a
+//!     read-only bind mount of host `/dev/null` at `/var/run/nvidia-container-devices/<id>`
+//!     per unit (wins over `envvar` for the variable, as in NVIDIA's plugin);
+//!   - `cdi-annotations`: the annotation [`annotation_key`] = the comma-joined CDI names;
+//!   - `cdi-cri`: the CDI names (`<kind>=<id>`) in `cdi_devices`.
+//!
+//!   When every selected strategy is `cdi-*`, there is no `NVIDIA_VISIBLE_DEVICES` and no
+//!   device specs (NVIDIA's rule). `CUDA_VISIBLE_DEVICES` always lists the UUIDs (except for
+//!   MPS clients, see [`mps`]); MPS clients get their environment and mounts whatever the
+//!   strategy.
+//! - With `flags.plugin.passDeviceSpecs` (and a strategy other than `cdi-*` alone): `/dev/nvidia<minor>` of every GPU involved (a MIG
 //!   device's parent), `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`, and for
 //!   each MIG device the GPU-instance and compute-instance access nodes
 //!   `/dev/nvidia-caps/nvidia-cap<N>`, whose minors discovery resolved (so this stays pure).
@@ -20,6 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use std::cmp::Reverse;
 
+use crate::cdi;
 use crate::plan::{ResourcePlan, Strategy, VirtualDevice};
 use crate::policy::SharedAllocation;
 
@@ -27,6 +42,40 @@ use crate::policy::SharedAllocation;
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Env var CUDA reads to select GPUs inside the container.
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// Where `deviceListStrategy: volume-mounts` mounts one `/dev/null` per device (NVIDIA's
+/// `deviceListAsVolumeMountsContainerPathRoot`, what the NVIDIA Container Toolkit reads when
+/// `NVIDIA_VISIBLE_DEVICES` names this directory).
+pub const VOLUME_MOUNTS_ROOT: &str = "/var/run/nvidia-container-devices";
+/// The name part of the `cdi-annotations` annotation key starts with this; a hex digest
+/// follows.
+pub const ANNOTATION_NAME_PREFIX: &str = "slicelet_";
+/// The most characters a Kubernetes annotation key may have after its prefix.
+pub const MAX_ANNOTATION_NAME: usize = 63;
+
+/// The `cdi-annotations` key for one container's devices of `resource`:
+/// `<prefix>slicelet_<id>`, where `<id>` is 32 hex digits of SHA-256 over the resource name and
+/// the CDI names. Unique per resource (two resources in one container get two keys, so neither
+/// overwrites the other) and deterministic (Allocate stays stateless); the part after the
+/// prefix is 41 characters of `[a-z0-9_]`, within Kubernetes' 63 and the CDI annotation grammar
+/// (alphanumeric ends; `-`, `_`, `.` inside).
+pub fn annotation_key(prefix: &str, resource: &str, names: &[String]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(resource.as_bytes());
+    for n in names {
+        h.update([0u8]);
+        h.update(n.as_bytes());
+    }
+    let digest = h.finalize();
+    let mut key = String::with_capacity(prefix.len() + ANNOTATION_NAME_PREFIX.len() + 32);
+    key.push_str(prefix);
+    key.push_str(ANNOTATION_NAME_PREFIX);
+    for b in &digest[..16] {
+        use std::fmt::Write as _;
+        let _ = write!(key, "{b:02x}");
+    }
+    key
+}
 
 /// A host path bind-mounted into the container.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,16 +198,55 @@ pub fn allocate(
             count: distinct_ids.len(),
         });
     }
+    let delivery = &res.delivery;
+    let strategies = delivery.strategies;
+    let mut out = ContainerAllocation::default();
+    // CUDA selects by UUID whatever names the runtime gets (deviceIDStrategy is for the
+    // runtime only).
     let uuids = units
         .values()
         .map(|d| d.gpu_uuid.as_str())
         .collect::<Vec<_>>()
         .join(",");
-    let mut out = ContainerAllocation::default();
-    out.envs
-        .insert(NVIDIA_VISIBLE_DEVICES.to_string(), uuids.clone());
     out.envs.insert(CUDA_VISIBLE_DEVICES.to_string(), uuids);
-    if res.pass_device_specs {
+    let runtime_ids: Vec<String> = units
+        .values()
+        .map(|d| cdi::device_id(d, delivery.id))
+        .collect();
+    if strategies.envvar {
+        out.envs
+            .insert(NVIDIA_VISIBLE_DEVICES.to_string(), runtime_ids.join(","));
+    }
+    if strategies.volume_mounts {
+        // NVIDIA's order: volume-mounts after envvar, so its value wins when both are set.
+        out.envs.insert(
+            NVIDIA_VISIBLE_DEVICES.to_string(),
+            VOLUME_MOUNTS_ROOT.to_string(),
+        );
+        for id in &runtime_ids {
+            out.mounts.push(MountSpec {
+                container_path: format!("{VOLUME_MOUNTS_ROOT}/{id}"),
+                host_path: "/dev/null".to_string(),
+                read_only: true,
+            });
+        }
+    }
+    if strategies.uses_cdi() {
+        let names: Vec<String> = units
+            .values()
+            .map(|d| cdi::qualified_name(&delivery.cdi_kind, d, delivery.id))
+            .collect();
+        if strategies.cdi_annotations {
+            out.annotations.insert(
+                annotation_key(&delivery.annotation_prefix, res.name.as_str(), &names),
+                names.join(","),
+            );
+        }
+        if strategies.cdi_cri {
+            out.cdi_devices = names;
+        }
+    }
+    if res.pass_device_specs && !strategies.only_cdi() {
         let root = dev_root.trim_end_matches('/');
         let node = |name: &str| DeviceNode {
             container_path: format!("/dev/{name}"),
@@ -425,6 +513,8 @@ pub use mps::{
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_PIPE_DIRECTORY,
 };
 
+#[cfg(test)]
+mod delivery_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]

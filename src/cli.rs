@@ -43,7 +43,7 @@ pub enum Command {
     /// Print what would be advertised on this node, without a kubelet.
     Plan(PlanArgs),
     /// Check a policy file (and, with a node, what it means there). Exit 1 when invalid.
-    Validate(NodeArgs),
+    Validate(ValidateArgs),
     /// Run only the MPS control daemons the policy wants (a DaemonSet of its own, next to
     /// `run --mps-external`).
     Mps(MpsArgs),
@@ -130,6 +130,63 @@ pub struct NodeArgs {
     pub proc_root: PathBuf,
 }
 
+/// Where CDI device names come from (`deviceListStrategy: cdi-annotations` or `cdi-cri`).
+#[derive(Debug, Clone, Args)]
+pub struct CdiArgs {
+    /// CDI kind (`vendor/class`) that device names are qualified with: the kind of the node's
+    /// CDI spec (the NVIDIA Container Toolkit writes nvidia.com/gpu).
+    #[arg(long, env = "SLICELET_CDI_KIND", default_value = crate::cdi::DEFAULT_KIND, value_parser = parse_cdi_kind)]
+    pub cdi_kind: String,
+    /// CDI spec directories, comma-separated, lowest priority first: every name handed out is
+    /// checked against the specs there.
+    #[arg(
+        long,
+        env = "SLICELET_CDI_SPEC_DIRS",
+        value_delimiter = ',',
+        default_value = "/etc/cdi,/var/run/cdi"
+    )]
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+fn parse_cdi_kind(s: &str) -> Result<String, String> {
+    crate::cdi::parse_kind(s).map_err(|e| e.to_string())
+}
+
+impl CdiArgs {
+    fn apply(&self, s: &mut Settings) {
+        s.cdi_kind.clone_from(&self.cdi_kind);
+        s.cdi_spec_dirs.clone_from(&self.cdi_spec_dirs);
+    }
+}
+
+/// `slicelet validate`.
+#[derive(Debug, Clone, Args)]
+pub struct ValidateArgs {
+    /// Policy and GPU source.
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Refuse what slicelet would otherwise serve with a warning by reading it as NVIDIA's
+    /// plugin does (a time-slicing entry with devices and no rename that would split a
+    /// resource name).
+    #[arg(long)]
+    pub strict: bool,
+    /// CDI names and specs (checked with a cdi-* deviceListStrategy).
+    #[command(flatten)]
+    pub cdi: CdiArgs,
+}
+
+impl ValidateArgs {
+    /// Settings for discovering the node and checking its CDI specs.
+    ///
+    /// # Errors
+    /// As [`NodeArgs::settings`].
+    pub fn settings(&self) -> Result<Settings, crate::policy::select::UnknownFallback> {
+        let mut s = self.node.settings()?;
+        self.cdi.apply(&mut s);
+        Ok(s)
+    }
+}
+
 /// `slicelet run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -178,6 +235,9 @@ pub struct RunArgs {
     /// /etc/kubernetes/node-feature-discovery/features.d/slicelet; off by default.
     #[arg(long, env = "SLICELET_NFD_FEATURES_FILE", value_parser = parse_features_file)]
     pub nfd_features_file: Option<PathBuf>,
+    /// CDI names and specs (used with a cdi-* deviceListStrategy).
+    #[command(flatten)]
+    pub cdi: CdiArgs,
 }
 
 fn parse_features_file(s: &str) -> Result<PathBuf, String> {
@@ -328,6 +388,7 @@ impl RunArgs {
             ..self.mps.config()
         };
         s.nfd_features_file = self.nfd_features_file.clone();
+        self.cdi.apply(&mut s);
         Ok(s)
     }
 }

@@ -39,6 +39,17 @@ pub enum CommandError {
         /// (key, error with its sources) for each invalid one.
         failed: Vec<(String, String)>,
     },
+    /// `validate --strict`: the policy serves only because slicelet reads it as NVIDIA's
+    /// plugin does.
+    #[error("invalid policy {path} for {node} under --strict: {fallback}")]
+    Strict {
+        /// The policy file.
+        path: String,
+        /// The node.
+        node: String,
+        /// The first fallback, with its fix.
+        fallback: String,
+    },
     /// The plan could not be encoded as JSON.
     #[error("encoding the plan as JSON")]
     Json(#[source] serde_json::Error),
@@ -54,8 +65,21 @@ pub enum CommandError {
 /// [`CommandError`] naming the field path (and line/column) of an invalid policy, or the
 /// entries at fault for this node.
 pub fn validate(settings: &Settings) -> Result<String, CommandError> {
+    validate_with(settings, false)
+}
+
+/// [`validate`]; with `strict`, a policy that serves only because slicelet reads it as
+/// NVIDIA's plugin does (the fallbacks [`plan::Built::fallbacks`] lists, otherwise warnings)
+/// is an error. With a `cdi-*` `deviceListStrategy`, the CDI names of every device are checked
+/// against the specs in [`Settings::cdi_spec_dirs`]: each one that does not resolve is a
+/// warning (the daemon would advertise its devices Unhealthy).
+///
+/// # Errors
+/// As [`validate`], and [`CommandError::Strict`].
+pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config)?;
+    let mut policy = policy::load(&settings.config)?;
+    policy.delivery = policy.delivery.with_cdi_kind(&settings.cdi_kind);
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
     if !policy.mps.resources.is_empty() {
@@ -97,8 +121,18 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
                     resources.join(", ")
                 }
             );
-            for w in &built.warnings {
+            if let (true, Some(f)) = (strict, built.fallbacks.first()) {
+                return Err(CommandError::Strict {
+                    path,
+                    node: source.clone(),
+                    fallback: f.clone(),
+                });
+            }
+            for w in built.fallbacks.iter().chain(&built.warnings) {
                 let _ = writeln!(out, "warning: {w}");
+            }
+            if policy.delivery.strategies.uses_cdi() {
+                out.push_str(&cdi_report(&built.plan, &settings.cdi_spec_dirs));
             }
         }
         Err(e) => {
@@ -145,11 +179,11 @@ pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
 /// validated one by one, each report under a `== <key>` heading.
 ///
 /// # Errors
-/// As [`validate`] for a file; [`CommandError::Configs`] naming every invalid key of a
+/// As [`validate_with`] for a file; [`CommandError::Configs`] naming every invalid key of a
 /// directory.
-pub fn validate_config(settings: &Settings) -> Result<String, CommandError> {
+pub fn validate_config(settings: &Settings, strict: bool) -> Result<String, CommandError> {
     if !std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()) {
-        return validate(settings);
+        return validate_with(settings, strict);
     }
     let dir = settings.config.display().to_string();
     let keys = policy::select::config_keys(&settings.config)
@@ -161,7 +195,7 @@ pub fn validate_config(settings: &Settings) -> Result<String, CommandError> {
             config: settings.config.join(key),
             ..settings.clone()
         };
-        match validate(&one) {
+        match validate_with(&one, strict) {
             Ok(report) => {
                 let _ = write!(out, "== {key}\n{report}");
             }
@@ -195,6 +229,44 @@ pub fn validate_config(settings: &Settings) -> Result<String, CommandError> {
             failed,
         })
     }
+}
+
+/// The CDI check of `slicelet validate`: one warning per spec that could not be used and per
+/// device whose CDI name does not resolve.
+fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
+    let index = crate::cdi::read_specs(dirs);
+    let mut out = String::new();
+    for e in &index.errors {
+        let _ = writeln!(out, "warning: CDI spec skipped: {e}");
+    }
+    let unresolved = crate::cdi::unresolved(plan, &index);
+    for res in plan.resources.values() {
+        let mut seen = std::collections::BTreeSet::new();
+        for d in &res.devices {
+            let Some(reason) = unresolved.get(&d.gpu_uuid) else {
+                continue;
+            };
+            if !seen.insert(&d.gpu_uuid) {
+                continue;
+            }
+            let n = res
+                .devices
+                .iter()
+                .filter(|x| x.gpu_uuid == d.gpu_uuid)
+                .count();
+            let unit = match &d.mig {
+                Some(m) => format!("MIG device {}:{} ({})", d.gpu_index, m.index, d.gpu_uuid),
+                None => format!("GPU {} ({})", d.gpu_index, d.gpu_uuid),
+            };
+            let _ = writeln!(
+                out,
+                "warning: {unit}: {reason}; the daemon advertises its {} of {} Unhealthy",
+                plural(n, "device", "devices"),
+                res.name
+            );
+        }
+    }
+    out
 }
 
 /// `slicelet plan`: the plan for this node as a table or JSON.

@@ -66,6 +66,9 @@ const CHANNEL_CAPACITY: usize = 256;
 /// Longest a policy read and parse may take before it counts as a rejection (it runs off the
 /// loop, so a slow one never stalls a kubelet restart).
 pub const POLICY_READ_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest a read of the CDI spec directories may take; past it every CDI name counts as
+/// unresolved (a runtime reading the same directories would hang too).
+pub const CDI_READ_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The daemon could not run.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +193,7 @@ fn read_policy(path: &Path, force: bool, sel: &select::Selection, label: Option<
                 path: path.to_path_buf(),
                 hash: Sha256::digest(b"").into(),
                 force,
-                parsed: policy::parse(""),
+                parsed: policy::parse("").map(Box::new),
             }
         }
         Err(error) => {
@@ -205,7 +208,7 @@ fn read_policy(path: &Path, force: bool, sel: &select::Selection, label: Option<
             path: file,
             hash: Sha256::digest(text.as_bytes()).into(),
             force,
-            parsed: policy::parse(&text),
+            parsed: policy::parse(&text).map(Box::new),
         },
         Err(e) => Input::PolicyUnreadable {
             path: file,
@@ -346,7 +349,8 @@ pub async fn run_target(
         Arc::clone(&metrics),
         settings.stream_grace,
     );
-    let mut state = State::new(env);
+    let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
+    let (cdi_tx, mut cdi_specs) = mpsc::channel(1);
     let labels = settings
         .nfd_features_file
         .clone()
@@ -362,6 +366,12 @@ pub async fn run_target(
         plugin_mode,
         labels,
         labels_content: None,
+        cdi: CdiCheck {
+            dirs: settings.cdi_spec_dirs.clone(),
+            tx: cdi_tx,
+            busy: false,
+            again: false,
+        },
     };
 
     // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
@@ -555,6 +565,13 @@ pub async fn run_target(
                 }
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
+            Some(index) = cdi_specs.recv() => {
+                shell.cdi.busy = false;
+                shell.fold(&mut state, Input::CdiSpecs(index), &mut servers);
+                if std::mem::take(&mut shell.cdi.again) {
+                    shell.cdi.start();
+                }
+            }
             Some(r) = server_events.registered.recv() => servers.registered(r),
             Some(ev) = server_events.streams.recv() => servers.stream_event(ev),
             _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
@@ -577,9 +594,17 @@ pub async fn run_target(
                 tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
                 want_policy(true);
                 hardware.send(Command::Discover);
+                if plugin_mode && state.uses_cdi() {
+                    shell.cdi.start();
+                }
             }
             _ = resync.tick() => want_policy(false),
-            _ = inventory_resync.tick() => hardware.send(Command::Discover),
+            _ = inventory_resync.tick() => {
+                hardware.send(Command::Discover);
+                if plugin_mode && state.uses_cdi() {
+                    shell.cdi.start();
+                }
+            }
             _ = bind_retry.tick(), if servers.has_unserved() => servers.retry_unserved(),
         }
     }
@@ -630,6 +655,7 @@ struct Shell<'a> {
     labels: Option<labels::file::Writer>,
     /// The feature file content last asked for.
     labels_content: Option<String>,
+    cdi: CdiCheck,
 }
 
 /// Folds the feature file writer's outcomes into the [`Status`] (`nfd_writes`, `nfd_error`).
@@ -644,6 +670,42 @@ fn labels_report(status: Arc<watch::Sender<Status>>) -> labels::file::Report {
             labels::file::Outcome::Failed(e) => s.nfd_error = Some(e.clone()),
         });
     })
+}
+
+/// Reads of the CDI spec directories for [`Action::CheckCdi`]: one at a time, on a blocking
+/// thread within [`CDI_READ_DEADLINE`]; a request while one runs is queued once.
+struct CdiCheck {
+    dirs: Vec<PathBuf>,
+    tx: mpsc::Sender<crate::cdi::SpecIndex>,
+    busy: bool,
+    again: bool,
+}
+
+impl CdiCheck {
+    fn start(&mut self) {
+        if self.busy {
+            self.again = true;
+            return;
+        }
+        self.busy = true;
+        let dirs = self.dirs.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let d = dirs.clone();
+            let read = tokio::task::spawn_blocking(move || crate::cdi::read_specs(&d));
+            let index = match tokio::time::timeout(CDI_READ_DEADLINE, read).await {
+                Ok(Ok(index)) => index,
+                Ok(Err(e)) => {
+                    crate::cdi::unreadable(&dirs, format!("reading the CDI specs failed: {e}"))
+                }
+                Err(_) => crate::cdi::unreadable(
+                    &dirs,
+                    format!("reading the CDI specs took longer than {CDI_READ_DEADLINE:?}"),
+                ),
+            };
+            let _ = tx.send(index).await;
+        });
+    }
 }
 
 impl Shell<'_> {
@@ -670,6 +732,9 @@ impl Shell<'_> {
                     }
                 }
                 Action::Probe(uuids) => self.hardware.send(Command::Probe(uuids)),
+                // Only the device plugin hands out CDI names (`slicelet mps` serves no Allocate).
+                Action::CheckCdi if self.plugin_mode => self.cdi.start(),
+                Action::CheckCdi => {}
                 Action::Xid { uuid, xid } => self.metrics.xid(&uuid, xid),
                 Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),
@@ -739,6 +804,7 @@ impl Shell<'_> {
                 .values()
                 .map(|r| r.devices.iter().filter(|d| d.health.is_healthy()).count())
                 .sum();
+            n.unhealthy = unhealthy_reasons(state);
             let changed = n != *s;
             *s = n;
             changed
@@ -749,6 +815,28 @@ impl Shell<'_> {
 /// Whether the policy path is a directory of named configs (chosen from by label).
 fn is_config_dir(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// Every physical device (GPU or MIG UUID) the plan advertises Unhealthy, with the tracker's
+/// reason (a MIG device held by its parent GPU gets the parent's).
+fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in state.plan.resources.values().flat_map(|r| r.devices.iter()) {
+        if d.health.is_healthy() || out.contains_key(&d.gpu_uuid) {
+            continue;
+        }
+        let reason = state
+            .tracker
+            .reason(&d.gpu_uuid)
+            .or_else(|| {
+                d.mig
+                    .as_ref()
+                    .and_then(|m| state.tracker.reason(&m.parent_uuid))
+            })
+            .unwrap_or("discovery reports it unusable");
+        out.insert(d.gpu_uuid.clone(), reason.to_string());
+    }
+    out
 }
 
 /// The socket path a resource is served on in `dir` (for tests and tools).

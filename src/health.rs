@@ -206,6 +206,15 @@ pub enum HealthEvent {
         /// Registration failure, or `None` when it is watched (or cannot report Xids at all).
         failure: Option<String>,
     },
+    /// Whether the device's CDI name resolves in the node's CDI specs (checked with a `cdi-*`
+    /// `deviceListStrategy`, see [`crate::cdi::unresolved`]). Not resolving means Unhealthy:
+    /// a container given it would start without its GPU.
+    Cdi {
+        /// The device's UUID.
+        uuid: String,
+        /// Why its name does not resolve, or `None` when it does (or is no longer checked).
+        failure: Option<String>,
+    },
     /// Whether the device's MPS control daemon is ready (running, answering, limits set).
     /// Only counts for devices the plan runs a daemon for ([`Tracker::set_mps_wanted`]).
     MpsReady {
@@ -234,20 +243,22 @@ struct Sick {
 }
 
 /// The one owner of device health. It folds every source — discovery (a GPU lost or a
-/// simulated `health: Unhealthy`), Xid events with their recovery, event-watch failures and
-/// MPS daemon readiness — into one verdict per UUID; [`Tracker::effective`] applies it to an
+/// simulated `health: Unhealthy`), Xid events with their recovery, event-watch failures, CDI
+/// names that do not resolve and MPS daemon readiness — into one verdict per UUID; [`Tracker::effective`] applies it to an
 /// inventory before the plan is built. Devices nothing holds Unhealthy are Healthy.
 ///
 /// Conditions, by kind:
 /// - Xid (edge): held until [`Tracker::due`] lists it after the quiet period and a probe
 ///   answers ([`Tracker::probed`]); a failed probe restarts the quiet period.
-/// - discovery, watch failure, MPS not ready (level): held exactly while the source says so.
+/// - discovery, watch failure, unresolved CDI name, MPS not ready (level): held exactly while
+///   the source says so.
 #[derive(Debug, Clone)]
 pub struct Tracker {
     recovery: Option<Duration>,
     sick: BTreeMap<String, Sick>,
     lost: BTreeMap<String, String>,
     unwatched: BTreeMap<String, String>,
+    cdi: BTreeMap<String, String>,
     mps_wanted: BTreeSet<String>,
     mps_ready: BTreeSet<String>,
 }
@@ -261,6 +272,7 @@ impl Tracker {
             sick: BTreeMap::new(),
             lost: BTreeMap::new(),
             unwatched: BTreeMap::new(),
+            cdi: BTreeMap::new(),
             mps_wanted: BTreeSet::new(),
             mps_ready: BTreeSet::new(),
         }
@@ -277,6 +289,9 @@ impl Tracker {
             return Some(r);
         }
         if let Some(r) = self.unwatched.get(uuid) {
+            return Some(r);
+        }
+        if let Some(r) = self.cdi.get(uuid) {
             return Some(r);
         }
         if let Some(s) = self.sick.get(uuid) {
@@ -356,6 +371,7 @@ impl Tracker {
                     t.unwatched.remove(uuid);
                 }
             }),
+            HealthEvent::Cdi { uuid, failure } => self.cdi_event(uuid, failure.clone()),
             HealthEvent::MpsReady { uuid, ready } => self.track(uuid, |t| {
                 if *ready {
                     t.mps_ready.insert(uuid.clone());
@@ -382,6 +398,7 @@ impl Tracker {
             .lost
             .keys()
             .chain(self.unwatched.keys())
+            .chain(self.cdi.keys())
             .chain(self.sick.keys())
             .filter(|u| !present.contains_key(*u))
             .cloned()
@@ -391,6 +408,7 @@ impl Tracker {
             out.extend(self.track(&uuid, |t| {
                 t.lost.remove(&uuid);
                 t.unwatched.remove(&uuid);
+                t.cdi.remove(&uuid);
                 t.sick.remove(&uuid);
             }));
         }
@@ -423,6 +441,37 @@ impl Tracker {
             }));
         }
         out
+    }
+
+    fn cdi_event(&mut self, uuid: &str, failure: Option<String>) -> Option<Transition> {
+        self.track(uuid, |t| match failure {
+            Some(reason) => {
+                t.cdi.insert(uuid.to_string(), reason);
+            }
+            None => {
+                t.cdi.remove(uuid);
+            }
+        })
+    }
+
+    /// Takes a whole CDI check's verdict: exactly the devices in `unresolved` (UUID → reason)
+    /// are held Unhealthy by CDI, every other device is released from that condition (an empty
+    /// map when no `cdi-*` strategy is in use). Each device changes as a
+    /// [`HealthEvent::Cdi`] would change it.
+    pub fn set_cdi_unresolved(&mut self, unresolved: &BTreeMap<String, String>) -> Vec<Transition> {
+        let touched: BTreeSet<String> = self.cdi.keys().chain(unresolved.keys()).cloned().collect();
+        touched
+            .into_iter()
+            .filter_map(|uuid| {
+                let failure = unresolved.get(&uuid).cloned();
+                self.cdi_event(&uuid, failure)
+            })
+            .collect()
+    }
+
+    /// The devices held Unhealthy because their CDI name does not resolve, with the reason.
+    pub fn cdi_unresolved(&self) -> &BTreeMap<String, String> {
+        &self.cdi
     }
 
     /// MPS daemons the tracker knows to be ready.
@@ -960,5 +1009,46 @@ mod gone_tests {
         t.observe_discovery(&inv);
         assert!(t.due(t0 + Duration::from_secs(61)).is_empty());
         assert!(t.is_healthy("MIG-gone"));
+    }
+
+    #[test]
+    fn an_unresolved_cdi_name_is_a_level_condition_with_its_reason() {
+        let t0 = Instant::now();
+        let p = XidPolicy::default();
+        let mut t = Tracker::new(None);
+        let inv = test_node(2);
+        let (a, b) = (&inv.gpus[0].uuid, &inv.gpus[1].uuid);
+        let cdi = |uuid: &str, failure: Option<&str>| HealthEvent::Cdi {
+            uuid: uuid.to_string(),
+            failure: failure.map(str::to_string),
+        };
+        let down = t
+            .apply(&p, &cdi(a, Some("CDI device x is not defined")), t0)
+            .unwrap();
+        assert_eq!(down.health, Health::Unhealthy);
+        assert_eq!(down.reason, "CDI device x is not defined");
+        assert_eq!(t.reason(a), Some("CDI device x is not defined"));
+        assert!(t.effective(&inv).gpus[0].health == Health::Unhealthy);
+        // No recovery by time: only the next check releases it.
+        assert!(t.due(t0 + Duration::from_secs(3600)).is_empty());
+        let up = t.apply(&p, &cdi(a, None), t0).unwrap();
+        assert_eq!(up.health, Health::Healthy);
+        // A whole check's verdict: exactly these are held.
+        let mut found = BTreeMap::new();
+        found.insert(b.clone(), "missing".to_string());
+        let ts = t.set_cdi_unresolved(&found);
+        assert_eq!(ts.len(), 1);
+        assert_eq!(
+            (ts[0].uuid.as_str(), ts[0].health),
+            (b.as_str(), Health::Unhealthy)
+        );
+        assert_eq!(t.cdi_unresolved().keys().collect::<Vec<_>>(), [b]);
+        let ts = t.set_cdi_unresolved(&BTreeMap::new());
+        assert_eq!(ts.len(), 1);
+        assert!(t.is_healthy(b));
+        // A device gone from discovery drops the condition.
+        t.set_cdi_unresolved(&found);
+        t.observe_discovery(&test_node(1));
+        assert!(t.cdi_unresolved().is_empty());
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod allocate;
 pub mod api;
+pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod daemon;

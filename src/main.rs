@@ -89,7 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Validate(args) => {
-            let out = slicelet::commands::validate_config(&args.settings()?)?;
+            let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;
             print!("{out}");
             Ok(())
         }

@@ -35,7 +35,8 @@ use crate::health::Health;
 use crate::inventory::topology::{Link, PathLevel, SAME_GPU_SCORE};
 use crate::inventory::{mig, Gpu, Inventory, MigCaps, MigDevice};
 use crate::policy::{
-    DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedAllocation, SharedResource,
+    Delivery, DeviceRef, DeviceSelector, MigStrategy, Policy, ResourceName, SharedAllocation,
+    SharedResource,
 };
 
 /// The resource whole GPUs are advertised under (and MIG devices under `migStrategy: single`).
@@ -128,6 +129,10 @@ pub struct ResourcePlan {
     /// How GetPreferredAllocation places replicas (`flags.plugin.sharedDevicesAllocationPolicy`;
     /// only time-sliced resources with more than one replica use it).
     pub shared_allocation: SharedAllocation,
+    /// How Allocate hands the devices to the container runtime
+    /// (`flags.plugin.deviceListStrategy`, `deviceIDStrategy`, `cdiAnnotationPrefix`, and the
+    /// CDI kind).
+    pub delivery: Delivery,
     by_id: IdIndex,
     /// Per device position: the position of the first device of its physical unit (GPU or
     /// MIG device), and how many devices that unit has. Precomputed for
@@ -360,6 +365,7 @@ impl ResourcePlan {
             fail_requests_greater_than_one,
             pass_device_specs,
             shared_allocation: SharedAllocation::default(),
+            delivery: Delivery::default(),
             devices,
             mps: None,
             by_id,
@@ -385,6 +391,12 @@ impl ResourcePlan {
     /// The same resource with `flags.plugin.sharedDevicesAllocationPolicy` set to `policy`.
     pub fn with_shared_allocation(mut self, policy: SharedAllocation) -> Self {
         self.shared_allocation = policy;
+        self
+    }
+
+    /// The same resource handing its devices to containers as `delivery` says.
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
         self
     }
 
@@ -636,6 +648,10 @@ pub struct Built {
     /// supervisor must enforce; the plan itself may advertise older limits while a change is
     /// pending, see [`build_with`]).
     pub mps_wanted: MpsWanted,
+    /// Where the policy was read as NVIDIA's plugin reads it rather than as written, each with
+    /// the fix (a time-sliced entry whose `devices` without `rename` would split a resource
+    /// name): warnings, and errors under `slicelet validate --strict`.
+    pub fallbacks: Vec<String>,
 }
 
 /// One physical unit that can be advertised: a whole GPU or one MIG device of it.
@@ -759,7 +775,54 @@ pub fn build_with(
     Ok(built)
 }
 
+/// [`build_once`], falling back to NVIDIA's reading where the policy as written would leave
+/// one resource name meaning two things: a time-sliced entry with `devices` and no `rename`
+/// (advertised under the very resource it shares) while other devices of that resource stay
+/// whole under the same name. NVIDIA's plugin ignores `devices` and shares every device of
+/// the entry's resource; so does slicelet then, with a warning naming the fix (a rename). When
+/// that fails too, the collision is the error.
 fn build_unobserved(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
+    let collision = match build_once(policy, inventory) {
+        Err(e @ PlanError::NameCollision { .. }) => e,
+        other => return other,
+    };
+    let PlanError::NameCollision {
+        name,
+        entry,
+        unclaimed,
+    } = &collision
+    else {
+        unreachable!("matched above")
+    };
+    let Some(i) = policy.time_slicing.resources.iter().position(|e| {
+        e.path == *entry && e.advertised == e.source && e.devices != DeviceSelector::All
+    }) else {
+        return Err(collision);
+    };
+    let mut nvidia = policy.clone();
+    nvidia.time_slicing.resources[i].devices = DeviceSelector::All;
+    let Ok(mut built) = build_unobserved(&nvidia, inventory) else {
+        return Err(collision);
+    };
+    let noun = if unclaimed.contains(':') {
+        "MIG devices"
+    } else {
+        "GPUs"
+    };
+    let fix = match ResourceName::parse(&format!("{name}-shared")) {
+        Ok(n) => format!("add rename: {n} to share only these {noun}"),
+        Err(_) => format!("add a rename to share only these {noun}"),
+    };
+    built.fallbacks.insert(
+        0,
+        format!(
+            "{entry}.devices: sharing only the listed {noun} as {name} would leave {noun} {unclaimed} whole under the same name; like NVIDIA's plugin (which ignores devices), slicelet shares every device of {name}; {fix}"
+        ),
+    );
+    Ok(built)
+}
+
+fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
     let mut warnings = Vec::new();
     let base = node_resources(policy.mig_strategy, inventory, &mut warnings)?;
 
@@ -850,11 +913,13 @@ fn build_unobserved(policy: &Policy, inventory: &Inventory) -> Result<Built, Pla
         let fresh = Arc::get_mut(res).expect("built above, not shared yet");
         fresh.set_links_from(inventory);
         fresh.shared_allocation = policy.shared_allocation;
+        fresh.delivery.clone_from(&policy.delivery);
     }
     Ok(Built {
         plan: Plan { resources },
         warnings,
         mps_wanted: MpsWanted::default(),
+        fallbacks: Vec::new(),
     })
 }
 

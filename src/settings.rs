@@ -53,6 +53,12 @@ pub struct Settings {
     /// Where to write the node labels as an NFD local feature file (`--nfd-features-file`);
     /// `None` (the default) writes none.
     pub nfd_features_file: Option<PathBuf>,
+    /// The CDI kind device names are qualified with under a `cdi-*` `deviceListStrategy`
+    /// (`--cdi-kind`, default `nvidia.com/gpu`, the NVIDIA Container Toolkit's).
+    pub cdi_kind: String,
+    /// The CDI spec directories, lowest priority first (`--cdi-spec-dirs`, default `/etc/cdi`,
+    /// `/var/run/cdi`; in a pod, the host's directories mounted read-only).
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Settings {
@@ -78,6 +84,11 @@ impl Settings {
             mps: mps::Config::default(),
             stream_grace: Duration::from_secs(10),
             nfd_features_file: None,
+            cdi_kind: crate::cdi::DEFAULT_KIND.to_string(),
+            cdi_spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
         }
     }
 }

@@ -71,6 +71,9 @@ pub struct Status {
     /// Why the NFD feature file could not be updated (cleared by the next success); its labels
     /// may be stale meanwhile.
     pub nfd_error: Option<String>,
+    /// Each physical device (GPU or MIG UUID) advertised Unhealthy, and why (an Xid, a lost
+    /// GPU, an unresolved CDI name, …); `/readyz` lists them after its first line.
+    pub unhealthy: std::collections::BTreeMap<String, String>,
 }
 
 impl Status {
@@ -116,6 +119,17 @@ impl Status {
             return Err(format!("node labels may be stale: {e}"));
         }
         Ok(())
+    }
+}
+
+impl Status {
+    /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, for `/readyz`'s body
+    /// (empty when every device is Healthy).
+    pub fn unhealthy_lines(&self) -> String {
+        self.unhealthy
+            .iter()
+            .map(|(uuid, reason)| format!("Unhealthy {uuid}: {reason}\n"))
+            .collect()
     }
 }
 
@@ -320,10 +334,12 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     let status = s.status.borrow().clone();
-    match status.ready() {
+    let (code, mut body) = match status.ready() {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
-    }
+    };
+    body.push_str(&status.unhealthy_lines());
+    (code, body)
 }
 
 async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {

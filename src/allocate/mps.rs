@@ -1,7 +1,9 @@
 //! Allocate and GetPreferredAllocation for MPS resources.
 //!
-//! Per container: `NVIDIA_VISIBLE_DEVICES` = the GPU (or MIG) UUID and no `CUDA_VISIBLE_DEVICES`
-//! (an MPS client must not select devices itself: its daemon serves exactly one);
+//! Per container: the GPU (or MIG device) handed to the runtime as the `deviceListStrategy`
+//! says (with `envvar`, `NVIDIA_VISIBLE_DEVICES` = its UUID or index) and no
+//! `CUDA_VISIBLE_DEVICES` (an MPS client must not select devices itself: its daemon serves
+//! exactly one); whatever the strategy:
 //! `CUDA_MPS_PIPE_DIRECTORY=/mps/<uuid>/pipe`, bind-mounted from the host pipe directory of that
 //! GPU's daemon; the shared `<mpsRoot>/shm` (the daemons' `/dev/shm`) mounted at `/dev/shm`; and the per-replica share in
 //! `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`. Those two
@@ -13,9 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{
-    AllocateError, ContainerAllocation, MountSpec, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES,
-};
+use super::{AllocateError, ContainerAllocation, MountSpec, CUDA_VISIBLE_DEVICES};
 use crate::plan::{container_pipe_dir, mps_dirs, physical_uuid, MpsResource, ResourcePlan};
 
 /// The MPS pipe directory a client connects through.
@@ -67,9 +67,9 @@ pub(super) fn add_client(
     let Some(uuid) = targets(res, ids).first().copied() else {
         return;
     };
+    // The runtime's view (NVIDIA_VISIBLE_DEVICES, mounts, CDI names) follows the
+    // deviceListStrategy like any container's: a checked request has one GPU.
     out.envs.remove(CUDA_VISIBLE_DEVICES);
-    out.envs
-        .insert(NVIDIA_VISIBLE_DEVICES.to_string(), uuid.to_string());
     let pipe = container_pipe_dir(uuid);
     out.envs
         .insert(CUDA_MPS_PIPE_DIRECTORY.to_string(), pipe.clone());

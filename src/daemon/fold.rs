@@ -13,6 +13,11 @@
 //! - Health has one owner, the [`Tracker`]: discovery, Xids, watch failures and MPS readiness
 //!   are folded there, and the plan is built from [`Tracker::effective`]; nothing patches a
 //!   plan after it is built.
+//! - CDI: while a `cdi-*` `deviceListStrategy` is in use, every published plan asks the shell
+//!   to read the node's CDI specs ([`Action::CheckCdi`], off the loop); the answer
+//!   ([`Input::CdiSpecs`]) is checked against the current plan and folded into the tracker,
+//!   so a device whose CDI name does not resolve is Unhealthy (with the reason) in the next
+//!   plan. Without a `cdi-*` strategy the condition is cleared.
 //! - MPS: the devices of every daemon the plan wants are Unhealthy until that daemon reports
 //!   ready; the limits a daemon still enforces while a change is pending are an input of
 //!   [`plan::build_with`].
@@ -22,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cdi;
 use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::inventory::Inventory;
 use crate::mps;
@@ -43,8 +49,8 @@ pub enum Input {
         hash: [u8; 32],
         /// Apply even if the bytes did not change (start, SIGHUP).
         force: bool,
-        /// The parsed policy, or why it is invalid.
-        parsed: Result<Policy, PolicyError>,
+        /// The parsed policy (boxed: it is the largest input by far), or why it is invalid.
+        parsed: Result<Box<Policy>, PolicyError>,
     },
     /// The policy file could not be read.
     PolicyUnreadable {
@@ -63,6 +69,9 @@ pub enum Input {
     Mps(mps::Event),
     /// The earliest recovery deadline ([`State::next_deadline`]) has passed.
     RecoveryDue,
+    /// The node's CDI specs were read (after [`Action::CheckCdi`]; an index whose read failed
+    /// holds only the error, so every name is unresolved).
+    CdiSpecs(cdi::SpecIndex),
 }
 
 /// What the shell must do, in order.
@@ -76,6 +85,8 @@ pub enum Action {
     ComputeModes(BTreeSet<String>),
     /// Probe these devices and report [`Input::Probed`].
     Probe(Vec<String>),
+    /// Read the node's CDI spec directories (off the loop) and report [`Input::CdiSpecs`].
+    CheckCdi,
     /// Count an Xid (metrics).
     Xid {
         /// The device.
@@ -134,6 +145,10 @@ pub struct State {
     probing: Option<Instant>,
     /// Xid events seen since start (critical or not).
     pub xid_events: u64,
+    /// The node's CDI kind (`--cdi-kind`) every applied policy's CDI names are qualified with.
+    cdi_kind: String,
+    /// The spec problems of the last CDI check (logged when they change).
+    cdi_errors: Vec<String>,
 }
 
 impl State {
@@ -159,7 +174,23 @@ impl State {
             exclusive: BTreeSet::new(),
             probing: None,
             xid_events: 0,
+            cdi_kind: cdi::DEFAULT_KIND.to_string(),
+            cdi_errors: Vec::new(),
         }
+    }
+
+    /// The same state qualifying CDI names with `kind` (the node's `--cdi-kind`, checked by
+    /// [`cdi::parse_kind`]) instead of [`cdi::DEFAULT_KIND`].
+    pub fn with_cdi_kind(mut self, kind: &str) -> Self {
+        kind.clone_into(&mut self.cdi_kind);
+        self
+    }
+
+    /// Whether the applied policy hands devices out by CDI name (so the specs are checked).
+    pub fn uses_cdi(&self) -> bool {
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.delivery.strategies.uses_cdi())
     }
 
     /// When the shell should report [`Input::RecoveryDue`] (none while a probe is in flight).
@@ -228,6 +259,22 @@ impl State {
                     self.probing = Some(now);
                     out.push(Action::Probe(due));
                 }
+            }
+            Input::CdiSpecs(index) => {
+                let errors: Vec<String> = index.errors.iter().map(ToString::to_string).collect();
+                if errors != self.cdi_errors {
+                    for e in &errors {
+                        tracing::warn!(error = %e, "CDI spec skipped");
+                    }
+                    self.cdi_errors = errors;
+                }
+                let found = if self.uses_cdi() {
+                    cdi::unresolved(&self.plan, &index)
+                } else {
+                    BTreeMap::new()
+                };
+                let ts = self.tracker.set_cdi_unresolved(&found);
+                self.transitions(ts, &mut out);
             }
             Input::Mps(ev) => {
                 if ev.removed {
@@ -312,7 +359,7 @@ impl State {
         path: &std::path::Path,
         hash: [u8; 32],
         force: bool,
-        parsed: Result<Policy, PolicyError>,
+        parsed: Result<Box<Policy>, PolicyError>,
         out: &mut Vec<Action>,
     ) {
         if !force && self.policy_hash == Some(hash) {
@@ -321,9 +368,10 @@ impl State {
         self.policy_hash = Some(hash);
         let hash_hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
         match parsed {
-            Ok(p) => {
+            Ok(mut p) => {
                 self.rejected_for_node = None;
-                if self.try_apply(p, &hash_hex, out) {
+                p.delivery = p.delivery.with_cdi_kind(&self.cdi_kind);
+                if self.try_apply(*p, &hash_hex, out) {
                     tracing::info!(generation = self.generation, hash = %hash_hex, policy = %path.display(), "policy applied");
                 }
             }
@@ -362,6 +410,9 @@ impl State {
                 for w in &built.warnings {
                     tracing::warn!(warning = %w, "policy does not match this node fully");
                 }
+                for f in &built.fallbacks {
+                    tracing::warn!(warning = %f, "policy read as NVIDIA's plugin reads it");
+                }
                 self.generation += 1;
                 self.tracker
                     .set_recovery(Some(policy.health.recovery.unwrap_or(DEFAULT_RECOVERY)));
@@ -385,6 +436,9 @@ impl State {
     /// Builds the plan from the applied policy and the effective inventory; publishes it and
     /// tells the MPS supervisor and the hardware what changed.
     fn replan(&mut self, out: &mut Vec<Action>) {
+        if self.policy.is_some() && !self.uses_cdi() && !self.tracker.cdi_unresolved().is_empty() {
+            note(self.tracker.set_cdi_unresolved(&BTreeMap::new()), out);
+        }
         let Some(policy) = &self.policy else { return };
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
@@ -432,6 +486,9 @@ impl State {
         log_changes(&self.plan, &plan);
         self.plan = Arc::new(plan);
         out.push(Action::Publish(Arc::clone(&self.plan)));
+        if self.uses_cdi() {
+            out.push(Action::CheckCdi);
+        }
     }
 }
 

@@ -113,10 +113,48 @@ fn a_gpu_claimed_twice_is_rejected_naming_both_entries() {
 }
 
 #[test]
-fn a_rename_colliding_with_whole_gpus_is_rejected() {
+fn devices_without_rename_share_every_gpu_as_nvidia_does_with_a_fallback_warning() {
     let node = test_node(4);
+    // NVIDIA's own test file: devices given, no rename. Honouring devices would leave GPUs
+    // 1,2,3 whole under the very name the replicas use.
     let p = policy(
         "    resources:\n      - name: nvidia.com/gpu\n        devices: [0]\n        replicas: 2\n",
+    );
+    let built = build(&p, &node).unwrap();
+    let r = &built.plan.resources["nvidia.com/gpu"];
+    assert_eq!(built.plan.resources.len(), 1);
+    assert_eq!(r.devices.len(), 8);
+    assert_eq!(r.strategy, Strategy::TimeSlicing);
+    assert_eq!(
+        built.fallbacks,
+        vec!["sharing.timeSlicing.resources[0].devices: sharing only the listed GPUs as nvidia.com/gpu would leave GPUs 1,2,3 whole under the same name; like NVIDIA's plugin (which ignores devices), slicelet shares every device of nvidia.com/gpu; add rename: nvidia.com/gpu-shared to share only these GPUs".to_string()]
+    );
+    assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+    // With a rename, devices are honoured and nothing falls back.
+    let p = policy(
+        "    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 2\n",
+    );
+    let built = build(&p, &node).unwrap();
+    assert!(built.fallbacks.is_empty());
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu-shared"].devices.len(),
+        2
+    );
+    assert_eq!(built.plan.resources["nvidia.com/gpu"].devices.len(), 3);
+    // devices covering every GPU: no collision, no fallback.
+    let p = policy(
+        "    resources:\n      - name: nvidia.com/gpu\n        devices: 4\n        replicas: 2\n",
+    );
+    assert!(build(&p, &node).unwrap().fallbacks.is_empty());
+}
+
+#[test]
+fn a_collision_the_fallback_cannot_mend_is_rejected() {
+    let node = test_node(4);
+    // Sharing every GPU under nvidia.com/gpu would claim GPU 1 twice: the collision stays
+    // the error.
+    let p = policy(
+        "    resources:\n      - name: nvidia.com/gpu\n        devices: [0]\n        replicas: 2\n      - name: nvidia.com/gpu\n        rename: b\n        devices: [1]\n        replicas: 2\n",
     );
     match build(&p, &node).unwrap_err() {
         PlanError::NameCollision {
@@ -126,7 +164,7 @@ fn a_rename_colliding_with_whole_gpus_is_rejected() {
         } => {
             assert_eq!(name, "nvidia.com/gpu");
             assert_eq!(entry, "sharing.timeSlicing.resources[0]");
-            assert_eq!(unclaimed, "1,2,3");
+            assert_eq!(unclaimed, "2,3");
         }
         other => panic!("{other:?}"),
     }
@@ -652,18 +690,22 @@ fn mig_claims_and_name_collisions_are_rejected_naming_both() {
         }
     );
     assert!(e.to_string().contains("MIG device 0:2"), "{e}");
-    // Sharing some 1g.10gb slices under their own name while others stay whole.
+    // Sharing some 1g.10gb slices under their own name while others stay whole: read as
+    // NVIDIA's plugin reads it, every 1g.10gb slice is shared, with the fix in a fallback.
     let p = mig_policy(
         "mixed",
         "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        devices: [0]\n        replicas: 2\n",
     );
+    let built = build(&p, &node).unwrap();
     assert_eq!(
-        build(&p, &node).unwrap_err(),
-        PlanError::NameCollision {
-            name: "nvidia.com/mig-1g.10gb".into(),
-            entry: "sharing.timeSlicing.resources[0]".into(),
-            unclaimed: "1:3".into(),
-        }
+        built.plan.resources["nvidia.com/mig-1g.10gb"].devices.len(),
+        16
+    );
+    assert!(
+        built.fallbacks[0].contains("MIG devices 1:3 whole")
+            && built.fallbacks[0].contains("add rename: nvidia.com/mig-1g.10gb-shared"),
+        "{:?}",
+        built.fallbacks
     );
     // A rename onto another profile's resource.
     let p = mig_policy(

@@ -5,6 +5,7 @@
 //! Validation here is node-independent; rules that depend on the GPUs present (a GPU claimed
 //! twice, a rename colliding with whole GPUs) are checked by [`crate::plan::build`].
 
+pub mod delivery;
 pub mod mps;
 pub mod names;
 pub mod quantity;
@@ -16,6 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use delivery::{Delivery, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy};
 pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
 pub use read::{read_bounded, Limits, ReadError};
@@ -116,6 +118,9 @@ pub struct Policy {
     pub pass_device_specs: bool,
     /// `flags.plugin.sharedDevicesAllocationPolicy` (default `distributed`).
     pub shared_allocation: SharedAllocation,
+    /// `flags.plugin.deviceListStrategy`, `deviceIDStrategy` and `cdiAnnotationPrefix`: how
+    /// Allocate hands the devices to the container runtime.
+    pub delivery: Delivery,
     /// `sharing.timeSlicing`.
     pub time_slicing: TimeSlicing,
     /// `health` (slicelet extension).
@@ -139,6 +144,7 @@ impl Default for Policy {
             fail_on_init_error: true,
             pass_device_specs: false,
             shared_allocation: SharedAllocation::Distributed,
+            delivery: Delivery::default(),
             time_slicing: TimeSlicing::default(),
             health: HealthPolicy::default(),
             mps: Mps::default(),
@@ -290,23 +296,16 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         if let Some(plugin) = &flags.plugin {
             policy.pass_device_specs = plugin.pass_device_specs.unwrap_or(false);
             policy.shared_allocation = plugin.shared_devices_allocation_policy.unwrap_or_default();
-            if let Some(list) = &plugin.device_list_strategy {
-                if list.values() != ["envvar"] {
-                    ignored.push("flags.plugin.deviceListStrategy".to_string());
-                }
+            if let Some(list) = plugin.device_list_strategy {
+                policy.delivery.strategies = list;
             }
-            if plugin
-                .device_id_strategy
-                .as_deref()
-                .is_some_and(|s| s != "uuid")
-            {
-                ignored.push("flags.plugin.deviceIDStrategy".to_string());
+            policy.delivery.id = plugin.device_id_strategy.unwrap_or_default();
+            if let Some(prefix) = &plugin.cdi_annotation_prefix {
+                delivery::validate_prefix(prefix)
+                    .map_err(|e| err("flags.plugin.cdiAnnotationPrefix", e.to_string()))?;
+                policy.delivery.annotation_prefix.clone_from(prefix);
             }
-            let not_acted: [(&str, bool); 3] = [
-                (
-                    "cdiAnnotationPrefix",
-                    plugin.cdi_annotation_prefix.is_some(),
-                ),
+            let not_acted: [(&str, bool); 2] = [
                 ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
                 (
                     "containerDriverRoot",
@@ -392,9 +391,15 @@ fn validate_replicated(
         }
         let devices = entry.devices.clone().unwrap_or_default();
         if devices != DeviceSelector::All {
-            notices.push(format!(
-                "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
-            ));
+            notices.push(if advertised == entry.name {
+                format!(
+                    "{path}.devices: NVIDIA's plugin ignores devices and shares all; slicelet shares only the listed devices unless other devices of {advertised} would then stay whole under the same name (it shares all then, with a warning)"
+                )
+            } else {
+                format!(
+                    "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
+                )
+            });
         }
         out.resources.push(SharedResource {
             path,

@@ -122,7 +122,10 @@ impl<'de> Deserialize<'de> for ResourceName {
     }
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+/// Whether `s` is a DNS subdomain: dot-separated labels of lowercase letters, digits and `-`, each
+/// 1 to 63 characters, neither starting nor ending with `-` (Kubernetes `IsDNS1123Subdomain`,
+/// without its 253-character bound, which callers check).
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.split('.').all(|label| {
         !label.is_empty()
             && label.len() <= 63

@@ -150,13 +150,13 @@ pub struct Flags {
 pub struct PluginFlags {
     /// Return `/dev/nvidia*` device specs from Allocate.
     pub pass_device_specs: Option<bool>,
-    /// `envvar` (the one slicelet implements), `volume-mounts`, `cdi-annotations`, `cdi-cri`;
-    /// one string or a list.
-    pub device_list_strategy: Option<StringOrList>,
-    /// `uuid` (the one slicelet implements) or `index`.
+    /// `envvar` (default), `volume-mounts`, `cdi-annotations`, `cdi-cri`; one string or a list
+    /// (see [`super::delivery`]). Any other value is an error naming the allowed ones.
+    pub device_list_strategy: Option<super::delivery::DeviceListStrategies>,
+    /// `uuid` (default) or `index`.
     #[serde(rename = "deviceIDStrategy")]
-    pub device_id_strategy: Option<String>,
-    /// Recognised, not acted on.
+    pub device_id_strategy: Option<super::delivery::DeviceIdStrategy>,
+    /// The prefix of the `cdi-annotations` annotation key (default `cdi.k8s.io/`).
     pub cdi_annotation_prefix: Option<String>,
     /// Recognised, not acted on.
     #[serde(rename = "nvidiaCTKPath")]
@@ -205,26 +205,6 @@ pub struct GfdFlags {
     pub output_file: Option<String>,
     /// GFD machine type file.
     pub machine_type_file: Option<String>,
-}
-
-/// A string or a list of strings (NVIDIA accepts both for `deviceListStrategy`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum StringOrList {
-    /// One value.
-    One(String),
-    /// Several values.
-    Many(Vec<String>),
-}
-
-impl StringOrList {
-    /// The values as a slice-like list.
-    pub fn values(&self) -> Vec<&str> {
-        match self {
-            StringOrList::One(s) => vec![s.as_str()],
-            StringOrList::Many(v) => v.iter().map(String::as_str).collect(),
-        }
-    }
 }
 
 /// `resources`: NVIDIA's renaming by product pattern. Recognised, not acted on.

@@ -105,6 +105,8 @@ imex:
     assert!(!p.fail_on_init_error);
     assert!(p.pass_device_specs);
     assert_eq!(p.shared_allocation, SharedAllocation::Distributed);
+    assert_eq!(p.delivery.strategies.names(), vec!["envvar", "cdi-cri"]);
+    assert_eq!(p.delivery.annotation_prefix, "cdi.k8s.io/");
     let expected = [
         "flags.restartOnDeviceUnhealthy",
         "flags.nvidiaDriverRoot",
@@ -115,8 +117,6 @@ imex:
         "flags.useNodeFeatureAPI",
         "flags.deviceDiscoveryStrategy",
         "flags.gfd",
-        "flags.plugin.deviceListStrategy",
-        "flags.plugin.cdiAnnotationPrefix",
         "flags.plugin.nvidiaCTKPath",
         "flags.plugin.containerDriverRoot",
         "resources",
@@ -523,4 +523,96 @@ fn shared_devices_allocation_policy_is_validated() {
         "{e}"
     );
     assert_eq!(e.location.map(|l| l.line), Some(3));
+}
+
+fn plugin(body: &str) -> Result<Policy, PolicyError> {
+    parse(&format!("version: v1\nflags:\n  plugin:\n{body}"))
+}
+
+#[test]
+fn device_list_strategy_takes_nvidias_four_values_as_a_string_or_a_list() {
+    let names = |body: &str| plugin(body).unwrap().delivery.strategies.names();
+    assert_eq!(names("    deviceListStrategy: envvar\n"), vec!["envvar"]);
+    assert_eq!(
+        names("    deviceListStrategy: volume-mounts\n"),
+        vec!["volume-mounts"]
+    );
+    assert_eq!(
+        names("    deviceListStrategy: [cdi-cri]\n"),
+        vec!["cdi-cri"]
+    );
+    assert_eq!(
+        names("    deviceListStrategy:\n      - cdi-annotations\n      - envvar\n      - envvar\n"),
+        vec!["envvar", "cdi-annotations"]
+    );
+    // Absent: envvar.
+    assert_eq!(
+        parse("").unwrap().delivery.strategies,
+        DeviceListStrategies::default()
+    );
+    assert_eq!(names("    passDeviceSpecs: true\n"), vec!["envvar"]);
+}
+
+#[test]
+fn unknown_device_list_strategies_are_errors_naming_the_allowed_values() {
+    for (body, path, line) in [
+        (
+            "    deviceListStrategy: nonsense\n",
+            "flags.plugin.deviceListStrategy",
+            4,
+        ),
+        (
+            "    deviceListStrategy: [envvar, cdi]\n",
+            "flags.plugin.deviceListStrategy[1]",
+            4,
+        ),
+        (
+            "    deviceListStrategy:\n      - envvar\n      - CDI-CRI\n",
+            "flags.plugin.deviceListStrategy[1]",
+            6,
+        ),
+        (
+            "    deviceListStrategy: 1\n",
+            "flags.plugin.deviceListStrategy",
+            4,
+        ),
+    ] {
+        let e = plugin(body).expect_err(body);
+        assert_eq!(e.path, path, "{body}: {e}");
+        assert_eq!(e.location.as_ref().map(|l| l.line), Some(line), "{e}");
+        if !body.contains(": 1") {
+            for allowed in ["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"] {
+                assert!(e.message.contains(allowed), "{e}");
+            }
+        }
+    }
+    let e = plugin("    deviceListStrategy: []\n").unwrap_err();
+    assert_eq!(e.path, "flags.plugin.deviceListStrategy");
+    assert!(e.message.contains("empty list"), "{e}");
+}
+
+#[test]
+fn device_id_strategy_is_uuid_or_index() {
+    let id = |body: &str| plugin(body).unwrap().delivery.id;
+    assert_eq!(id("    deviceIDStrategy: uuid\n"), DeviceIdStrategy::Uuid);
+    assert_eq!(id("    deviceIDStrategy: index\n"), DeviceIdStrategy::Index);
+    assert_eq!(parse("").unwrap().delivery.id, DeviceIdStrategy::Uuid);
+    let e = plugin("    deviceIDStrategy: serial\n").unwrap_err();
+    assert_eq!(e.path, "flags.plugin.deviceIDStrategy");
+    assert!(
+        e.message.contains("uuid") && e.message.contains("index"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cdi_annotation_prefix_must_start_an_annotation_key() {
+    let p = plugin("    cdiAnnotationPrefix: example.com/\n").unwrap();
+    assert_eq!(p.delivery.annotation_prefix, "example.com/");
+    assert!(p.ignored_keys.is_empty(), "{:?}", p.ignored_keys);
+    for bad in ["cdi.k8s.io", "Example.com/", "\"\"", "a/b/"] {
+        let e = plugin(&format!("    cdiAnnotationPrefix: {bad}\n")).expect_err(bad);
+        assert_eq!(e.path, "flags.plugin.cdiAnnotationPrefix", "{bad}: {e}");
+        assert!(e.message.contains("DNS subdomain followed by `/`"), "{e}");
+    }
 }

@@ -35,11 +35,11 @@ fn slicelet() -> Command {
     c
 }
 
-async fn output(args: &[&str]) -> Output {
+pub(crate) async fn output(args: &[&str]) -> Output {
     slicelet().args(args).output().await.unwrap()
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
@@ -132,7 +132,7 @@ async fn plan_json_has_the_documented_shape() {
     assert_eq!(v, want);
 }
 
-fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
+pub(crate) fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
     let mut cmd = slicelet();
     cmd.args([
         "run",
@@ -153,11 +153,11 @@ fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
 }
 
 /// Reads the child's log until a line contains `needle`; returns what it read.
-async fn wait_for_log(child: &mut Child, needle: &str) -> String {
+pub(crate) async fn wait_for_log(child: &mut Child, needle: &str) -> String {
     wait_for_log_count(child, needle, 1).await
 }
 
-async fn sigterm_and_wait(mut child: Child) -> (Option<i32>, String) {
+pub(crate) async fn sigterm_and_wait(mut child: Child) -> (Option<i32>, String) {
     let pid = child.id().unwrap().to_string();
     let st = std::process::Command::new("kill")
         .args(["-TERM", &pid])

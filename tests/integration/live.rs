@@ -14,7 +14,7 @@ use slicelet::api::Device;
 
 use crate::common::*;
 
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let resp = client
         .get(format!("http://{addr}{path}").parse().unwrap())

@@ -2,6 +2,7 @@
 //! the real `slicelet` binary (CLI, signals, fake NVML), and the fixtures in fixtures/.
 
 mod binary;
+mod cdi;
 mod common;
 mod daemon;
 mod fixtures;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::allocate::{allocate, preferred};
+use crate::allocate::{allocate, preferred, NVIDIA_VISIBLE_DEVICES};
 use crate::inventory::test_node;
 use crate::plan::{build, Strategy};
 use crate::policy::parse;

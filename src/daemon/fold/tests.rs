@@ -22,7 +22,7 @@ fn policy(text: &str, force: bool) -> Input {
         path: PathBuf::from("/etc/slicelet/config.yaml"),
         hash: Sha256::digest(text.as_bytes()).into(),
         force,
-        parsed: crate::policy::parse(text),
+        parsed: crate::policy::parse(text).map(Box::new),
     }
 }
 
@@ -78,6 +78,7 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::WantMps(w) => format!("WantMps({:?})", w.daemons.keys().collect::<Vec<_>>()),
             Action::ComputeModes(g) => format!("ComputeModes({g:?})"),
             Action::Probe(u) => format!("Probe({u:?})"),
+            Action::CheckCdi => "CheckCdi".to_string(),
             Action::Xid { uuid, xid } => format!("Xid({uuid}, {xid})"),
             Action::Transition(t) => format!("Transition({}, {})", t.uuid, t.health),
             Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
@@ -603,4 +604,110 @@ fn a_lost_probe_answer_is_retried_after_the_timeout() {
     ));
     assert_eq!(s.next_deadline(), Some(due + PROBE_TIMEOUT));
     assert!(probe(&s.fold(Input::RecoveryDue, due + PROBE_TIMEOUT)));
+}
+
+/// [`TS2`] handed out as CDI names (`cdi-cri`).
+const TS2_CDI: &str = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 2\n";
+
+/// A CDI spec index of kind `nvidia.com/gpu` naming `test_node`'s GPUs `gpus` by UUID.
+fn cdi_specs(gpus: &[u32]) -> Input {
+    let dir = PathBuf::from("/var/run/cdi");
+    let mut index = cdi::SpecIndex::new(std::slice::from_ref(&dir));
+    let spec = cdi::Spec {
+        kind: "nvidia.com/gpu".into(),
+        devices: gpus.iter().map(|&i| gpu(i)).collect(),
+    };
+    index.add(0, &dir.join("nvidia.yaml"), &spec);
+    Input::CdiSpecs(index)
+}
+
+#[test]
+fn a_cdi_name_that_does_not_resolve_holds_its_device_unhealthy() {
+    run(
+        "cdi",
+        vec![
+            step(0, discovered(test_node(2)), &[], nothing),
+            // Every published plan asks for a CDI check while a cdi-* strategy is on.
+            step(
+                0,
+                policy(TS2_CDI, true),
+                &["PolicyApplied(1)", "Publish", "CheckCdi"],
+                all_healthy_ts2,
+            ),
+            step(1, cdi_specs(&[0, 1]), &[], plan_kept),
+            // GPU 1's name is gone from the spec: Unhealthy with the reason, and checked again
+            // with the new plan.
+            step(
+                2,
+                cdi_specs(&[0]),
+                &[
+                    &format!("Transition({}, Unhealthy)", gpu(1)),
+                    "Publish",
+                    "CheckCdi",
+                ],
+                |s, _| {
+                    gpu1_down_ts2(s, &Arc::default());
+                    let reason = s.tracker.reason(&gpu(1)).unwrap();
+                    assert!(
+                        reason.contains(&format!("nvidia.com/gpu={} is not defined", gpu(1))),
+                        "{reason}"
+                    );
+                },
+            ),
+            step(3, cdi_specs(&[0]), &[], plan_kept),
+            // Back in the spec: Healthy again.
+            step(
+                4,
+                cdi_specs(&[0, 1]),
+                &[
+                    &format!("Transition({}, Healthy)", gpu(1)),
+                    "Publish",
+                    "CheckCdi",
+                ],
+                all_healthy_ts2,
+            ),
+            step(
+                5,
+                cdi_specs(&[]),
+                &[
+                    &format!("Transition({}, Unhealthy)", gpu(0)),
+                    &format!("Transition({}, Unhealthy)", gpu(1)),
+                    "Publish",
+                    "CheckCdi",
+                ],
+                nothing,
+            ),
+            // A policy without cdi-* releases the condition and asks for no more checks.
+            step(
+                6,
+                policy(TS2, false),
+                &[
+                    "PolicyApplied(2)",
+                    &format!("Transition({}, Healthy)", gpu(0)),
+                    &format!("Transition({}, Healthy)", gpu(1)),
+                    "Publish",
+                ],
+                all_healthy_ts2,
+            ),
+            // A late answer for the old policy changes nothing.
+            step(7, cdi_specs(&[]), &[], plan_kept),
+        ],
+    );
+}
+
+#[test]
+fn cdi_names_use_the_nodes_kind() {
+    let t0 = Instant::now();
+    let mut state = State::new(HealthEnv::default()).with_cdi_kind("example.com/gpu");
+    state.fold(discovered(test_node(2)), t0);
+    state.fold(policy(TS2_CDI, true), t0);
+    let res = &state.plan.resources["nvidia.com/gpu-shared"];
+    assert_eq!(res.delivery.cdi_kind, "example.com/gpu");
+    // The spec names nvidia.com/gpu devices: none of this kind resolves.
+    let got = summary(&state.fold(cdi_specs(&[0, 1]), t0));
+    assert_eq!(
+        got.iter().filter(|a| a.contains("Unhealthy")).count(),
+        2,
+        "{got:?}"
+    );
 }

@@ -1,0 +1,400 @@
+//! CDI (Container Device Interface) device names and the node's spec files.
+//!
+//! With a `cdi-*` `deviceListStrategy`, Allocate names devices the way the container runtime
+//! finds them in the node's CDI specs: `<kind>=<name>`, the kind `nvidia.com/gpu` by default
+//! (what the NVIDIA Container Toolkit ≥ 1.18 writes to `/var/run/cdi/nvidia.yaml`, naming each
+//! GPU by index and by UUID, MIG devices as `<gpu>:<mig>` and by UUID, plus `all`). slicelet
+//! never writes a spec: it references the node's, and checks that every name it is about to hand
+//! out resolves ([`unresolved`]); a device whose name does not is held Unhealthy by the
+//! [`crate::health::Tracker`] instead of starting a pod without its GPU.
+//!
+//! Rules followed, from the CDI specification and its reference registry:
+//! - A fully qualified name is `vendor/class=name`. Vendor: letters, digits, `-`, `_`, `.`,
+//!   starting with a letter and ending with a letter or digit; class: letters, digits, `-`,
+//!   `_`, the same ends; device name: letters, digits, `-`, `_`, `.`, `:`, starting and ending
+//!   with a letter or digit.
+//! - The spec directories are read in order (default `/etc/cdi`, then `/var/run/cdi`); files
+//!   directly inside them (not in subdirectories) ending in `.json` (JSON) or `.yaml` (YAML)
+//!   are specs. A name defined in a later directory overrides an earlier one; a name defined by
+//!   two spec files of one directory is a conflict, and runtimes drop the device.
+//! - A spec file is refused as a whole when it cannot be read or parsed, its `kind` is not
+//!   `vendor/class`, or a device name is invalid or listed twice.
+//!
+//! Only `kind` and `devices[].name` are read (a few serde structs); every other field is left
+//! to the runtime. [`read_specs`] is blocking file I/O and runs off the async runtime; it is
+//! bounded: each file through [`crate::policy::read_bounded`] (a regular file, at most
+//! [`MAX_SPEC_BYTES`]), at most [`MAX_SPEC_FILES`] specs per directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::plan::{Plan, VirtualDevice};
+use crate::policy::{self, DeviceIdStrategy};
+
+/// The default CDI kind device names are qualified with: the NVIDIA Container Toolkit's.
+pub const DEFAULT_KIND: &str = "nvidia.com/gpu";
+/// The default spec directories, lowest priority first (the CDI defaults).
+pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+/// The largest spec file read, bytes (a spec for 64 GPUs with MIG devices is far smaller).
+pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
+/// The most spec files read per directory; the rest are reported and skipped.
+pub const MAX_SPEC_FILES: usize = 256;
+
+/// A CDI kind, vendor or device name that breaks the CDI naming rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Not `vendor/class`, or the vendor or class has other characters or ends.
+    #[error("`{0}` is not a CDI kind `vendor/class` (vendor: letters, digits, `-`, `_`, `.`; class: letters, digits, `-`, `_`; each starting with a letter and ending with a letter or digit)")]
+    Kind(String),
+    /// A device name with other characters or ends.
+    #[error("`{0}` is not a CDI device name (letters, digits, `-`, `_`, `.`, `:`, starting and ending with a letter or digit)")]
+    Device(String),
+}
+
+fn ends_ok(s: &str, first: impl Fn(char) -> bool) -> bool {
+    s.chars().next().is_some_and(first)
+        && s.chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+/// Checks a CDI kind `vendor/class` (such as `nvidia.com/gpu`) and returns it.
+///
+/// # Errors
+/// [`NameError::Kind`] with the text.
+pub fn parse_kind(kind: &str) -> Result<String, NameError> {
+    let bad = || NameError::Kind(kind.to_string());
+    let (vendor, class) = kind.split_once('/').ok_or_else(bad)?;
+    let vendor_ok = ends_ok(vendor, |c| c.is_ascii_alphabetic())
+        && vendor
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let class_ok = ends_ok(class, |c| c.is_ascii_alphabetic())
+        && class
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+    if vendor_ok && class_ok {
+        Ok(kind.to_string())
+    } else {
+        Err(bad())
+    }
+}
+
+/// Checks a CDI device name (the part after `=`).
+///
+/// # Errors
+/// [`NameError::Device`] with the text.
+pub fn check_device_name(name: &str) -> Result<(), NameError> {
+    let ok = ends_ok(name, |c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::Device(name.to_string()))
+    }
+}
+
+/// How a device is named to the container runtime under `strategy`: its GPU or MIG UUID, or
+/// its index (`3`; `3:1` for MIG device 1 of GPU 3). A replica is named by its GPU (or MIG
+/// device): the runtime knows no replicas.
+pub fn device_id(dev: &VirtualDevice, strategy: DeviceIdStrategy) -> String {
+    match (strategy, &dev.mig) {
+        (DeviceIdStrategy::Uuid, _) => dev.gpu_uuid.clone(),
+        (DeviceIdStrategy::Index, None) => dev.gpu_index.to_string(),
+        (DeviceIdStrategy::Index, Some(m)) => format!("{}:{}", dev.gpu_index, m.index),
+    }
+}
+
+/// The fully qualified CDI name `<kind>=<id>` of a device.
+pub fn qualified_name(kind: &str, dev: &VirtualDevice, strategy: DeviceIdStrategy) -> String {
+    format!("{kind}={}", device_id(dev, strategy))
+}
+
+/// A spec file or directory that could not be used; the spec is skipped, as runtimes skip it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The file was refused before parsing or could not be read (not a regular file, too
+    /// large, not UTF-8, nested too deep, an I/O error); the message names the file.
+    #[error("{0}")]
+    Read(String),
+    /// The directory exists but could not be listed.
+    #[error("listing {}: {error}", dir.display())]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        error: String,
+    },
+    /// More spec files than [`MAX_SPEC_FILES`] in one directory.
+    #[error("{} holds more than {MAX_SPEC_FILES} spec files; the rest are not read", dir.display())]
+    TooMany {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// Not a CDI spec slicelet can read.
+    #[error("{}: {error}", file.display())]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong (parser message or naming rule).
+        error: String,
+    },
+}
+
+/// The part of a CDI spec file slicelet reads.
+#[derive(Debug, Deserialize)]
+struct SpecFile {
+    kind: String,
+    #[serde(default)]
+    devices: Vec<SpecDevice>,
+}
+
+/// One `devices[]` entry: only its name.
+#[derive(Debug, Deserialize)]
+struct SpecDevice {
+    name: String,
+}
+
+/// One parsed spec: its kind and device names (unqualified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// `vendor/class`.
+    pub kind: String,
+    /// The device names, in file order.
+    pub devices: Vec<String>,
+}
+
+/// Parses the text of spec file `file`: JSON when its name ends in `.json`, YAML otherwise.
+///
+/// # Errors
+/// [`SpecError::Invalid`] naming the file: a parse error, an invalid kind or device name, or a
+/// device name listed twice.
+pub fn parse_spec(file: &Path, text: &str) -> Result<Spec, SpecError> {
+    let invalid = |error: String| SpecError::Invalid {
+        file: file.to_path_buf(),
+        error,
+    };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let parsed: SpecFile = if file.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?
+    } else {
+        yaml_serde::from_str(text).map_err(|e| invalid(e.to_string()))?
+    };
+    let kind = parse_kind(&parsed.kind).map_err(|e| invalid(format!("kind: {e}")))?;
+    let mut seen = BTreeSet::new();
+    let mut devices = Vec::with_capacity(parsed.devices.len());
+    for (i, d) in parsed.devices.into_iter().enumerate() {
+        check_device_name(&d.name).map_err(|e| invalid(format!("devices[{i}].name: {e}")))?;
+        if !seen.insert(d.name.clone()) {
+            return Err(invalid(format!(
+                "devices[{i}].name: `{}` is defined twice in this spec",
+                d.name
+            )));
+        }
+        devices.push(d.name);
+    }
+    Ok(Spec { kind, devices })
+}
+
+/// Where one name is defined: the directory's position in the list and the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Definition {
+    dir: usize,
+    file: PathBuf,
+}
+
+/// A CDI name the runtime would not resolve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    /// No readable spec defines it.
+    #[error("CDI device {name} is not defined by any spec in {dirs}{notes}")]
+    Missing {
+        /// The qualified name.
+        name: String,
+        /// The spec directories, comma-separated.
+        dirs: String,
+        /// `` or `` (N spec files could not be read: first error)``.
+        notes: String,
+    },
+    /// Two spec files of the directory that decides it define it.
+    #[error("CDI device {name} is defined by both {first} and {second}; runtimes drop a device that two specs of one directory define")]
+    Conflict {
+        /// The qualified name.
+        name: String,
+        /// One file.
+        first: String,
+        /// Another file of the same directory.
+        second: String,
+    },
+}
+
+/// Every device name the node's CDI specs define, and the specs that could not be used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecIndex {
+    /// The spec directories, lowest priority first.
+    pub dirs: Vec<PathBuf>,
+    /// Qualified name → its definitions.
+    names: BTreeMap<String, Vec<Definition>>,
+    /// Specs skipped, and why.
+    pub errors: Vec<SpecError>,
+    /// How many spec files were read.
+    pub files: usize,
+}
+
+impl SpecIndex {
+    /// An empty index over `dirs` (lowest priority first).
+    pub fn new(dirs: &[PathBuf]) -> Self {
+        SpecIndex {
+            dirs: dirs.to_vec(),
+            ..SpecIndex::default()
+        }
+    }
+
+    /// Records `spec`, read from `file` in the directory at position `dir` of [`Self::dirs`].
+    pub fn add(&mut self, dir: usize, file: &Path, spec: &Spec) {
+        self.files += 1;
+        for d in &spec.devices {
+            self.names
+                .entry(format!("{}={d}", spec.kind))
+                .or_default()
+                .push(Definition {
+                    dir,
+                    file: file.to_path_buf(),
+                });
+        }
+    }
+
+    /// The spec file that defines `name` (a fully qualified `kind=name`), as the runtime
+    /// resolves it: the definition of the last directory that has one, unless two files of
+    /// that directory define it.
+    ///
+    /// # Errors
+    /// [`Unresolved`] naming the device: undefined, or defined twice in one directory.
+    pub fn resolve(&self, name: &str) -> Result<&Path, Unresolved> {
+        let defs = self.names.get(name).map(Vec::as_slice).unwrap_or_default();
+        let Some(top) = defs.iter().map(|d| d.dir).max() else {
+            let notes = match self.errors.first() {
+                Some(e) => format!(
+                    " ({} spec {} could not be used: {e})",
+                    self.errors.len(),
+                    if self.errors.len() == 1 {
+                        "file or directory"
+                    } else {
+                        "files or directories"
+                    }
+                ),
+                None if self.files == 0 => " (no spec files there)".to_string(),
+                None => String::new(),
+            };
+            return Err(Unresolved::Missing {
+                name: name.to_string(),
+                dirs: self
+                    .dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                notes,
+            });
+        };
+        let mut winners = defs.iter().filter(|d| d.dir == top);
+        let first = winners.next().expect("top is some definition's directory");
+        match winners.next() {
+            None => Ok(&first.file),
+            Some(second) => Err(Unresolved::Conflict {
+                name: name.to_string(),
+                first: first.file.display().to_string(),
+                second: second.file.display().to_string(),
+            }),
+        }
+    }
+}
+
+/// Reads every spec in `dirs` (lowest priority first). Blocking: run it off the async runtime.
+/// A directory that does not exist holds no specs (as for runtimes); everything else that
+/// cannot be used is in [`SpecIndex::errors`].
+pub fn read_specs(dirs: &[PathBuf]) -> SpecIndex {
+    let mut index = SpecIndex::new(dirs);
+    let limits = policy::Limits {
+        max_bytes: MAX_SPEC_BYTES,
+        ..policy::Limits::default()
+    };
+    for (pos, dir) in dirs.iter().enumerate() {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                index.errors.push(SpecError::Dir {
+                    dir: dir.clone(),
+                    error: e.to_string(),
+                });
+                continue;
+            }
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json" || e == "yaml"))
+            .collect();
+        files.sort();
+        if files.len() > MAX_SPEC_FILES {
+            index.errors.push(SpecError::TooMany { dir: dir.clone() });
+            files.truncate(MAX_SPEC_FILES);
+        }
+        for file in files {
+            // A subdirectory named `x.yaml` is not a spec (runtimes skip subdirectories).
+            if std::fs::metadata(&file).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
+            let spec = policy::read_bounded(&file, &limits)
+                .map_err(|e| SpecError::Read(crate::errors::chain(&e)))
+                .and_then(|text| parse_spec(&file, &text));
+            match spec {
+                Ok(spec) => index.add(pos, &file, &spec),
+                Err(e) => index.errors.push(e),
+            }
+        }
+    }
+    index
+}
+
+/// An index whose specs could not be read at all (the read failed or took too long): every
+/// name is missing, with `error` as the note.
+pub fn unreadable(dirs: &[PathBuf], error: String) -> SpecIndex {
+    let mut index = SpecIndex::new(dirs);
+    index.errors.push(SpecError::Read(error));
+    index
+}
+
+/// The physical devices (GPU or MIG UUID) of `plan`'s CDI-delivered resources whose CDI name
+/// does not resolve in `index`, each with the reason (the [`Unresolved`] message). Resources
+/// whose `deviceListStrategy` has no `cdi-*` value are not checked.
+pub fn unresolved(plan: &Plan, index: &SpecIndex) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for res in plan.resources.values() {
+        let d = &res.delivery;
+        if !d.strategies.uses_cdi() {
+            continue;
+        }
+        let mut last: Option<&str> = None;
+        for dev in &res.devices {
+            // Devices come grouped by physical unit; check each unit once.
+            if last == Some(dev.gpu_uuid.as_str()) || out.contains_key(&dev.gpu_uuid) {
+                continue;
+            }
+            last = Some(&dev.gpu_uuid);
+            let name = qualified_name(&d.cdi_kind, dev, d.id);
+            if let Err(e) = index.resolve(&name) {
+                out.insert(dev.gpu_uuid.clone(), e.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,306 @@
+use super::*;
+use crate::inventory::test_node;
+use crate::plan::build;
+use crate::policy::parse;
+
+fn uuid(i: u32) -> String {
+    format!("GPU-{i:08}-0000-0000-0000-000000000000")
+}
+
+/// A YAML spec of kind `kind` naming `names`.
+fn yaml_spec(kind: &str, names: &[&str]) -> String {
+    let mut s = format!("cdiVersion: 0.5.0\nkind: {kind}\ndevices:\n");
+    for n in names {
+        s.push_str(&format!(
+            "  - name: \"{n}\"\n    containerEdits:\n      deviceNodes:\n        - path: /dev/nvidia0\n"
+        ));
+    }
+    s.push_str("containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n");
+    s
+}
+
+fn write(dir: &Path, file: &str, text: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(file), text).unwrap();
+}
+
+#[test]
+fn kinds_and_device_names_follow_the_cdi_rules() {
+    for ok in [
+        "nvidia.com/gpu",
+        "k8s.device-plugin.nvidia.com/gpu",
+        "a/b",
+        "x_y.z/g-p_u",
+    ] {
+        assert_eq!(parse_kind(ok).as_deref(), Ok(ok), "{ok}");
+    }
+    for bad in [
+        "",
+        "nvidia.com",
+        "nvidia.com/",
+        "/gpu",
+        "1nvidia.com/gpu",
+        "nvidia.com/gpu.x",
+        "nvidia.com/gpu/x",
+        "nvidia.com-/gpu",
+        "nvidia .com/gpu",
+    ] {
+        assert!(parse_kind(bad).is_err(), "{bad:?}");
+    }
+    for ok in [
+        "0",
+        "3:1",
+        "all",
+        "GPU-00000000-0000-0000-0000-000000000000",
+        "a.b_c",
+    ] {
+        assert!(check_device_name(ok).is_ok(), "{ok}");
+    }
+    for bad in ["", ":0", "0:", "a b", "a/b", "a=b", "-a"] {
+        assert!(check_device_name(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn yaml_and_json_specs_are_read_for_kind_and_names_only() {
+    let y = parse_spec(
+        Path::new("/x/nvidia.yaml"),
+        &yaml_spec("nvidia.com/gpu", &["0", "all"]),
+    )
+    .unwrap();
+    assert_eq!(y.kind, "nvidia.com/gpu");
+    assert_eq!(y.devices, vec!["0", "all"]);
+    let json = r#"{"cdiVersion":"0.6.0","kind":"example.com/gpu","devices":[{"name":"1","containerEdits":{"env":["A=1"]}}],"containerEdits":{}}"#;
+    let j = parse_spec(Path::new("/x/other.json"), json).unwrap();
+    assert_eq!(
+        j,
+        Spec {
+            kind: "example.com/gpu".into(),
+            devices: vec!["1".into()]
+        }
+    );
+    // A .json file is parsed as JSON: YAML-only syntax is refused.
+    assert!(parse_spec(Path::new("/x/a.json"), "kind: a/b\n").is_err());
+    // Spec-level errors name the file and the field.
+    let e = parse_spec(
+        Path::new("/x/a.yaml"),
+        &yaml_spec("nvidia.com/gpu", &["0", "0"]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("/x/a.yaml") && e.contains("devices[1].name") && e.contains("twice"),
+        "{e}"
+    );
+    let e = parse_spec(Path::new("/x/a.yaml"), &yaml_spec("nvidia.com", &["0"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kind:"), "{e}");
+    let e = parse_spec(
+        Path::new("/x/a.yaml"),
+        &yaml_spec("nvidia.com/gpu", &["a b"]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("devices[0].name"), "{e}");
+    assert!(parse_spec(Path::new("/x/a.yaml"), "devices: []\n").is_err());
+}
+
+#[test]
+fn resolution_present_missing_and_two_files_of_one_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etc = tmp.path().join("etc-cdi");
+    let run = tmp.path().join("run-cdi");
+    write(
+        &run,
+        "nvidia.yaml",
+        &yaml_spec("nvidia.com/gpu", &["0", "1", "all"]),
+    );
+    write(
+        &run,
+        "extra.json",
+        r#"{"cdiVersion":"0.6.0","kind":"nvidia.com/gpu","devices":[{"name":"1"},{"name":"2"}]}"#,
+    );
+    // Not specs: other extensions, a subdirectory, a FIFO-free unreadable entry.
+    write(
+        &run,
+        "notes.txt",
+        "kind: nvidia.com/gpu\ndevices:\n  - name: \"7\"\n",
+    );
+    std::fs::create_dir_all(run.join("sub.yaml")).unwrap();
+    write(
+        &run.join("sub"),
+        "deep.yaml",
+        &yaml_spec("nvidia.com/gpu", &["8"]),
+    );
+    let index = read_specs(&[etc.clone(), run.clone()]);
+    assert_eq!(index.files, 2, "{index:?}");
+    assert!(index.errors.is_empty(), "{:?}", index.errors);
+    assert_eq!(
+        index.resolve("nvidia.com/gpu=0").unwrap(),
+        run.join("nvidia.yaml")
+    );
+    assert_eq!(
+        index.resolve("nvidia.com/gpu=2").unwrap(),
+        run.join("extra.json")
+    );
+    // Defined by two files of one directory: runtimes drop it.
+    let e = index.resolve("nvidia.com/gpu=1").unwrap_err();
+    assert!(matches!(e, Unresolved::Conflict { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("extra.json") && msg.contains("nvidia.yaml") && msg.contains("drop"),
+        "{msg}"
+    );
+    for missing in ["nvidia.com/gpu=7", "nvidia.com/gpu=8", "other.com/gpu=0"] {
+        let e = index.resolve(missing).unwrap_err();
+        assert!(matches!(e, Unresolved::Missing { .. }), "{missing}: {e}");
+        assert!(e.to_string().contains(&run.display().to_string()), "{e}");
+    }
+
+    // The same name in a later directory overrides an earlier one: no conflict.
+    write(
+        &etc,
+        "nvidia.yaml",
+        &yaml_spec("nvidia.com/gpu", &["0", "5"]),
+    );
+    let index = read_specs(&[etc.clone(), run.clone()]);
+    assert_eq!(
+        index.resolve("nvidia.com/gpu=0").unwrap(),
+        run.join("nvidia.yaml")
+    );
+    assert_eq!(
+        index.resolve("nvidia.com/gpu=5").unwrap(),
+        etc.join("nvidia.yaml")
+    );
+}
+
+#[test]
+fn unusable_specs_are_skipped_and_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    write(&dir, "good.yaml", &yaml_spec("nvidia.com/gpu", &["0"]));
+    write(&dir, "broken.yaml", "kind: [unclosed\n");
+    write(&dir, "big.json", &" ".repeat(MAX_SPEC_BYTES as usize + 1));
+    std::os::unix::net::UnixListener::bind(dir.join("sock.yaml")).unwrap();
+    let index = read_specs(std::slice::from_ref(&dir));
+    assert_eq!(index.files, 1);
+    let errors: Vec<String> = index.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("broken.yaml")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("big.json") && e.contains("larger")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("sock.yaml") && e.contains("not a regular file")),
+        "{errors:?}"
+    );
+    assert!(index.resolve("nvidia.com/gpu=0").is_ok());
+    // A missing name's reason mentions the skipped specs.
+    let e = index.resolve("nvidia.com/gpu=1").unwrap_err().to_string();
+    assert!(
+        e.contains("3 spec files or directories could not be used"),
+        "{e}"
+    );
+    // No directory at all: nothing resolves, and the reason says there were no specs.
+    let none = read_specs(&[tmp.path().join("absent")]);
+    assert!(none.errors.is_empty());
+    let e = none.resolve("nvidia.com/gpu=0").unwrap_err().to_string();
+    assert!(e.contains("no spec files there"), "{e}");
+}
+
+#[test]
+fn unresolved_checks_the_names_allocate_hands_out() {
+    let node = test_node(4);
+    let policy = |strategy: &str, ids: &str| {
+        parse(&format!(
+            "flags:\n  plugin:\n    deviceListStrategy: {strategy}\n    deviceIDStrategy: {ids}\nsharing:\n  timeSlicing:\n    resources:\n      - name: gpu\n        replicas: 4\n"
+        ))
+        .unwrap()
+    };
+    let mut index = SpecIndex::new(&[PathBuf::from("/var/run/cdi")]);
+    let spec = Spec {
+        kind: "nvidia.com/gpu".into(),
+        devices: vec![uuid(0), uuid(1), uuid(2), "0".into(), "1".into()],
+    };
+    index.add(0, Path::new("/var/run/cdi/nvidia.yaml"), &spec);
+    let plan = build(&policy("cdi-cri", "uuid"), &node).unwrap().plan;
+    let got = unresolved(&plan, &index);
+    assert_eq!(got.keys().cloned().collect::<Vec<_>>(), vec![uuid(3)]);
+    assert!(
+        got[&uuid(3)].contains(&format!("nvidia.com/gpu={}", uuid(3))),
+        "{got:?}"
+    );
+    // By index: GPUs 2 and 3 are not named by index.
+    let plan = build(&policy("[envvar, cdi-annotations]", "index"), &node)
+        .unwrap()
+        .plan;
+    let got = unresolved(&plan, &index);
+    assert_eq!(
+        got.keys().cloned().collect::<Vec<_>>(),
+        vec![uuid(2), uuid(3)]
+    );
+    assert!(got[&uuid(2)].contains("nvidia.com/gpu=2 "), "{got:?}");
+    // Without a cdi-* strategy nothing is checked.
+    let plan = build(&policy("volume-mounts", "uuid"), &node).unwrap().plan;
+    assert!(unresolved(&plan, &SpecIndex::default()).is_empty());
+    // Another kind (--cdi-kind).
+    let mut p = policy("cdi-cri", "uuid");
+    p.delivery = p.delivery.with_cdi_kind("example.com/gpu");
+    let plan = build(&p, &node).unwrap().plan;
+    assert_eq!(unresolved(&plan, &index).len(), 4);
+}
+
+#[test]
+fn mig_devices_are_named_gpu_colon_mig_by_index() {
+    let mut node = test_node(2);
+    node.gpus[1].mig_enabled = true;
+    node.gpus[1].mig_devices = crate::inventory::test_mig(1, &[("1g.10gb", 2)]);
+    let p = parse("flags:\n  migStrategy: mixed\n  plugin:\n    deviceListStrategy: cdi-cri\n    deviceIDStrategy: index\n").unwrap();
+    let plan = build(&p, &node).unwrap().plan;
+    let res = &plan.resources["nvidia.com/mig-1g.10gb"];
+    let names: Vec<String> = res
+        .devices
+        .iter()
+        .map(|d| qualified_name(&res.delivery.cdi_kind, d, res.delivery.id))
+        .collect();
+    assert_eq!(names, vec!["nvidia.com/gpu=1:0", "nvidia.com/gpu=1:1"]);
+    let mut index = SpecIndex::new(&[PathBuf::from("/var/run/cdi")]);
+    let spec = Spec {
+        kind: "nvidia.com/gpu".into(),
+        devices: vec!["0".into(), "1:1".into()],
+    };
+    index.add(0, Path::new("/var/run/cdi/nvidia.yaml"), &spec);
+    let got = unresolved(&plan, &index);
+    let mig0 = node.gpus[1].mig_devices[0].uuid.clone();
+    assert_eq!(got.keys().cloned().collect::<Vec<_>>(), vec![mig0]);
+}
+
+#[test]
+fn at_most_max_spec_files_are_read_per_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    for i in 0..=MAX_SPEC_FILES {
+        write(
+            &dir,
+            &format!("{i:04}.yaml"),
+            &yaml_spec("nvidia.com/gpu", &[&i.to_string()]),
+        );
+    }
+    let index = read_specs(std::slice::from_ref(&dir));
+    assert_eq!(index.files, MAX_SPEC_FILES);
+    assert_eq!(index.errors, vec![SpecError::TooMany { dir: dir.clone() }]);
+    // Read in name order: the last file is the one left out.
+    assert!(index.resolve("nvidia.com/gpu=0").is_ok());
+    assert!(index
+        .resolve(&format!("nvidia.com/gpu={MAX_SPEC_FILES}"))
+        .is_err());
+}
