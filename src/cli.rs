@@ -36,6 +36,8 @@ pub enum LogFormat {
 }
 
 /// Subcommands.
+// Parsed once at start and moved into the daemon: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the device plugin: register with the kubelet and serve every resource.
