@@ -109,7 +109,8 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
     Ok(out)
 }
 
-/// `slicelet plan`: the plan for this node as a table or JSON.
+/// `slicelet plan`: the plan for this node as a table or JSON (the JSON carries the same
+/// warnings as the table's `# warning:` lines, in `"warnings"`).
 ///
 /// # Errors
 /// [`CommandError`] for an invalid policy, a node that cannot be discovered, or a plan that
@@ -125,6 +126,7 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     })?;
     let mut view = built.plan.view();
     view.links = inv.link_views();
+    view.warnings.clone_from(&built.warnings);
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")
