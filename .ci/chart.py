@@ -15,8 +15,8 @@ OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the render
 merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
 MPS root mounted only when MPS is on, hostPID only in-process, every volume mounted and every
 mount backed by a volume, no subPath, the NFD and CDI paths, the namespace and its Pod Security
-label. Then it checks that bad values are refused with a message naming them. Exit 1 on any
-failure.
+label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
+message naming them. Exit 1 on any failure.
 """
 
 from __future__ import annotations
@@ -260,6 +260,10 @@ def main() -> int:
         for name, values in examples:
             merged = loaded.merge_values(values)
             covered |= {f for f, on in FEATURES.items() if on(merged)}
+            # `helm lint --strict`: warnings (severity 2) and errors (3) fail.
+            report = helm.lint(chart, values, strict=True, kube_version=f"v{versions[-1]}")
+            failures += [f"{name}: helm lint: {m['path']}: {m['error']}"
+                         for m in report["messages"] if m["severity"] >= 2]
             for version in versions:
                 try:
                     manifest = render(chart, values, version)
