@@ -170,7 +170,7 @@ pub struct ValidateArgs {
     /// Refuse what slicelet would otherwise serve with a warning by reading it as NVIDIA's
     /// plugin does (a time-slicing entry with devices and no rename that would split a
     /// resource name).
-    #[arg(long)]
+    #[arg(long, env = "SLICELET_VALIDATE_STRICT")]
     pub strict: bool,
     /// CDI names and specs (checked with a cdi-* deviceListStrategy).
     #[command(flatten)]
@@ -272,7 +272,8 @@ pub struct PlanArgs {
 pub enum OutputFormat {
     /// One line per resource, then its devices.
     Table,
-    /// `{"resources":[{"name","strategy","replicas","devices":[{"id","gpu","health"}]}]}`.
+    /// `{"resources":[{"name","strategy","replicas","devices":[{"id","gpu","health"}]}],
+    /// "warnings":[…]}`.
     Json,
 }
 
@@ -392,5 +393,44 @@ impl RunArgs {
         s.nfd_features_file = self.nfd_features_file.clone();
         self.cdi.apply(&mut s);
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag of every subcommand can come from the environment (a DaemonSet configures
+    /// slicelet through `env:`; the chart sets nothing on the command line but `run`/`mps`).
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_positional() {
+                    continue;
+                }
+                if arg.get_env().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_long().unwrap_or(id)));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let cmd = super::Cli::command();
+        let mut missing = Vec::new();
+        walk(&cmd, "slicelet", &mut missing);
+        assert!(missing.is_empty(), "flags without env: {missing:?}");
+        // The walk reaches every subcommand's flags (not only the global ones).
+        let plan = cmd.find_subcommand("plan").unwrap();
+        let output = plan
+            .get_arguments()
+            .find(|a| a.get_long() == Some("output"))
+            .unwrap();
+        assert_eq!(
+            output.get_env().and_then(|e| e.to_str()),
+            Some("SLICELET_OUTPUT")
+        );
     }
 }

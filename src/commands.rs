@@ -269,7 +269,8 @@ fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
     out
 }
 
-/// `slicelet plan`: the plan for this node as a table or JSON.
+/// `slicelet plan`: the plan for this node as a table or JSON (the JSON carries the same
+/// warnings as the table's `# warning:` lines, in `"warnings"`).
 ///
 /// # Errors
 /// [`CommandError`] for an invalid policy, a node that cannot be discovered, or a plan that
@@ -285,6 +286,7 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     })?;
     let mut view = built.plan.view();
     view.links = inv.link_views();
+    view.warnings.clone_from(&built.warnings);
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")

@@ -447,6 +447,7 @@ impl Plan {
     pub fn view(&self) -> PlanView {
         PlanView {
             links: Vec::new(),
+            warnings: Vec::new(),
             resources: self
                 .resources
                 .values()
@@ -472,11 +473,15 @@ impl Plan {
     }
 }
 
-/// Serialisable view of a plan: `{"resources":[{"name","strategy","replicas","devices":[…]}]}`.
+/// Serialisable view of a plan:
+/// `{"resources":[{"name","strategy","replicas","devices":[…]}],"warnings":[…]}`.
 #[derive(Debug, Serialize)]
 pub struct PlanView {
     /// Resources sorted by name.
     pub resources: Vec<ResourceView>,
+    /// The node-dependent warnings of [`Built::warnings`] (`slicelet plan` fills them; always
+    /// present, `[]` when there are none, so a script can test its length).
+    pub warnings: Vec<String>,
     /// Every GPU pair and how it is connected (`slicelet plan` fills it from the inventory;
     /// absent with fewer than two GPUs).
     #[serde(skip_serializing_if = "Vec::is_empty")]

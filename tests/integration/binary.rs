@@ -128,8 +128,46 @@ async fn plan_json_has_the_documented_shape() {
         "strategy": "time-slicing",
         "replicas": 4,
         "devices": (0..4).map(|n| serde_json::json!({"id": format!("{uuid}::{n}"), "gpu": uuid, "health": "Healthy"})).collect::<Vec<_>>(),
-    }]});
+    }], "warnings": []});
     assert_eq!(v, want);
+}
+
+#[tokio::test]
+async fn plan_json_carries_the_warnings_the_table_prints() {
+    // GPU 3 is not on a 1-GPU node: a warning, not an error (one ConfigMap serves a fleet).
+    let node = Node::new(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        devices: [0, 3]\n        replicas: 2\n",
+    );
+    let sim = node_file("l4-x1.yaml");
+    let plan = |output: &'static str| {
+        let policy = node.policy();
+        let sim = sim.clone();
+        async move {
+            // --output from the environment, as a DaemonSet or CI job would set it.
+            let out = slicelet()
+                .args(["plan", "--config", policy.to_str().unwrap()])
+                .args(["--simulate", sim.to_str().unwrap()])
+                .env("SLICELET_OUTPUT", output)
+                .output()
+                .await
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            text(&out.stdout)
+        }
+    };
+    let table: Vec<String> = plan("table")
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("# warning: ").map(str::to_string))
+        .collect();
+    assert_eq!(table.len(), 1, "{table:?}");
+    assert!(
+        table[0].contains("sharing.timeSlicing.resources[0]"),
+        "{table:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&plan("json").await).unwrap();
+    assert_eq!(v["warnings"], serde_json::json!(table));
+    assert_eq!(v["resources"][0]["replicas"], 2);
 }
 
 pub(crate) fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {

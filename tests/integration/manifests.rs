@@ -181,13 +181,188 @@ fn mps_overlay_splits_the_daemons_into_their_own_daemonset() {
         .iter()
         .any(|m| m["mountPath"] == "/etc/slicelet" && m.get("subPath").is_none()));
     assert_eq!(spec["hostPID"], true);
-    // The base DaemonSet mounts the same MPS root (the pipe directories Allocate mounts).
+    // The plugin mounts the same MPS root (the daemons' pipe directories, health-checked).
+    assert_eq!(
+        added_mount_paths(&k, "slicelet"),
+        [p.mps_root.to_str().unwrap()]
+    );
+}
+
+/// The mountPaths an overlay's DaemonSet patch adds, in order.
+fn added_mount_paths(kustomization: &serde_json::Value, daemonset: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for patch in kustomization["patches"].as_array().unwrap() {
+        if patch["target"]["kind"] != "DaemonSet" || patch["target"]["name"] != daemonset {
+            continue;
+        }
+        let ops: serde_json::Value =
+            yaml_serde::from_str(patch["patch"].as_str().unwrap()).unwrap();
+        for op in ops.as_array().unwrap() {
+            if op["path"] == "/spec/template/spec/containers/0/volumeMounts/-" {
+                paths.push(op["value"]["mountPath"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    paths
+}
+
+/// Node affinity terms as `key` strings, one per term.
+fn affinity_keys(affinity: &serde_json::Value) -> Vec<String> {
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let e = &t["matchExpressions"][0];
+            assert_eq!(
+                (&e["operator"], &e["values"]),
+                (&"In".into(), &serde_json::json!(["true"]))
+            );
+            e["key"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+const GPU_NODE_LABELS: [&str; 4] = [
+    "nvidia.com/gpu.present",
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+];
+
+#[test]
+fn base_namespace_enforces_privileged_and_mps_root_is_mounted_only_with_mps() {
+    let ns = yaml(&repo().join("manifests/base/namespace.yaml"));
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    let ds = yaml(&repo().join("manifests/base/daemonset.yaml"));
+    let spec = &ds["spec"]["template"]["spec"];
+    let paths: Vec<&str> = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/var/lib/kubelet/device-plugins", "/etc/slicelet"]);
+    assert!(spec.get("hostPID").is_none());
+    let mps_root = policy::Policy::default().mps_root;
+    for overlay in ["mps", "mps-in-process"] {
+        let k = yaml(&repo().join(format!("manifests/overlays/{overlay}/kustomization.yaml")));
+        assert!(
+            added_mount_paths(&k, "slicelet").contains(&mps_root.display().to_string()),
+            "overlays/{overlay} mounts {}",
+            mps_root.display()
+        );
+    }
+    // Both DaemonSets select GPU nodes by GFD's label or any of NFD's NVIDIA PCI labels.
+    assert_eq!(affinity_keys(&spec["affinity"]), GPU_NODE_LABELS);
+    let mps = yaml(&repo().join("manifests/overlays/mps/mps-daemonset.yaml"));
+    assert_eq!(
+        affinity_keys(&mps["spec"]["template"]["spec"]["affinity"]),
+        GPU_NODE_LABELS
+    );
+}
+
+#[test]
+fn simulated_overlay_puts_its_node_configmap_in_the_namespace() {
+    // The overlay's own resources get the namespace only from its own kustomization.
+    let base = yaml(&repo().join("manifests/base/kustomization.yaml"));
+    let k = yaml(&repo().join("manifests/overlays/simulated/kustomization.yaml"));
+    assert_eq!(k["namespace"], base["namespace"]);
+    assert!(k["resources"]
+        .as_array()
+        .unwrap()
+        .contains(&"node-configmap.yaml".into()));
+}
+
+const CHART: &str = "deployments/helm/slicelet";
+
+/// values.yaml, or a ci/ example merged over it the way Helm coalesces values (maps merged
+/// key by key, a null deletes the key, anything else replaces).
+fn chart_values(example: Option<&Path>) -> serde_json::Value {
+    fn merge(base: &mut serde_json::Value, over: &serde_json::Value) {
+        match (base, over) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+                for (k, v) in o {
+                    if v.is_null() {
+                        b.remove(k);
+                    } else if let Some(slot) = b.get_mut(k) {
+                        merge(slot, v);
+                    } else {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            (b, o) => *b = o.clone(),
+        }
+    }
+    let mut v = yaml(&repo().join(CHART).join("values.yaml"));
+    if let Some(e) = example {
+        merge(&mut v, &yaml(e));
+    }
+    v
+}
+
+#[test]
+fn chart_ships_the_example_policy_and_node_and_the_base_scheduling() {
+    let chart = repo().join(CHART);
+    assert_eq!(
+        read(&chart.join("files/policy.yaml")),
+        read(&repo().join("config/policy.yaml")),
+        "the chart's default config is config/policy.yaml"
+    );
+    assert_eq!(
+        read(&chart.join("files/simulated-node.yaml")),
+        read(&node_file("h100-80gb-x8.yaml"))
+    );
+    let v = chart_values(None);
     let base = yaml(&repo().join("manifests/base/daemonset.yaml"));
+    let spec = &base["spec"]["template"]["spec"];
+    assert_eq!(v["affinity"], spec["affinity"]);
+    assert_eq!(affinity_keys(&v["affinity"]), GPU_NODE_LABELS);
+    assert_eq!(v["tolerations"], spec["tolerations"]);
+    assert_eq!(v["priorityClassName"], spec["priorityClassName"]);
+    let c = &spec["containers"][0];
+    assert_eq!(v["resources"], c["resources"]);
+    assert_eq!(
+        v["mps"]["root"],
+        policy::Policy::default().mps_root.to_str().unwrap()
+    );
+}
+
+#[test]
+fn chart_example_configs_are_valid_and_plan() {
+    let nodes = [h100(), {
+        let f = node_file("h100-80gb-x8-mig-mixed.yaml");
+        simulated::parse(&f, &read(&f)).unwrap()
+    }];
+    let mut checked = 0;
+    let mut examples: Vec<_> = std::fs::read_dir(repo().join(CHART).join("ci"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    examples.sort();
+    for example in &examples {
+        let v = chart_values(Some(example));
+        for (name, text) in v["config"]["map"].as_object().unwrap() {
+            let at = format!("{}: config.map.{name}", example.display());
+            let p = policy::parse(text.as_str().unwrap()).unwrap_or_else(|e| panic!("{at}: {e}"));
+            for node in &nodes {
+                plan::build(&p, node).unwrap_or_else(|e| panic!("{at}: {e}"));
+            }
+            if !p.mps.resources.is_empty() {
+                // The chart mounts mps.root; the daemons live under the policy's mpsRoot.
+                assert_eq!(v["mps"]["root"], p.mps_root.to_str().unwrap(), "{at}");
+                assert_ne!(v["mps"]["mode"], "none", "{at}: MPS entries need mps.mode");
+            }
+            checked += 1;
+        }
+    }
     assert!(
-        base["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["mountPath"] == p.mps_root.to_str().unwrap())
+        checked >= 7,
+        "{checked} configs in {} examples",
+        examples.len()
     );
 }

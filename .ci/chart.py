@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Renders the Helm chart with Helm's own code and checks what its values promise.
+
+Usage: chart.py CHART_DIR OUT_DIR KUBE_VERSION...
+
+helm-python-sdk (PyPI) embeds Helm v4's Go SDK (libhelm_c); no helm binary is involved. A
+client-side dry-run install is the code path `helm template` runs: values coalesced with the
+chart's defaults, values.schema.json, the chart's kubeVersion constraint, the template engine,
+manifests sorted in install order, NOTES.txt left out. The public Config.install() takes no
+kube_version, so the call goes through the binding's own native entry point with the options
+the library accepts (helm-python-sdk is pinned in .ci/run).
+
+For the default values and every CHART_DIR/ci/*.yaml, and each KUBE_VERSION (1.34.0), it writes
+OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the rendering against the
+merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
+MPS root mounted only when MPS is on, hostPID only in-process, every volume mounted and every
+mount backed by a volume, no subPath, the NFD and CDI paths, the namespace and its Pod Security
+label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
+message naming them. Exit 1 on any failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+import helm_python as helm
+import yaml
+from helm_python import _native
+
+# Never a cluster: a client-side dry run needs none; make sure none is found either.
+os.environ["KUBECONFIG"] = os.devnull
+
+RELEASE = "slicelet"
+RELEASE_NAMESPACE = "default"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> str:
+    """The manifest `helm template RELEASE CHART -f values --kube-version V` prints."""
+    cfg = helm.Config(storage_driver="memory", namespace=RELEASE_NAMESPACE)
+    try:
+        opts = {
+            "namespace": RELEASE_NAMESPACE,
+            "dry_run": "client",
+            "kube_version": f"v{kube_version}",
+        }
+        handle, ref = cfg._chart_args(str(chart))
+        payload = _native.call_string(
+            "helm_install",
+            cfg._raw(),
+            cfg._context_arg(None),
+            handle,
+            ref,
+            RELEASE,
+            json.dumps(values),
+            json.dumps(opts),
+        )
+    finally:
+        cfg.close()
+    return json.loads(payload)["manifest"]
+
+
+class Checks:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures: list[str] = []
+
+    def that(self, ok: bool, what: str) -> None:
+        if not ok:
+            self.failures.append(f"{self.name}: {what}")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]:
+    """Checks one rendering against the merged values `v`."""
+    c = Checks(name)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    namespace = v["namespace"]["name"] or RELEASE_NAMESPACE
+    mps = v["mps"]["mode"]
+    label_selection = bool(v["config"]["nodeLabel"]["enabled"])
+
+    for d in docs:
+        ns = d["metadata"].get("namespace")
+        if d["kind"] in CLUSTER_SCOPED:
+            c.that(ns is None, f"{d['kind']} {d['metadata']['name']} is cluster-scoped")
+        else:
+            c.that(ns == namespace, f"{d['kind']} {d['metadata']['name']} in {ns}, not {namespace}")
+
+    namespaces = by_kind.get("Namespace", [])
+    if v["namespace"]["create"]:
+        c.that(len(namespaces) == 1 and namespaces[0]["metadata"]["name"] == namespace,
+               f"one Namespace {namespace}")
+        for n in namespaces:
+            c.that(n["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "privileged",
+                   "the Namespace enforces Pod Security `privileged`")
+    else:
+        c.that(not namespaces, "namespace.create false: no Namespace")
+
+    roles = by_kind.get("ClusterRole", []) + by_kind.get("Role", [])
+    bindings = by_kind.get("ClusterRoleBinding", []) + by_kind.get("RoleBinding", [])
+    if label_selection:
+        c.that(len(roles) == 1 and len(bindings) == 1, "one ClusterRole and its binding")
+        for r in roles:
+            c.that(r["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                                   "verbs": ["get", "list", "watch"]}],
+                   f"ClusterRole: get/list/watch on nodes only, not {r['rules']}")
+        for b in bindings:
+            c.that(b["roleRef"]["name"] == roles[0]["metadata"]["name"], "binding names the role")
+            c.that(b["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": namespace}],
+                   f"binding's subject is the ServiceAccount, not {b['subjects']}")
+    else:
+        c.that(not roles and not bindings, "no RBAC without node-label selection")
+
+    configmaps = {d["metadata"]["name"]: d for d in by_kind.get("ConfigMap", [])}
+    if v["config"]["name"]:
+        c.that(f"{RELEASE}-config" not in configmaps, "config.name: no ConfigMap of its own")
+    else:
+        keys = set(configmaps.get(f"{RELEASE}-config", {}).get("data", {}))
+        want = set(v["config"]["map"]) or {"default"}
+        c.that(keys == want, f"ConfigMap keys {sorted(keys)}, not {sorted(want)}")
+
+    daemonsets = {d["metadata"]["name"]: d for d in by_kind.get("DaemonSet", [])}
+    want_ds = {RELEASE} | ({f"{RELEASE}-mps"} if mps == "daemonset" else set())
+    c.that(set(daemonsets) == want_ds, f"DaemonSets {sorted(daemonsets)}, not {sorted(want_ds)}")
+    for ds_name, ds in daemonsets.items():
+        what = f"DaemonSet {ds_name}"
+        spec = ds["spec"]["template"]["spec"]
+        c.that(ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items(),
+               f"{what}: the selector matches its pods")
+        container = spec["containers"][0]
+        env = env_of(container)
+        mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+        volumes = {vol["name"]: vol for vol in spec.get("volumes", [])}
+        c.that(all("subPath" not in m for m in mounts.values()), f"{what}: no subPath mounts")
+        mounted = {m["name"] for m in mounts.values()}
+        c.that(mounted == set(volumes), f"{what}: mounts {sorted(mounted)} vs volumes {sorted(volumes)}")
+        c.that(env.get("SLICELET_CONFIG") == "/etc/slicelet" and "/etc/slicelet" in mounts
+               and volumes[mounts["/etc/slicelet"]["name"]].get("configMap", {}).get("name")
+               == (v["config"]["name"] or f"{RELEASE}-config"),
+               f"{what}: SLICELET_CONFIG is the mounted ConfigMap directory")
+        c.that(env.get("SLICELET_CONFIG_FALLBACK") == ",".join(v["config"]["fallbackStrategies"]),
+               f"{what}: SLICELET_CONFIG_FALLBACK")
+        c.that(env.get("SLICELET_CONFIG_DEFAULT") == (v["config"]["default"] or None),
+               f"{what}: SLICELET_CONFIG_DEFAULT")
+        c.that((env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}) == label_selection,
+               f"{what}: NODE_NAME from spec.nodeName exactly with node-label selection")
+        c.that((env.get("SLICELET_CONFIG_LABEL") == v["config"]["nodeLabel"]["key"]) == label_selection,
+               f"{what}: SLICELET_CONFIG_LABEL exactly with node-label selection")
+        c.that(spec["automountServiceAccountToken"] == label_selection,
+               f"{what}: a token exactly with node-label selection")
+        is_mps_ds = ds_name.endswith("-mps")
+        c.that(container["args"] == (["mps"] if is_mps_ds else ["run"]), f"{what}: args")
+        c.that((v["mps"]["root"] in mounts) == (mps != "none"),
+               f"{what}: {v['mps']['root']} mounted exactly when MPS is on")
+        in_pod_mps = is_mps_ds or mps == "in-process"
+        c.that(bool(spec.get("hostPID")) == in_pod_mps, f"{what}: hostPID exactly where MPS daemons run")
+        c.that(("/dev/shm" in mounts) == in_pod_mps, f"{what}: the MPS shm at /dev/shm")
+        c.that(bool(container["securityContext"].get("privileged")) == in_pod_mps,
+               f"{what}: privileged exactly where MPS daemons run")
+        c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == v["mig"]["enabled"], f"{what}: MIG env")
+        if v["mig"]["enabled"]:
+            c.that(env.get("SLICELET_PROC_ROOT") == "/host" and "/host/proc/driver/nvidia-caps" in mounts,
+                   f"{what}: MIG caps under SLICELET_PROC_ROOT")
+        if v["simulate"]["enabled"]:
+            c.that("affinity" not in spec and spec["nodeSelector"].get("kubernetes.io/os") == "linux",
+                   f"{what}: simulated nodes need no GPU label")
+            c.that(env.get("SLICELET_SIMULATE") == "/etc/slicelet-node/node.yaml"
+                   and "/etc/slicelet-node" in mounts, f"{what}: the simulated node file")
+        else:
+            c.that(spec.get("affinity") == v.get("affinity"), f"{what}: the affinity of the values")
+        if not is_mps_ds:
+            c.that((env.get("SLICELET_MPS_EXTERNAL") == "true") == (mps == "daemonset"),
+                   f"{what}: SLICELET_MPS_EXTERNAL exactly with the -mps DaemonSet")
+            c.that(env.get("SLICELET_STATUS_ADDRESS") == f":{v['metrics']['port']}"
+                   and container["ports"][0]["containerPort"] == v["metrics"]["port"],
+                   f"{what}: the status port")
+            labels = v["labels"]
+            features = f"{labels['featuresDir'].rstrip('/')}/{labels['fileName']}"
+            c.that((env.get("SLICELET_NFD_FEATURES_FILE") == features) == labels["enabled"],
+                   f"{what}: SLICELET_NFD_FEATURES_FILE exactly with labels.enabled")
+            if labels["enabled"]:
+                m = mounts.get(labels["featuresDir"])
+                c.that(m is not None and not m.get("readOnly")
+                       and volumes[m["name"]]["hostPath"]["path"] == labels["featuresDir"],
+                       f"{what}: the host features.d mounted read-write")
+            cdi = v["cdi"]
+            c.that((env.get("SLICELET_CDI_SPEC_DIRS") == ",".join(cdi["specDirs"])) == cdi["enabled"],
+                   f"{what}: SLICELET_CDI_SPEC_DIRS exactly with cdi.enabled")
+            for d in cdi["specDirs"]:
+                m = mounts.get(d)
+                c.that((m is not None) == cdi["enabled"], f"{what}: {d} mounted exactly with cdi.enabled")
+                if m is not None:
+                    c.that(m.get("readOnly") is True and volumes[m["name"]]["hostPath"]["path"] == d,
+                           f"{what}: host {d} read-only")
+
+    monitors = by_kind.get("ServiceMonitor", [])
+    if v["metrics"]["serviceMonitor"]["enabled"]:
+        services = by_kind.get("Service", [])
+        c.that(len(monitors) == 1 and len(services) == 1, "a Service and a ServiceMonitor")
+        if monitors and services and RELEASE in daemonsets:
+            pod_labels = daemonsets[RELEASE]["spec"]["template"]["metadata"]["labels"]
+            c.that(services[0]["spec"]["selector"].items() <= pod_labels.items(), "the Service selects the plugin pods")
+            c.that(monitors[0]["spec"]["selector"]["matchLabels"].items() <= services[0]["metadata"]["labels"].items(),
+                   "the ServiceMonitor selects the Service")
+    else:
+        c.that(not monitors, "no ServiceMonitor unless asked for")
+    return c.failures
+
+
+# Values the chart must refuse, and a word its message must contain.
+REFUSED = [
+    ({"migStrategy": "mixed"}, "migStrategy"),
+    ({"config": {"fallbackStrategy": ["named"]}}, "fallbackStrategy"),
+    ({"config": {"fallbackStrategies": ["nearest"]}}, "fallbackStrategies"),
+    ({"mps": {"mode": "sidecar"}}, "mps"),
+    ({"config": {"nodeLabel": {"enabled": True}}}, "config.nodeLabel.enabled"),
+    ({"config": {"name": "theirs", "map": {"a": "version: v1"}}}, "config.name and config.map"),
+]
+
+
+# Each feature is turned on by at least one ci/ example (a new value gets an example).
+FEATURES = {
+    "config.nodeLabel.enabled": lambda v: v["config"]["nodeLabel"]["enabled"],
+    "config.name": lambda v: bool(v["config"]["name"]),
+    "config.map with several configs": lambda v: len(v["config"]["map"]) > 1,
+    "config.default": lambda v: bool(v["config"]["default"]),
+    "mps.mode in-process": lambda v: v["mps"]["mode"] == "in-process",
+    "mps.mode daemonset": lambda v: v["mps"]["mode"] == "daemonset",
+    "mig.enabled": lambda v: v["mig"]["enabled"],
+    "labels.enabled": lambda v: v["labels"]["enabled"],
+    "cdi.enabled": lambda v: v["cdi"]["enabled"],
+    "metrics.serviceMonitor.enabled": lambda v: v["metrics"]["serviceMonitor"]["enabled"],
+    "simulate.enabled": lambda v: v["simulate"]["enabled"],
+    "namespace.create false": lambda v: not v["namespace"]["create"],
+    "runtimeClassName": lambda v: bool(v.get("runtimeClassName")),
+    "nodeSelector": lambda v: bool(v.get("nodeSelector")),
+}
+
+
+def main() -> int:
+    chart = pathlib.Path(sys.argv[1])
+    out = pathlib.Path(sys.argv[2])
+    versions = sys.argv[3:]
+    out.mkdir(parents=True, exist_ok=True)
+    examples: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    for f in sorted((chart / "ci").glob("*.yaml")):
+        examples.append((f.stem, helm.values_from_yaml(f.read_text())))
+    failures: list[str] = []
+    covered: set[str] = set()
+    with helm.Chart.load(chart) as loaded:
+        for name, values in examples:
+            merged = loaded.merge_values(values)
+            covered |= {f for f, on in FEATURES.items() if on(merged)}
+            # `helm lint --strict`: warnings (severity 2) and errors (3) fail.
+            report = helm.lint(chart, values, strict=True, kube_version=f"v{versions[-1]}")
+            failures += [f"{name}: helm lint: {m['path']}: {m['error']}"
+                         for m in report["messages"] if m["severity"] >= 2]
+            for version in versions:
+                try:
+                    manifest = render(chart, values, version)
+                except helm.HelmError as e:
+                    failures.append(f"{name} (Kubernetes {version}): {e}")
+                    continue
+                (out / f"{name}-{version}.yaml").write_text(manifest)
+                docs = [d for d in yaml.safe_load_all(manifest) if d]
+                failures += check(f"{name} (Kubernetes {version})", docs, merged)
+            print(f"rendered: {name}")
+    for values, word in REFUSED:
+        try:
+            render(chart, values, versions[0])
+            failures.append(f"refused: {values} rendered")
+        except helm.HelmError as e:
+            if word not in str(e):
+                failures.append(f"refused: {values}: the message does not name {word!r}: {e}")
+    print(f"refused: {len(REFUSED)} bad values")
+    for f in sorted(set(FEATURES) - covered):
+        failures.append(f"no example in {chart / 'ci'} turns on {f}")
+    for f in failures:
+        print(f"FAIL {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
