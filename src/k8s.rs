@@ -2,8 +2,10 @@
 //! (`nvidia.com/device-plugin.config`, [`crate::policy::select`]).
 //!
 //! [`watch_label`] starts a task that watches the Node named `--node-name` only (field selector
-//! `metadata.name=<node>`, so the API server sends nothing about other nodes) with
-//! kube-runtime's watcher: a LIST, then a WATCH from its resourceVersion, re-listing when the
+//! `metadata.name=<node>`, so the API server sends nothing about other nodes), metadata only
+//! (`PartialObjectMetadata`: the API server leaves out the Node's spec and status, and the
+//! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST, then a
+//! WATCH from its resourceVersion, re-listing when the
 //! API server says the version is too old (410 Gone), and exponential backoff (0.8 s doubling
 //! to 30 s, kube-runtime's default) after any error. It publishes [`LabelView`] on a `watch`
 //! channel, changed only when the label's value, the sync state or the error changes; the
@@ -17,6 +19,7 @@ use std::path::PathBuf;
 use std::pin::pin;
 
 use k8s_openapi::api::core::v1::Node;
+use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client, Config};
@@ -92,8 +95,8 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientEr
     Client::try_from(config).map_err(ClientError::Client)
 }
 
-/// The label's value on a node object.
-fn value_of(node: &Node, label: &str) -> Option<String> {
+/// The label's value on a node object (its metadata).
+fn value_of(node: &PartialObjectMeta<Node>, label: &str) -> Option<String> {
     node.metadata.labels.as_ref()?.get(label).cloned()
 }
 
@@ -123,7 +126,8 @@ async fn run(w: LabelWatch, tx: &watch::Sender<LabelView>) {
             return;
         }
     };
-    let nodes: Api<Node> = Api::all(client);
+    // `Api<PartialObjectMeta<Node>>` asks for metadata only.
+    let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", w.node));
     let mut events = pin!(watcher::watcher(nodes, config).default_backoff());
     // The value seen during a (re-)list, applied when the list is complete.

@@ -99,7 +99,12 @@ async fn the_node_label_chooses_the_config_live_and_removing_it_goes_back_to_the
     api.remove_label(DEFAULT_LABEL);
     wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
     d.wait_status(|st| st.node_label.is_none()).await;
-    // Only this node was ever asked for.
+    // Metadata only, and only this node was ever asked for.
+    assert_eq!(
+        api.counters().full_objects,
+        0,
+        "full Node objects were requested"
+    );
     let selectors = api.selectors();
     assert!(!selectors.is_empty());
     assert!(

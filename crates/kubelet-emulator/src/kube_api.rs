@@ -1,6 +1,7 @@
 //! A small Kubernetes API emulator: just enough of `/api/v1/nodes` for the real `kube` client's
 //! watcher (LIST with a field selector and a resourceVersion, then a streaming WATCH of
-//! newline-delimited watch events), over HTTP on a loopback port, reached through a
+//! newline-delimited watch events; full objects, or `PartialObjectMetadata` when the `Accept`
+//! header asks for it as the API server serves it), over HTTP on a loopback port, reached through a
 //! kubeconfig file. One node; tests change its labels, end every open watch, or make the API
 //! answer 500 and back. For the integration tests and the benchmark (the Node watch's RSS).
 
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -29,7 +30,8 @@ struct Inner {
     labels: BTreeMap<String, String>,
     resource_version: u64,
     unavailable: bool,
-    watchers: Vec<mpsc::UnboundedSender<Result<String, std::io::Error>>>,
+    /// Open watches, and whether each asked for metadata only.
+    watchers: Vec<(mpsc::UnboundedSender<Result<String, std::io::Error>>, bool)>,
     /// Every request's `fieldSelector` (empty when none), in order.
     selectors: Vec<String>,
 }
@@ -41,6 +43,8 @@ pub struct Counters {
     pub lists: u32,
     /// WATCH requests answered with a stream.
     pub watches: u32,
+    /// Requests that asked for full Node objects (not `PartialObjectMetadata`).
+    pub full_objects: u32,
     /// Requests answered 500 (kube's client retries 503 itself, 15 times).
     pub refused: u32,
 }
@@ -68,10 +72,15 @@ struct NodeQuery {
 }
 
 impl Inner {
-    fn node_json(&self) -> Value {
+    fn node_json(&self, meta_only: bool) -> Value {
+        let (api_version, kind) = if meta_only {
+            ("meta.k8s.io/v1", "PartialObjectMetadata")
+        } else {
+            ("v1", "Node")
+        };
         json!({
-            "apiVersion": "v1",
-            "kind": "Node",
+            "apiVersion": api_version,
+            "kind": kind,
             "metadata": {
                 "name": self.node,
                 "resourceVersion": self.resource_version.to_string(),
@@ -85,9 +94,21 @@ impl Inner {
     }
 }
 
-async fn nodes(State(s): State<Shared>, Query(q): Query<NodeQuery>) -> Response {
+async fn nodes(
+    State(s): State<Shared>,
+    Query(q): Query<NodeQuery>,
+    headers: HeaderMap,
+) -> Response {
+    // `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
+    let meta_only = headers
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("as=PartialObjectMetadata"));
     let mut inner = s.inner.lock().unwrap();
     inner.selectors.push(q.field_selector.clone());
+    if !meta_only {
+        s.counters.send_modify(|c| c.full_objects += 1);
+    }
     if inner.unavailable {
         s.counters.send_modify(|c| c.refused += 1);
         return (StatusCode::INTERNAL_SERVER_ERROR, "emulated outage").into_response();
@@ -98,22 +119,29 @@ async fn nodes(State(s): State<Shared>, Query(q): Query<NodeQuery>) -> Response 
         // No history is kept: a watch from an older version gets the current object at once
         // (the watcher applies it idempotently).
         if matches {
-            let line = json!({"type": "MODIFIED", "object": inner.node_json()}).to_string() + "\n";
+            let line = json!({"type": "MODIFIED", "object": inner.node_json(meta_only)})
+                .to_string()
+                + "\n";
             let _ = tx.send(Ok(line));
-            inner.watchers.push(tx);
+            inner.watchers.push((tx, meta_only));
         }
         s.counters.send_modify(|c| c.watches += 1);
         let body = Body::from_stream(UnboundedReceiverStream::new(rx).map(|r| r));
         return ([("content-type", "application/json")], body).into_response();
     }
     let items: Vec<Value> = if matches {
-        vec![inner.node_json()]
+        vec![inner.node_json(meta_only)]
     } else {
         Vec::new()
     };
+    let (api_version, kind) = if meta_only {
+        ("meta.k8s.io/v1", "PartialObjectMetadataList")
+    } else {
+        ("v1", "NodeList")
+    };
     let list = json!({
-        "apiVersion": "v1",
-        "kind": "NodeList",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {"resourceVersion": inner.resource_version.to_string()},
         "items": items,
     });
@@ -171,8 +199,12 @@ impl KubeApi {
         let mut inner = self.shared.inner.lock().unwrap();
         f(&mut inner.labels);
         inner.resource_version += 1;
-        let line = json!({"type": "MODIFIED", "object": inner.node_json()}).to_string() + "\n";
-        inner.watchers.retain(|w| w.send(Ok(line.clone())).is_ok());
+        let lines = [false, true].map(|meta_only| {
+            json!({"type": "MODIFIED", "object": inner.node_json(meta_only)}).to_string() + "\n"
+        });
+        inner
+            .watchers
+            .retain(|(w, meta_only)| w.send(Ok(lines[usize::from(*meta_only)].clone())).is_ok());
     }
 
     /// Sets a label (a MODIFIED event to every open watch).
@@ -206,6 +238,11 @@ impl KubeApi {
     /// Every request's field selector so far.
     pub fn selectors(&self) -> Vec<String> {
         self.shared.inner.lock().unwrap().selectors.clone()
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> Counters {
+        self.shared.counters.borrow().clone()
     }
 
     /// Waits until the counters satisfy `pred`.
