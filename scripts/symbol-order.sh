@@ -12,34 +12,44 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-# The binary exactly as `cargo build --release` makes it (the release profile keeps the symbol
-# table, so callgrind can name the functions): built on its own, because building it together
-# with an example would compile its dependencies with the dev-dependencies' features, and every
-# symbol name would differ from the shipped build's.
-cargo build --release --locked --bin slicelet
-cp "${CARGO_TARGET_DIR:-target}/release/slicelet" "$out/slicelet"
+target="${CARGO_TARGET_DIR:-target}"
+# The workload driver (its own build: building it together with the binary would compile the
+# binary's dependencies with the dev-dependencies' features, and every name would differ).
 cargo build --release --locked --example profile_workload
-"${CARGO_TARGET_DIR:-target}/release/examples/profile_workload" \
-  valgrind --tool=callgrind --demangle=no --callgrind-out-file="$out/callgrind.out" \
-  "$out/slicelet" > "$out/workload.log" 2>&1 || { cat "$out/workload.log"; exit 1; }
-python3 - "$out/callgrind.out" > link/symbol-order.txt <<'PY'
+cp "$target/release/examples/profile_workload" "$out/workload"
+# The binary exactly as `cargo build --release` makes it (the release profile keeps the symbol
+# table, so callgrind can name its functions), and as `cargo bench` makes it (the bench
+# profile's name is part of every symbol's hash): one list with both sets of names, each
+# binary finds its own.
+for profile in release bench; do
+  # Both profiles write target/release/slicelet: each gets a target directory of its own
+  # (symbol names do not depend on it).
+  CARGO_TARGET_DIR="$target/symbol-order-$profile" cargo build --profile "$profile" --locked --bin slicelet
+  cp "$target/symbol-order-$profile/release/slicelet" "$out/slicelet-$profile"
+  "$out/workload" valgrind --tool=callgrind --demangle=no \
+    --callgrind-out-file="$out/callgrind-$profile.out" "$out/slicelet-$profile" \
+    > "$out/workload-$profile.log" 2>&1 || { cat "$out/workload-$profile.log"; exit 1; }
+done
+python3 - "$out/callgrind-release.out" "$out/callgrind-bench.out" > link/symbol-order.txt <<'PY'
 import re, sys
-# callgrind's compressed names: "ob=(3) /path", "fn=(12) _RNv…"; a later "fn=(12)" reuses it.
-objects, functions, current, seen = {}, {}, None, []
-for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"^(c?)(ob|fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
-    if not m:
-        continue
-    callee, kind, ident, name = m.groups()
-    table = objects if kind == "ob" else functions
-    if name:
-        table[ident] = name
-    if callee:
-        continue
-    if kind == "ob":
-        current = objects.get(ident, "")
-    elif current.endswith("/slicelet"):
-        seen.append(functions[ident])
+seen = []
+for path in sys.argv[1:]:
+    # callgrind's compressed names: "ob=(3) /path", "fn=(12) _ZN…"; a later "fn=(12)" reuses it.
+    objects, functions, current = {}, {}, ""
+    for line in open(path, errors="replace"):
+        m = re.match(r"^(c?)(ob|fn)=\((\d+)\)(?: (.*))?$", line.rstrip("\n"))
+        if not m:
+            continue
+        callee, kind, ident, name = m.groups()
+        table = objects if kind == "ob" else functions
+        if name:
+            table[ident] = name
+        if callee:
+            continue
+        if kind == "ob":
+            current = objects.get(ident, "")
+        elif "/slicelet-" in current:
+            seen.append(functions[ident])
 print("\n".join(dict.fromkeys(seen)))
 PY
 echo "link/symbol-order.txt: $(wc -l < link/symbol-order.txt) functions"
