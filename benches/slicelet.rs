@@ -538,16 +538,17 @@ fn main() {
     {
         let bin = env!("CARGO_BIN_EXE_slicelet");
         let three = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, rename: a, devices: [0, 1, 2], replicas: 16}\n      - {name: nvidia.com/gpu, rename: b, devices: [3, 4, 5], replicas: 16}\n      - {name: nvidia.com/gpu, rename: c, devices: [6, 7], replicas: 16}\n";
+        let three_lists = vec![
+            ("nvidia.com/a", 48),
+            ("nvidia.com/b", 48),
+            ("nvidia.com/c", 32),
+        ];
         for (label, gpus, policy_text, resources, goal, node_watch) in [
             (
                 "8 GPUs x 16 replicas, 3 resources",
                 8u32,
                 three.to_string(),
-                vec![
-                    ("nvidia.com/a", 48),
-                    ("nvidia.com/b", 48),
-                    ("nvidia.com/c", 32),
-                ],
+                three_lists.clone(),
                 Some(8.0),
                 false,
             ),
@@ -555,11 +556,7 @@ fn main() {
                 "the same, config chosen by Node label (API watch on)",
                 8u32,
                 three.to_string(),
-                vec![
-                    ("nvidia.com/a", 48),
-                    ("nvidia.com/b", 48),
-                    ("nvidia.com/c", 32),
-                ],
+                three_lists.clone(),
                 Some(8.0),
                 true,
             ),
