@@ -308,6 +308,7 @@ impl SelectArgs {
             None => match nvidia("FALLBACK_STRATEGIES") {
                 Some(v) => v
                     .split(',')
+                    .filter(|item| !item.trim().is_empty())
                     .map(str::parse)
                     .collect::<Result<Vec<_>, _>>()?,
                 None => crate::policy::select::DEFAULT_FALLBACKS.to_vec(),

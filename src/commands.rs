@@ -162,7 +162,12 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
 /// # Errors
 /// [`CommandError::Select`] when no config can be chosen, or the `empty` fallback chose none.
 pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
-    match daemon::chosen_file(&settings.config, &settings.selection, None) {
+    match daemon::chosen_file(
+        &settings.config,
+        std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()),
+        &settings.selection,
+        None,
+    ) {
         Ok(Some(file)) => Ok(Settings {
             config: file,
             ..settings.clone()
@@ -202,7 +207,12 @@ pub fn validate_config(settings: &Settings, strict: bool) -> Result<String, Comm
             Err(e) => failed.push((key.clone(), crate::errors::chain(&e))),
         }
     }
-    match daemon::chosen_file(&settings.config, &settings.selection, None) {
+    match daemon::chosen_file(
+        &settings.config,
+        std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()),
+        &settings.selection,
+        None,
+    ) {
         Ok(Some(file)) => {
             let _ = writeln!(
                 out,

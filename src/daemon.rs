@@ -185,8 +185,14 @@ pub async fn run_mps(settings: Settings, shutdown: CancellationToken) -> Result<
 /// ([`select`]: the node label's value `label`, the default, the fallbacks); a choice that
 /// fails is an unreadable policy naming the keys that exist, so the last good one keeps
 /// serving.
-fn read_policy(path: &Path, force: bool, sel: &select::Selection, label: Option<&str>) -> Input {
-    let file = match chosen_file(path, sel, label) {
+fn read_policy(
+    path: &Path,
+    config_dir: bool,
+    force: bool,
+    sel: &select::Selection,
+    label: Option<&str>,
+) -> Input {
+    let file = match chosen_file(path, config_dir, sel, label) {
         Ok(Some(file)) => file,
         Ok(None) => {
             return Input::Policy {
@@ -222,13 +228,34 @@ fn read_policy(path: &Path, force: bool, sel: &select::Selection, label: Option<
 ///
 /// # Errors
 /// The directory cannot be listed, or no config can be chosen (the message names the keys).
+///
+/// Whether `path` is a directory of named configs is decided once, at start (`config_dir`): a
+/// ConfigMap volume never turns into a file, so a directory replaced by a file (or removed) is
+/// an error that keeps the last good config, and a file replaced by a directory is refused by
+/// the read as any non-regular file is.
 pub fn chosen_file(
     path: &Path,
+    config_dir: bool,
     sel: &select::Selection,
     label: Option<&str>,
 ) -> Result<Option<PathBuf>, String> {
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+    if !config_dir {
         return Ok(Some(path.to_path_buf()));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(format!(
+                "{} was a directory of named configs at start and is no longer a directory",
+                path.display()
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "reading the config directory {}: {e}",
+                path.display()
+            ))
+        }
     }
     let keys = select::config_keys(path)
         .map_err(|e| format!("listing the configs in {}: {e}", path.display()))?;
@@ -244,12 +271,15 @@ pub fn chosen_file(
 /// Reads the policy on a blocking thread, within [`POLICY_READ_DEADLINE`].
 async fn read_policy_off_loop(
     path: PathBuf,
+    config_dir: bool,
     force: bool,
     sel: select::Selection,
     label: Option<String>,
 ) -> Input {
     let p = path.clone();
-    let read = tokio::task::spawn_blocking(move || read_policy(&p, force, &sel, label.as_deref()));
+    let read = tokio::task::spawn_blocking(move || {
+        read_policy(&p, config_dir, force, &sel, label.as_deref())
+    });
     match tokio::time::timeout(POLICY_READ_DEADLINE, read).await {
         Ok(Ok(input)) => input,
         Ok(Err(e)) => Input::PolicyUnreadable {
@@ -379,10 +409,9 @@ pub async fn run_target(
     // The node's config label, when a directory of configs is chosen from by label: wait
     // (bounded, and not past the first API error) for its value, so that a restart does not
     // serve the default config for a moment.
-    let mut labels = match &settings.label_watch {
-        Some(w) if is_config_dir(&settings.config) => {
-            Some(crate::k8s::watch_label(w.clone(), shutdown.child_token()))
-        }
+    let config_dir = is_config_dir(&settings.config);
+    let mut node_label = match &settings.label_watch {
+        Some(w) if config_dir => Some(crate::k8s::watch_label(w.clone(), shutdown.child_token())),
         Some(w) => {
             tracing::info!(node = %w.node, config = %settings.config.display(), "--config is a file, not a directory of named configs: the node label is not watched");
             None
@@ -390,7 +419,7 @@ pub async fn run_target(
         None => None,
     };
     let mut label_value: Option<String> = None;
-    if let Some(rx) = labels.as_mut() {
+    if let Some(rx) = node_label.as_mut() {
         tokio::select! {
             _ = shutdown.cancelled() => {}
             r = tokio::time::timeout(settings.label_start_wait, rx.wait_for(|v| v.synced || v.error.is_some())) => {
@@ -408,6 +437,7 @@ pub async fn run_target(
     }
     let first_policy = read_policy_off_loop(
         settings.config.clone(),
+        config_dir,
         true,
         settings.selection.clone(),
         label_value.clone(),
@@ -483,6 +513,7 @@ pub async fn run_target(
             if let Some(force) = policy_again.take() {
                 policy_read = Some(tokio::spawn(read_policy_off_loop(
                     settings.config.clone(),
+                    config_dir,
                     force,
                     settings.selection.clone(),
                     label_value.clone(),
@@ -548,12 +579,12 @@ pub async fn run_target(
                     inventory_resync = timer(settings.inventory_resync_interval);
                 }
             }
-            changed = async { labels.as_mut().expect("guarded").changed().await }, if labels.is_some() => {
-                let rx = labels.as_mut().expect("guarded");
+            changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => {
+                let rx = node_label.as_mut().expect("guarded");
                 let v = rx.borrow_and_update().clone();
                 if changed.is_err() {
                     // The watch ended (no API configuration): the last value stays.
-                    labels = None;
+                    node_label = None;
                 }
                 status.send_modify(|s| {
                     s.node_label.clone_from(&v.value);

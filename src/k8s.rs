@@ -64,6 +64,10 @@ pub enum ClientError {
         #[source]
         source: kube::config::KubeconfigError,
     },
+    /// The kubeconfig file was refused before parsing (not a regular file, too large, too
+    /// deeply nested, not UTF-8); the error names the file.
+    #[error(transparent)]
+    Read(crate::policy::ReadError),
     /// Neither in-cluster config nor a kubeconfig was found.
     #[error(
         "no Kubernetes API configuration (not in a cluster, no KUBECONFIG, no ~/.kube/config)"
@@ -77,7 +81,11 @@ pub enum ClientError {
 async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+            // Through the policy's bounded reader: a regular file (a FIFO must not hang the
+            // watch), at most 1 MiB, nesting checked before the YAML parser sees it.
+            let text = crate::policy::read_bounded(path, &crate::policy::Limits::default())
+                .map_err(ClientError::Read)?;
+            let kc = kube::config::Kubeconfig::from_yaml(&text).map_err(|source| {
                 ClientError::Kubeconfig {
                     path: path.to_path_buf(),
                     source,

@@ -44,9 +44,22 @@ pub struct PolicyError {
     pub message: String,
 }
 
+/// The most of a message [`PolicyError`] prints: serde quotes a wrong-typed scalar whole, and
+/// a 1 MB scalar must not become a 1 MB log line and `/readyz` body.
+pub const MAX_MESSAGE_CHARS: usize = 300;
+
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)?;
+        match self.message.char_indices().nth(MAX_MESSAGE_CHARS) {
+            Some((cut, _)) => write!(
+                f,
+                "{}: {}… ({} bytes in all)",
+                self.path,
+                &self.message[..cut],
+                self.message.len()
+            )?,
+            None => write!(f, "{}: {}", self.path, self.message)?,
+        }
         if let Some(l) = &self.location {
             write!(f, " (line {}, column {})", l.line, l.column)?;
         }

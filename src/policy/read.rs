@@ -164,7 +164,16 @@ pub fn read_bounded(path: &Path, limits: &Limits) -> Result<String, ReadError> {
     if meta.len() > limits.max_bytes {
         return Err(too_large());
     }
-    let file = std::fs::File::open(path).map_err(io)?;
+    // Non-blocking, so that a FIFO swapped in between the check above and this open cannot
+    // block the open (reads of a regular file are unaffected by the flag).
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(io)?
+    };
     // The file may have been swapped for another between metadata and open.
     let opened = file.metadata().map_err(io)?;
     if let Some(kind) = not_regular(&opened.file_type()) {

@@ -616,3 +616,21 @@ fn cdi_annotation_prefix_must_start_an_annotation_key() {
         assert!(e.message.contains("DNS subdomain followed by `/`"), "{e}");
     }
 }
+
+#[test]
+fn a_huge_wrong_typed_scalar_is_quoted_short() {
+    // serde quotes the scalar whole: a 1 MB string must not become a 1 MB /readyz body.
+    let text = format!(
+        "version: v1\nflags:\n  migStrategy: {}\n",
+        "x".repeat(1_000_000)
+    );
+    let e = parse(&text).unwrap_err();
+    let shown = e.to_string();
+    assert!(shown.len() < 600, "{} bytes", shown.len());
+    assert!(shown.starts_with("flags.migStrategy: "), "{shown}");
+    assert!(shown.contains("bytes in all)"), "{shown}");
+    assert!(
+        e.message.len() > 1_000_000,
+        "the full message stays in the error value"
+    );
+}

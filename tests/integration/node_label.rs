@@ -355,3 +355,44 @@ fn validate_checks_every_config_of_a_directory_and_plan_chooses_like_the_daemon(
         String::from_utf8_lossy(&out.stderr).contains("unknown config fallback strategy \"nope\"")
     );
 }
+
+#[tokio::test]
+async fn a_config_directory_replaced_by_a_file_keeps_the_last_good_config() {
+    let s = setup(&[("any", "version: v1\n"), ("a100-ts4", &ts(4))]);
+    let emu = emulator(&s.node).await;
+    let mut d = Daemon::start(s.settings(None, Some("a100-ts4")));
+    wait_lists(&emu, &[("nvidia.com/gpu", 32)]).await;
+    // The directory goes and a file (a valid, empty policy) takes its name: it is not read as
+    // a single-file policy.
+    std::fs::remove_dir_all(&s.configs).unwrap();
+    std::fs::write(&s.configs, "").unwrap();
+    let st = d.wait_status(|st| st.policy_error.is_some()).await;
+    assert!(
+        st.policy_error
+            .as_deref()
+            .unwrap()
+            .contains("was a directory of named configs at start and is no longer a directory"),
+        "{st:?}"
+    );
+    assert_eq!(st.generation, 1);
+    assert_eq!(emu.state().device_count("nvidia.com/gpu"), Some(32));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_kubeconfig_that_is_a_fifo_is_refused_naming_it() {
+    let s = setup(&[("any", "version: v1\n")]);
+    let fifo = s.node.tmp.path().join("kubeconfig-fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let emu = emulator(&s.node).await;
+    let mut d = Daemon::start(s.settings(Some(fifo), None));
+    wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
+    let st = d.wait_status(|st| st.api_error.is_some()).await;
+    let e = st.api_error.unwrap();
+    assert!(e.contains("kubeconfig-fifo is a FIFO"), "{e}");
+    d.stop().await;
+}
