@@ -333,7 +333,8 @@ pub struct LabelArgs {
     /// the Kubernetes API (RBAC: get, list, watch on nodes). Unset: no API access.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// A kubeconfig for the API (default: in-cluster config, else `~/.kube/config`).
+    /// A kubeconfig for the API (default: `~/.kube/config` when it exists, else the pod's
+    /// in-cluster service account).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 }

@@ -47,8 +47,8 @@ pub struct LabelWatch {
     pub node: String,
     /// The label's key.
     pub label: String,
-    /// A kubeconfig file; `None`: in-cluster config, else `KUBECONFIG`, else `~/.kube/config`
-    /// (kube's `Config::infer`).
+    /// A kubeconfig file (`--kubeconfig`, or `KUBECONFIG`); `None`: `~/.kube/config` when it
+    /// exists, else the in-cluster service account (kube's `Config::infer`), as in a pod.
     pub kubeconfig: Option<PathBuf>,
 }
 
