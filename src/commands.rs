@@ -164,7 +164,7 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
 pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
     match daemon::chosen_file(
         &settings.config,
-        std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()),
+        policy::select::is_config_dir(&settings.config),
         &settings.selection,
         None,
     ) {
@@ -187,7 +187,7 @@ pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
 /// As [`validate_with`] for a file; [`CommandError::Configs`] naming every invalid key of a
 /// directory.
 pub fn validate_config(settings: &Settings, strict: bool) -> Result<String, CommandError> {
-    if !std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()) {
+    if !policy::select::is_config_dir(&settings.config) {
         return validate_with(settings, strict);
     }
     let dir = settings.config.display().to_string();
@@ -209,7 +209,7 @@ pub fn validate_config(settings: &Settings, strict: bool) -> Result<String, Comm
     }
     match daemon::chosen_file(
         &settings.config,
-        std::fs::metadata(&settings.config).is_ok_and(|m| m.is_dir()),
+        policy::select::is_config_dir(&settings.config),
         &settings.selection,
         None,
     ) {

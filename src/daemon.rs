@@ -409,7 +409,7 @@ pub async fn run_target(
     // The node's config label, when a directory of configs is chosen from by label: wait
     // (bounded, and not past the first API error) for its value, so that a restart does not
     // serve the default config for a moment.
-    let config_dir = is_config_dir(&settings.config);
+    let config_dir = select::is_config_dir(&settings.config);
     let mut node_label = match &settings.label_watch {
         Some(w) if config_dir => Some(crate::k8s::watch_label(w.clone(), shutdown.child_token())),
         Some(w) => {
@@ -841,11 +841,6 @@ impl Shell<'_> {
             changed
         });
     }
-}
-
-/// Whether the policy path is a directory of named configs (chosen from by label).
-fn is_config_dir(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.is_dir())
 }
 
 /// Every physical device (GPU or MIG UUID) the plan advertises Unhealthy, with the tracker's

@@ -231,7 +231,7 @@ pub fn start_policy(
     // follows the old directory, not the path). Best effort: `/` has no parent to watch.
     // A directory of named configs (a ConfigMap mounted whole) is watched itself, and every
     // entry in it concerns the policy (any key may be the chosen one).
-    let config_dir = std::fs::metadata(policy_file).is_ok_and(|m| m.is_dir());
+    let config_dir = crate::policy::select::is_config_dir(policy_file);
     let dir = if config_dir {
         policy_file.to_path_buf()
     } else {

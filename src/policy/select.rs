@@ -258,6 +258,12 @@ pub fn choose(
     })
 }
 
+/// Whether `path` is a directory of named configs (a ConfigMap mounted whole) rather than one
+/// policy file: it is a directory, after following symlinks.
+pub fn is_config_dir(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+}
+
 /// The named configs in a directory: every entry that is not a directory (after following
 /// symlinks, as a ConfigMap volume's `key -> ..data/key` links need) and whose name does not
 /// start with `..` (the volume's own `..data` and `..<timestamp>` entries, which NVIDIA's
