@@ -268,6 +268,22 @@ pub fn chosen_file(
     }
 }
 
+/// Runs `work` on a blocking thread within `deadline`; `Err` says what went wrong in words
+/// that follow `what` ("reading the CDI specs failed: …", "reading the CDI specs took longer
+/// than 5s"). The thread is not waited for past the deadline (a hung file system keeps it, never
+/// the loop).
+async fn blocking_within<T: Send + 'static>(
+    what: &str,
+    deadline: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(format!("{what} failed: {e}")),
+        Err(_) => Err(format!("{what} took longer than {deadline:?}")),
+    }
+}
+
 /// Reads the policy on a blocking thread, within [`POLICY_READ_DEADLINE`].
 async fn read_policy_off_loop(
     path: PathBuf,
@@ -277,23 +293,12 @@ async fn read_policy_off_loop(
     label: Option<String>,
 ) -> Input {
     let p = path.clone();
-    let read = tokio::task::spawn_blocking(move || {
+    let what = format!("reading {}", path.display());
+    blocking_within(&what, POLICY_READ_DEADLINE, move || {
         read_policy(&p, config_dir, force, &sel, label.as_deref())
-    });
-    match tokio::time::timeout(POLICY_READ_DEADLINE, read).await {
-        Ok(Ok(input)) => input,
-        Ok(Err(e)) => Input::PolicyUnreadable {
-            path,
-            error: format!("reading the policy failed: {e}"),
-        },
-        Err(_) => Input::PolicyUnreadable {
-            error: format!(
-                "reading {} took longer than {POLICY_READ_DEADLINE:?}",
-                path.display()
-            ),
-            path,
-        },
-    }
+    })
+    .await
+    .unwrap_or_else(|error| Input::PolicyUnreadable { path, error })
 }
 
 /// The supervisor's loop for `target` (`slicelet run` or `slicelet mps`).
@@ -723,17 +728,11 @@ impl CdiCheck {
         let tx = self.tx.clone();
         tokio::spawn(async move {
             let d = dirs.clone();
-            let read = tokio::task::spawn_blocking(move || crate::cdi::read_specs(&d));
-            let index = match tokio::time::timeout(CDI_READ_DEADLINE, read).await {
-                Ok(Ok(index)) => index,
-                Ok(Err(e)) => {
-                    crate::cdi::unreadable(&dirs, format!("reading the CDI specs failed: {e}"))
-                }
-                Err(_) => crate::cdi::unreadable(
-                    &dirs,
-                    format!("reading the CDI specs took longer than {CDI_READ_DEADLINE:?}"),
-                ),
-            };
+            let index = blocking_within("reading the CDI specs", CDI_READ_DEADLINE, move || {
+                crate::cdi::read_specs(&d)
+            })
+            .await
+            .unwrap_or_else(|e| crate::cdi::unreadable(&dirs, e));
             let _ = tx.send(index).await;
         });
     }
