@@ -435,10 +435,7 @@ pub async fn run_target(
         }
         let v = rx.borrow_and_update().clone();
         label_value.clone_from(&v.value);
-        status.send_modify(|s| {
-            s.node_label = v.value;
-            s.api_error = v.error;
-        });
+        publish_label(&status, &v);
     }
     let first_policy = read_policy_off_loop(
         settings.config.clone(),
@@ -591,10 +588,7 @@ pub async fn run_target(
                     // The watch ended (no API configuration): the last value stays.
                     node_label = None;
                 }
-                status.send_modify(|s| {
-                    s.node_label.clone_from(&v.value);
-                    s.api_error.clone_from(&v.error);
-                });
+                publish_label(&status, &v);
                 if v.value != label_value {
                     label_value = v.value;
                     want_policy(false);
@@ -629,18 +623,10 @@ pub async fn run_target(
             Some(_) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => {
                 tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
                 want_policy(true);
-                hardware.send(Command::Discover);
-                if plugin_mode && state.uses_cdi() {
-                    shell.cdi.start();
-                }
+                shell.rediscover(&state);
             }
             _ = resync.tick() => want_policy(false),
-            _ = inventory_resync.tick() => {
-                hardware.send(Command::Discover);
-                if plugin_mode && state.uses_cdi() {
-                    shell.cdi.start();
-                }
-            }
+            _ = inventory_resync.tick() => shell.rediscover(&state),
             _ = bind_retry.tick(), if servers.has_unserved() => servers.retry_unserved(),
         }
     }
@@ -694,6 +680,14 @@ struct Shell<'a> {
     cdi: CdiCheck,
 }
 
+/// Shows the node's config label and the API's last error in the [`Status`].
+fn publish_label(status: &watch::Sender<Status>, v: &crate::k8s::LabelView) {
+    status.send_modify(|s| {
+        s.node_label.clone_from(&v.value);
+        s.api_error.clone_from(&v.error);
+    });
+}
+
 /// Folds the feature file writer's outcomes into the [`Status`] (`nfd_writes`, `nfd_error`).
 fn labels_report(status: Arc<watch::Sender<Status>>) -> labels::file::Report {
     Arc::new(move |o: &labels::file::Outcome| {
@@ -739,6 +733,15 @@ impl CdiCheck {
 }
 
 impl Shell<'_> {
+    /// Re-discovers the GPUs (SIGHUP, the periodic resync) and, where Allocate hands out CDI
+    /// names, re-reads the CDI specs (a toolkit upgrade may rewrite them without a plan change).
+    fn rediscover(&mut self, state: &State) {
+        self.hardware.send(Command::Discover);
+        if self.plugin_mode && state.uses_cdi() {
+            self.cdi.start();
+        }
+    }
+
     fn fold(&mut self, state: &mut State, input: Input, servers: &mut servers::Servers) {
         let actions = state.fold(input, Instant::now().into_std());
         // The labels depend on the plan and on the policy's migStrategy, which can change
