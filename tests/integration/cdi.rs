@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use kubelet_emulator::{healthy, KubeletEmulator};
+use kubelet_emulator::healthy;
 use slicelet::api::{self, Device};
 use slicelet::commands;
 
@@ -32,26 +32,6 @@ fn a100() -> PathBuf {
     node_file("a100-40gb-x8.yaml")
 }
 
-/// Allocate of `ids` for one container, as the kubelet calls it.
-async fn allocate(
-    emu: &KubeletEmulator,
-    resource: &str,
-    ids: &[String],
-) -> api::ContainerAllocateResponse {
-    let mut client = emu.client(resource).await.unwrap();
-    let mut resp = client
-        .allocate(api::AllocateRequest {
-            container_requests: vec![api::ContainerAllocateRequest {
-                devices_ids: ids.to_vec(),
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(resp.container_responses.len(), 1);
-    resp.container_responses.remove(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_strategy_reaches_the_kubelet_for_two_replicas_of_gpu_3() {
     let node = Node::new(&policy("    deviceListStrategy: [cdi-cri]\n"));
@@ -65,7 +45,7 @@ async fn each_strategy_reaches_the_kubelet_for_two_replicas_of_gpu_3() {
     let uuid3 = &gpus[3];
 
     // [cdi-cri]: the GPU once in cdi_devices, no NVIDIA_VISIBLE_DEVICES.
-    let r = allocate(&emu, SHARED, &two_of_gpu3).await;
+    let r = allocate(&emu, SHARED, &two_of_gpu3).await.unwrap();
     assert_eq!(
         r.cdi_devices,
         vec![api::CdiDevice {
@@ -81,7 +61,7 @@ async fn each_strategy_reaches_the_kubelet_for_two_replicas_of_gpu_3() {
         "    deviceListStrategy: [envvar, cdi-annotations]\n",
     ));
     d.wait_status(|s| s.generation >= 2).await;
-    let r = allocate(&emu, SHARED, &two_of_gpu3).await;
+    let r = allocate(&emu, SHARED, &two_of_gpu3).await.unwrap();
     assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], *uuid3);
     assert_eq!(r.annotations.len(), 1, "{r:?}");
     let (key, value) = r.annotations.iter().next().unwrap();
@@ -93,7 +73,7 @@ async fn each_strategy_reaches_the_kubelet_for_two_replicas_of_gpu_3() {
     // volume-mounts: the /dev/null mount.
     node.write_policy(&policy("    deviceListStrategy: volume-mounts\n"));
     d.wait_status(|s| s.generation >= 3).await;
-    let r = allocate(&emu, SHARED, &two_of_gpu3).await;
+    let r = allocate(&emu, SHARED, &two_of_gpu3).await.unwrap();
     assert_eq!(
         r.envs["NVIDIA_VISIBLE_DEVICES"],
         "/var/run/nvidia-container-devices"
@@ -112,7 +92,7 @@ async fn each_strategy_reaches_the_kubelet_for_two_replicas_of_gpu_3() {
         "    deviceListStrategy: cdi-cri\n    deviceIDStrategy: index\n",
     ));
     d.wait_status(|s| s.generation >= 4).await;
-    let r = allocate(&emu, SHARED, &two_of_gpu3).await;
+    let r = allocate(&emu, SHARED, &two_of_gpu3).await.unwrap();
     assert_eq!(
         r.cdi_devices,
         vec![api::CdiDevice {
@@ -173,7 +153,9 @@ async fn a_spec_dir_without_gpu_3_makes_its_replicas_unhealthy_with_the_reason()
         "{body}"
     );
     // Allocate still answers for it (the kubelet decides), naming the GPU.
-    let r = allocate(&emu, SHARED, &[format!("{}::0", gpus[3])]).await;
+    let r = allocate(&emu, SHARED, &[format!("{}::0", gpus[3])])
+        .await
+        .unwrap();
     assert_eq!(r.cdi_devices.len(), 1);
 
     // Without a cdi-* strategy the names are not checked: every replica is Healthy again.
@@ -339,13 +321,7 @@ async fn nvidias_devices_file_validates_with_a_warning_and_serves_16_replicas() 
     assert_eq!(state.resources.len(), 1, "{state:#?}");
     assert_eq!(state.healthy_count("nvidia.com/gpu"), Some(16));
     let gpus = uuids(&sim);
-    let ids: Vec<String> = state.resources["nvidia.com/gpu"]
-        .devices
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
+    let ids = ids_of(&state, "nvidia.com/gpu");
     let want: Vec<String> = gpus
         .iter()
         .flat_map(|u| (0..2).map(move |n| format!("{u}::{n}")))

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kubelet_emulator::{KubeletEmulator, State};
+use slicelet::api;
 use slicelet::daemon::{self, Settings};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -161,4 +162,37 @@ pub fn uuids(node_file: &Path) -> Vec<String> {
     })
     .unwrap();
     inv.gpus.into_iter().map(|g| g.uuid).collect()
+}
+
+/// Allocate of `ids` for one container, as the kubelet calls it: the one container response,
+/// or the gRPC status.
+pub async fn allocate(
+    emu: &KubeletEmulator,
+    resource: &str,
+    ids: &[String],
+) -> Result<api::ContainerAllocateResponse, tonic::Status> {
+    let mut client = emu.client(resource).await.unwrap();
+    client
+        .allocate(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: ids.to_vec(),
+            }],
+        })
+        .await
+        .map(|r| {
+            let mut resp = r.into_inner();
+            assert_eq!(resp.container_responses.len(), 1, "one container asked for");
+            resp.container_responses.remove(0)
+        })
+}
+
+/// The device IDs the kubelet emulator lists for resource `r`.
+pub fn ids_of(state: &State, r: &str) -> Vec<String> {
+    state.resources[r]
+        .devices
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.clone())
+        .collect()
 }

@@ -440,16 +440,6 @@ async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
     d.stop().await;
 }
 
-fn ids_of(state: &kubelet_emulator::State, r: &str) -> Vec<String> {
-    state.resources[r]
-        .devices
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|d| d.id.clone())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_mig_node_advertises_every_mig_device_as_gpu() {
     let node = Node::new("version: v1\nflags:\n  migStrategy: single\n");

@@ -92,22 +92,6 @@ fn kill9(pid: u32) {
     assert!(st.success());
 }
 
-async fn allocate(
-    emu: &KubeletEmulator,
-    resource: &str,
-    ids: &[String],
-) -> Result<api::ContainerAllocateResponse, tonic::Status> {
-    let mut client = emu.client(resource).await.unwrap();
-    client
-        .allocate(api::AllocateRequest {
-            container_requests: vec![api::ContainerAllocateRequest {
-                devices_ids: ids.to_vec(),
-            }],
-        })
-        .await
-        .map(|r| r.into_inner().container_responses.remove(0))
-}
-
 /// Waits until `pred` holds, failing at once if any state seen on the way breaks `invariant`.
 async fn wait_keeping(
     emu: &KubeletEmulator,
