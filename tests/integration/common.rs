@@ -61,35 +61,44 @@ impl Node {
         self.tmp.path().join("policy/config.yaml")
     }
 
-    /// Replaces the policy the way the kubelet updates a ConfigMap volume (its atomic
-    /// writer): a new `..<timestamp>` directory with the file, a `..data_tmp` symlink renamed
-    /// over `..data`, `config.yaml -> ..data/config.yaml`, and the old directory removed.
+    /// Replaces the policy the way the kubelet updates a ConfigMap volume ([`write_configmap`]).
     pub fn write_policy(&self, text: &str) {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static GENERATION: AtomicU32 = AtomicU32::new(0);
-        let dir = self.tmp.path().join("policy");
-        let ts = format!(
-            "..2026_11_30_09_00_00.{:09}",
-            GENERATION.fetch_add(1, Ordering::Relaxed)
-        );
-        std::fs::create_dir(dir.join(&ts)).unwrap();
-        std::fs::write(dir.join(&ts).join("config.yaml"), text).unwrap();
-        let tmp = dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&ts, &tmp).unwrap();
-        let old = std::fs::read_link(dir.join("..data")).ok();
-        std::fs::rename(&tmp, dir.join("..data")).unwrap();
-        if std::fs::symlink_metadata(self.policy()).is_err() {
-            std::os::unix::fs::symlink("..data/config.yaml", self.policy()).unwrap();
-        }
-        if let Some(old) = old {
-            std::fs::remove_dir_all(dir.join(old)).unwrap();
-        }
+        write_configmap(&self.tmp.path().join("policy"), &[("config.yaml", text)]);
     }
 
     pub fn settings(&self, simulate: &Path) -> Settings {
         let mut s = Settings::new(self.policy(), self.plugins());
         s.simulate = Some(simulate.to_path_buf());
         s
+    }
+}
+
+/// Writes `keys` into `dir` as the kubelet's atomic writer updates a ConfigMap volume: a new
+/// `..<timestamp>` directory with the files, a `..data_tmp` symlink renamed over `..data`, one
+/// `key -> ..data/key` link per key, and the old directory removed.
+pub fn write_configmap(dir: &Path, keys: &[(&str, &str)]) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static GENERATION: AtomicU32 = AtomicU32::new(0);
+    std::fs::create_dir_all(dir).unwrap();
+    let ts = format!(
+        "..2026_11_30_09_00_00.{:09}",
+        GENERATION.fetch_add(1, Ordering::Relaxed)
+    );
+    std::fs::create_dir(dir.join(&ts)).unwrap();
+    for (k, v) in keys {
+        std::fs::write(dir.join(&ts).join(k), v).unwrap();
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&ts, &tmp).unwrap();
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for (k, _) in keys {
+        if std::fs::symlink_metadata(dir.join(k)).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{k}"), dir.join(k)).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).unwrap();
     }
 }
 

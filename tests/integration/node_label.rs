@@ -2,12 +2,12 @@
 //! node's `nvidia.com/device-plugin.config` label, read through the real `kube` client from
 //! the Kubernetes API emulator (`kube_api.rs`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use slicelet::k8s::LabelWatch;
 use slicelet::policy::select::{Fallback, DEFAULT_LABEL};
 
-use crate::common::{self, emulator, node_file, wait_lists, Daemon, Node, WAIT};
+use crate::common::{emulator, node_file, wait_lists, write_configmap, Daemon, Node};
 use kubelet_emulator::kube_api::{kubeconfig_for, KubeApi};
 
 const NODE: &str = "gpu-node-7";
@@ -20,34 +20,6 @@ fn ts(replicas: u32) -> String {
 /// `nvidia.com/gpu-shared`.
 fn gpu0_shared(replicas: u32) -> String {
     format!("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: {replicas}\n")
-}
-
-/// Writes `keys` as a ConfigMap volume does (the kubelet's atomic writer): a timestamped
-/// directory, `..data` renamed over, one `key -> ..data/key` link per key.
-fn write_configmap(dir: &Path, keys: &[(&str, &str)]) {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static GENERATION: AtomicU32 = AtomicU32::new(0);
-    std::fs::create_dir_all(dir).unwrap();
-    let ts = format!(
-        "..2026_12_01_12_00_00.{:09}",
-        GENERATION.fetch_add(1, Ordering::Relaxed)
-    );
-    std::fs::create_dir(dir.join(&ts)).unwrap();
-    for (k, v) in keys {
-        std::fs::write(dir.join(&ts).join(k), v).unwrap();
-    }
-    let tmp = dir.join("..data_tmp");
-    std::os::unix::fs::symlink(&ts, &tmp).unwrap();
-    let old = std::fs::read_link(dir.join("..data")).ok();
-    std::fs::rename(&tmp, dir.join("..data")).unwrap();
-    for (k, _) in keys {
-        if std::fs::symlink_metadata(dir.join(k)).is_err() {
-            std::os::unix::fs::symlink(format!("..data/{k}"), dir.join(k)).unwrap();
-        }
-    }
-    if let Some(old) = old {
-        std::fs::remove_dir_all(dir.join(old)).unwrap();
-    }
 }
 
 struct Setup {
@@ -292,7 +264,6 @@ async fn no_api_configuration_is_reported_and_the_default_serves() {
     wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
     let st = d.wait_status(|st| st.api_error.is_some()).await;
     assert!(st.api_error.unwrap().contains("no-such-kubeconfig"));
-    let _ = (WAIT, common::repo());
     d.stop().await;
 }
 
