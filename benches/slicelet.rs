@@ -818,7 +818,6 @@ fn main() {
         settings.selection.default = Some("any".to_string());
         settings.label_watch = Some(slicelet::k8s::LabelWatch {
             node: "bench-node".to_string(),
-            label: "nvidia.com/device-plugin.config".to_string(),
             kubeconfig: Some(api.kubeconfig(&dir)),
         });
         let token = CancellationToken::new();

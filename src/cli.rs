@@ -347,7 +347,6 @@ impl LabelArgs {
             .filter(|n| !n.is_empty())
             .map(|node| crate::k8s::LabelWatch {
                 node,
-                label: s.selection.label.clone(),
                 kubeconfig: self
                     .kubeconfig
                     .clone()

@@ -416,7 +416,11 @@ pub async fn run_target(
     // serve the default config for a moment.
     let config_dir = select::is_config_dir(&settings.config);
     let mut node_label = match &settings.label_watch {
-        Some(w) if config_dir => Some(crate::k8s::watch_label(w.clone(), shutdown.child_token())),
+        Some(w) if config_dir => Some(crate::k8s::watch_label(
+            w.clone(),
+            settings.selection.label.clone(),
+            shutdown.child_token(),
+        )),
         Some(w) => {
             tracing::info!(node = %w.node, config = %settings.config.display(), "--config is a file, not a directory of named configs: the node label is not watched");
             None

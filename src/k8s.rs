@@ -45,8 +45,6 @@ pub struct LabelView {
 pub struct LabelWatch {
     /// The node's name (`spec.nodeName` through the downward API).
     pub node: String,
-    /// The label's key.
-    pub label: String,
     /// A kubeconfig file (`--kubeconfig`, or `KUBECONFIG`); `None`: `~/.kube/config` when it
     /// exists, else the in-cluster service account (kube's `Config::infer`), as in a pod.
     pub kubeconfig: Option<PathBuf>,
@@ -108,23 +106,27 @@ fn value_of(node: &PartialObjectMeta<Node>, label: &str) -> Option<String> {
     node.metadata.labels.as_ref()?.get(label).cloned()
 }
 
-/// Starts watching `w.node`'s label on the current tokio runtime until `stop` is cancelled.
+/// Starts watching `w.node`'s label `label` on the current tokio runtime until `stop` is cancelled.
 /// The receiver starts at [`LabelView::default`] (not synced).
 ///
 /// A client that cannot be built (no configuration) is reported in [`LabelView::error`] and
 /// the watch ends: nothing would change without a restart.
-pub fn watch_label(w: LabelWatch, stop: CancellationToken) -> watch::Receiver<LabelView> {
+pub fn watch_label(
+    w: LabelWatch,
+    label: String,
+    stop: CancellationToken,
+) -> watch::Receiver<LabelView> {
     let (tx, rx) = watch::channel(LabelView::default());
     tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
-            () = run(w, &tx) => {}
+            () = run(w, &label, &tx) => {}
         }
     });
     rx
 }
 
-async fn run(w: LabelWatch, tx: &watch::Sender<LabelView>) {
+async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     let client = match client(w.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
@@ -163,12 +165,12 @@ async fn run(w: LabelWatch, tx: &watch::Sender<LabelView>) {
             }
             Event::InitApply(node) => {
                 if node.metadata.name.as_deref() == Some(w.node.as_str()) {
-                    listing = Some(value_of(&node, &w.label));
+                    listing = Some(value_of(&node, label));
                 }
                 continue;
             }
             Event::InitDone => listing.take().unwrap_or(None),
-            Event::Apply(node) => value_of(&node, &w.label),
+            Event::Apply(node) => value_of(&node, label),
             Event::Delete(_) => None,
         };
         tx.send_if_modified(|v| {
@@ -181,7 +183,7 @@ async fn run(w: LabelWatch, tx: &watch::Sender<LabelView>) {
                 return false;
             }
             if v.value != next.value || !v.synced {
-                tracing::info!(node = %w.node, label = %w.label, value = ?next.value, "node config label");
+                tracing::info!(node = %w.node, label = %label, value = ?next.value, "node config label");
             }
             *v = next;
             true

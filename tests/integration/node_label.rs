@@ -45,7 +45,6 @@ impl Setup {
         s.selection.default = default.map(str::to_string);
         s.label_watch = kubeconfig.map(|k| LabelWatch {
             node: NODE.to_string(),
-            label: DEFAULT_LABEL.to_string(),
             kubeconfig: Some(k),
         });
         s
