@@ -950,29 +950,9 @@ async fn run_with_nvml_topology_answers_get_preferred_allocation_by_links() {
         ],
     );
     let state = wait_lists(&emu, &[("nvidia.com/gpu", 5)]).await;
-    let ids: Vec<String> = state.resources["nvidia.com/gpu"]
-        .devices
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|d| d.id.clone())
-        .collect();
-    let mut client = emu.client("nvidia.com/gpu").await.unwrap();
-    let mut ask = async |available: Vec<String>, size: i32| {
-        client
-            .get_preferred_allocation(slicelet::api::PreferredAllocationRequest {
-                container_requests: vec![slicelet::api::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: available,
-                    must_include_device_i_ds: vec![],
-                    allocation_size: size,
-                }],
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .container_responses[0]
-            .device_i_ds
-            .clone()
+    let ids = ids_of(&state, "nvidia.com/gpu");
+    let ask = async |available: Vec<String>, size: i32| {
+        preferred(&emu, "nvidia.com/gpu", available, size).await
     };
     // NVSwitch (18 links) beats two NVLinks; the lowest index (0, 1) would share nothing.
     assert_eq!(ask(ids.clone(), 2).await, ids[3..5].to_vec());

@@ -205,3 +205,28 @@ pub fn ids_of(state: &State, r: &str) -> Vec<String> {
         .map(|d| d.id.clone())
         .collect()
 }
+
+/// GetPreferredAllocation of `size` devices out of `available` for one container, as the
+/// kubelet calls it: the IDs the plugin prefers.
+pub async fn preferred(
+    emu: &KubeletEmulator,
+    resource: &str,
+    available: Vec<String>,
+    size: i32,
+) -> Vec<String> {
+    let mut client = emu.client(resource).await.unwrap();
+    client
+        .get_preferred_allocation(api::PreferredAllocationRequest {
+            container_requests: vec![api::ContainerPreferredAllocationRequest {
+                available_device_i_ds: available,
+                must_include_device_i_ds: vec![],
+                allocation_size: size,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_responses
+        .remove(0)
+        .device_i_ds
+}

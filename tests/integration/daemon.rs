@@ -335,15 +335,7 @@ async fn mixed_mig_node_registers_one_resource_per_profile_and_whole_gpus() {
         assert_eq!(state.healthy_count(r), Some(n), "{r}");
     }
     let migs = mig_devices(&sim);
-    let ids = |r: &str| -> Vec<String> {
-        state.resources[r]
-            .devices
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(|d| d.id.clone())
-            .collect()
-    };
+    let ids = |r: &str| ids_of(&state, r);
     let of = |profile: &str| -> Vec<String> {
         migs.iter()
             .filter(|(_, _, p)| p == profile)
@@ -497,27 +489,13 @@ async fn simulated_links_steer_get_preferred_allocation() {
     let d = Daemon::start(node.settings(&sim));
     wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
     let gpus = uuids(&sim);
-    let mut client = emu.client("nvidia.com/gpu").await.unwrap();
-    let mut ask = async |taken: &[usize], size: i32| {
+    let ask = async |taken: &[usize], size: i32| {
         let available: Vec<String> = (0..8)
             .filter(|i| !taken.contains(i))
             .map(|i| gpus[i].clone())
             .rev()
             .collect();
-        client
-            .get_preferred_allocation(api::PreferredAllocationRequest {
-                container_requests: vec![api::ContainerPreferredAllocationRequest {
-                    available_device_i_ds: available,
-                    must_include_device_i_ds: vec![],
-                    allocation_size: size,
-                }],
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .container_responses[0]
-            .device_i_ds
-            .clone()
+        preferred(&emu, "nvidia.com/gpu", available, size).await
     };
     // A fully connected NVLink quad on one NUMA node.
     assert_eq!(ask(&[], 4).await, gpus[0..4].to_vec());
