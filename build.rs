@@ -1,4 +1,4 @@
-//! Compiles `proto/deviceplugin/v1beta1/api.proto` with protox (a pure-Rust
+//! Compiles `proto/deviceplugin/v1beta1/api.proto` and `proto/podresources/v1/api.proto` with protox (a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed) and generates the tonic
 //! client and server bindings into `OUT_DIR`. Nothing generated is committed.
 //!
@@ -13,9 +13,14 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     symbol_order();
-    let proto = "proto/deviceplugin/v1beta1/api.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["proto"])?;
+    let protos = [
+        "proto/deviceplugin/v1beta1/api.proto",
+        "proto/podresources/v1/api.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

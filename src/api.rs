@@ -8,6 +8,19 @@ mod generated {
 }
 pub use generated::*;
 
+/// The kubelet's pod-resources API v1 (generated from `proto/podresources/v1/api.proto`): which
+/// device IDs running containers hold.
+pub mod podresources {
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    mod generated {
+        tonic::include_proto!("v1");
+    }
+    pub use generated::*;
+
+    /// Where the kubelet serves the pod-resources API.
+    pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+}
+
 /// API version sent in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
 /// Health value of a usable device in `Device.health`.

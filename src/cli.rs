@@ -240,6 +240,45 @@ pub struct RunArgs {
     /// CDI names and specs (used with a cdi-* deviceListStrategy).
     #[command(flatten)]
     pub cdi: CdiArgs,
+    /// What is in use, and GPU use per container.
+    #[command(flatten)]
+    pub usage: UsageArgs,
+}
+
+/// What is in use (the kubelet's pod-resources API) and GPU use sampling.
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    /// The kubelet's pod-resources socket: which device IDs running containers hold (so a
+    /// reload never pulls a device from under a pod) and who to attribute GPU use to. An empty
+    /// value asks nobody.
+    #[arg(long, env = "SLICELET_POD_RESOURCES_SOCKET", default_value = crate::api::podresources::DEFAULT_SOCKET)]
+    pub pod_resources_socket: PathBuf,
+    /// Seconds between reads of what is in use without another reason (it is also read after
+    /// each Allocate and before a change that would withdraw or re-purpose devices).
+    #[arg(long, env = "SLICELET_POD_RESOURCES_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pod_resources_seconds: u64,
+    /// Seconds between GPU use samples (utilisation, memory, per-process SM use); 0 samples
+    /// nothing.
+    #[arg(long, env = "SLICELET_SAMPLE_SECONDS", default_value_t = 5)]
+    pub sample_seconds: u64,
+    /// The kubelet's device checkpoint (pod UID → container → device IDs, to attribute a
+    /// process to its container); default kubelet_internal_checkpoint in the device-plugin
+    /// directory.
+    #[arg(long, env = "SLICELET_KUBELET_CHECKPOINT")]
+    pub kubelet_checkpoint: Option<PathBuf>,
+}
+
+impl UsageArgs {
+    fn apply(&self, s: &mut Settings) {
+        s.pod_resources_socket =
+            Some(self.pod_resources_socket.clone()).filter(|p| !p.as_os_str().is_empty());
+        s.pod_resources_interval = Duration::from_secs(self.pod_resources_seconds);
+        s.sample_interval = Some(Duration::from_secs(self.sample_seconds)).filter(|d| !d.is_zero());
+        s.kubelet_checkpoint = self
+            .kubelet_checkpoint
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty());
+    }
 }
 
 fn parse_features_file(s: &str) -> Result<PathBuf, String> {
@@ -393,6 +432,7 @@ impl RunArgs {
         };
         s.nfd_features_file = self.nfd_features_file.clone();
         self.cdi.apply(&mut s);
+        self.usage.apply(&mut s);
         Ok(s)
     }
 }

@@ -59,9 +59,28 @@ pub struct Settings {
     /// The CDI spec directories, lowest priority first (`--cdi-spec-dirs`, default `/etc/cdi`,
     /// `/var/run/cdi`; in a pod, the host's directories mounted read-only).
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The kubelet's pod-resources socket (`--pod-resources-socket`, default
+    /// [`crate::api::podresources::DEFAULT_SOCKET`]); `None` asks nobody what is in use.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// How often what is in use is read again without a reason to (default 10 s); it is also
+    /// read after each Allocate and before a change that would withdraw or re-purpose devices.
+    pub pod_resources_interval: Duration,
+    /// How often GPU use is sampled (`--sample-seconds`, default 5 s); `None` samples nothing.
+    pub sample_interval: Option<Duration>,
+    /// The kubelet's device checkpoint (`--kubelet-checkpoint`); `None`:
+    /// `kubelet_internal_checkpoint` in [`Settings::device_plugin_path`].
+    pub kubelet_checkpoint: Option<PathBuf>,
 }
 
 impl Settings {
+    /// The kubelet's device checkpoint this node reads ([`Settings::kubelet_checkpoint`], else
+    /// `kubelet_internal_checkpoint` in the device-plugin directory).
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.kubelet_checkpoint
+            .clone()
+            .unwrap_or_else(|| self.device_plugin_path.join("kubelet_internal_checkpoint"))
+    }
+
     /// Settings with the defaults for everything but the policy file and directory.
     pub fn new(config: impl Into<PathBuf>, device_plugin_path: impl Into<PathBuf>) -> Self {
         Settings {
@@ -89,6 +108,10 @@ impl Settings {
                 .iter()
                 .map(PathBuf::from)
                 .collect(),
+            pod_resources_socket: Some(PathBuf::from(crate::api::podresources::DEFAULT_SOCKET)),
+            pod_resources_interval: Duration::from_secs(10),
+            sample_interval: Some(Duration::from_secs(5)),
+            kubelet_checkpoint: None,
         }
     }
 }
