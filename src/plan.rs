@@ -428,6 +428,30 @@ pub struct Plan {
     /// Resources by name. `Arc` so that an unchanged resource keeps its identity across
     /// rebuilds (see [`Plan::reuse_unchanged`]).
     pub resources: BTreeMap<String, Arc<ResourcePlan>>,
+    /// What the drain rules changed (see [`Drain`]); empty when nothing is held or nothing
+    /// was withdrawn or re-purposed.
+    pub drain: Drain,
+}
+
+/// What the drain rules added to a plan, so that a policy or inventory change never pulls a
+/// device from under a running container (the kubelet rejects a restarted pod whose devices
+/// were dropped or turned Unhealthy: "previously allocated devices are no longer healthy").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drain {
+    /// resource → device IDs advertised only because a running container holds them (the
+    /// policy no longer has them); withdrawn once released.
+    pub retained: BTreeMap<String, BTreeSet<String>>,
+    /// resource → device ID → reason (`draining: held by ns/pod`): devices of a GPU that was
+    /// re-purposed (another resource, another replica count or strategy) while containers
+    /// hold its old devices, advertised Unhealthy until those holders are gone.
+    pub draining: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Drain {
+    /// Whether the drain rules changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.retained.is_empty() && self.draining.is_empty()
+    }
 }
 
 impl Plan {
@@ -921,7 +945,10 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         fresh.delivery.clone_from(&policy.delivery);
     }
     Ok(Built {
-        plan: Plan { resources },
+        plan: Plan {
+            resources,
+            drain: Drain::default(),
+        },
         warnings,
         mps_wanted: MpsWanted::default(),
         fallbacks: Vec::new(),
