@@ -61,6 +61,9 @@ pub const POLICY_DEBOUNCE: Duration = Duration::from_millis(100);
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(4);
 /// How often resources whose socket could not be bound are tried again.
 const BIND_RETRY: Duration = Duration::from_secs(1);
+/// How long after an Allocate what is in use is read again (the kubelet records the devices
+/// once Allocate answered; a burst of Allocates costs one read).
+const ALLOCATE_SETTLE: Duration = Duration::from_millis(500);
 /// Capacity of the hardware actor's and the MPS supervisor's channels to the supervisor.
 const CHANNEL_CAPACITY: usize = 256;
 /// Longest a policy read and parse may take before it counts as a rejection (it runs off the
@@ -385,6 +388,14 @@ pub async fn run_target(
         settings.stream_grace,
     );
     let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
+    let in_use_socket = settings
+        .pod_resources_socket
+        .clone()
+        .filter(|_| plugin_mode);
+    if in_use_socket.is_some() {
+        state = state.with_in_use_source();
+    }
+    let (in_use_tx, mut in_use_answers) = mpsc::channel(1);
     let (cdi_tx, mut cdi_specs) = mpsc::channel(1);
     let labels = settings
         .nfd_features_file
@@ -407,7 +418,18 @@ pub async fn run_target(
             busy: false,
             again: false,
         },
+        in_use: InUseReader {
+            socket: in_use_socket,
+            tx: in_use_tx,
+            busy: false,
+            again: false,
+            last: None,
+        },
     };
+    // What is in use, asked at once so the first plan already keeps what running containers
+    // hold (slicelet restarted with a changed policy); the answer is awaited with the first
+    // discovery below.
+    shell.in_use.start();
 
     // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
     hardware.send(Command::Discover);
@@ -488,6 +510,16 @@ pub async fn run_target(
         }
     };
     let discovered = first.is_ok();
+    if shell.in_use.busy {
+        // Bounded by the client's own timeout (5 s); a missing socket answers at once.
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            Some(answer) = in_use_answers.recv() => {
+                shell.in_use.busy = false;
+                shell.fold(&mut state, Input::InUse(answer), &mut servers);
+            }
+        }
+    }
     shell.fold(&mut state, Input::Discovered(first), &mut servers);
     shell.fold(&mut state, first_policy, &mut servers);
 
@@ -511,6 +543,8 @@ pub async fn run_target(
         settings.nvml_retry_interval
     });
     let mut bind_retry = timer(BIND_RETRY);
+    let mut in_use_refresh = timer(settings.pod_resources_interval);
+    let mut allocate_settle: Option<Instant> = None;
     loop {
         let recovery = state.next_deadline().map(Instant::from_std);
         let stream_deadline = servers.next_stream_deadline();
@@ -612,6 +646,21 @@ pub async fn run_target(
                 servers.check_streams();
             }
             () = server_events.recheck.notified() => servers.kubelet_dir_changed(),
+            () = server_events.allocated.notified() => {
+                allocate_settle.get_or_insert_with(|| Instant::now() + ALLOCATE_SETTLE);
+            }
+            _ = async { tokio::time::sleep_until(allocate_settle.expect("guarded")).await }, if allocate_settle.is_some() => {
+                allocate_settle = None;
+                shell.in_use.start();
+            }
+            Some(answer) = in_use_answers.recv() => {
+                shell.in_use.busy = false;
+                shell.fold(&mut state, Input::InUse(answer), &mut servers);
+                if std::mem::take(&mut shell.in_use.again) {
+                    shell.in_use.start();
+                }
+            }
+            _ = in_use_refresh.tick(), if shell.in_use.socket.is_some() => shell.in_use.start(),
             () = servers.reap() => {}
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
@@ -682,6 +731,44 @@ struct Shell<'a> {
     /// The feature file content last asked for.
     labels_content: Option<String>,
     cdi: CdiCheck,
+    in_use: InUseReader,
+}
+
+/// Reads of what is in use (pod-resources `List`) for [`Action::RefreshInUse`], the periodic
+/// refresh and each Allocate: one at a time and at least [`podres::client::MIN_SPACING`]
+/// apart (the kubelet's limit is 100 a second), a request while one runs queued once.
+struct InUseReader {
+    socket: Option<PathBuf>,
+    tx: mpsc::Sender<Result<crate::podres::InUse, String>>,
+    busy: bool,
+    again: bool,
+    last: Option<Instant>,
+}
+
+impl InUseReader {
+    fn start(&mut self) {
+        let Some(socket) = self.socket.clone() else {
+            return;
+        };
+        if self.busy {
+            self.again = true;
+            return;
+        }
+        self.busy = true;
+        let now = Instant::now();
+        let at = self
+            .last
+            .map_or(now, |l| (l + crate::podres::client::MIN_SPACING).max(now));
+        self.last = Some(at);
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let answer = crate::podres::client::list(&socket)
+                .await
+                .map_err(|e| crate::errors::chain(&e));
+            let _ = tx.send(answer).await;
+        });
+    }
 }
 
 /// Shows the node's config label and the API's last error in the [`Status`].
@@ -772,6 +859,8 @@ impl Shell<'_> {
                 // Only the device plugin hands out CDI names (`slicelet mps` serves no Allocate).
                 Action::CheckCdi if self.plugin_mode => self.cdi.start(),
                 Action::CheckCdi => {}
+                Action::RefreshInUse => self.in_use.start(),
+                Action::InUseChanged => {}
                 Action::Xid { uuid, xid } => self.metrics.xid(&uuid, xid),
                 Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),
@@ -842,6 +931,28 @@ impl Shell<'_> {
                 .map(|r| r.devices.iter().filter(|d| d.health.is_healthy()).count())
                 .sum();
             n.unhealthy = unhealthy_reasons(state);
+            n.retained = state
+                .plan
+                .drain
+                .retained
+                .iter()
+                .flat_map(|(r, ids)| {
+                    ids.iter().map(move |id| {
+                        let holders: Vec<String> = state
+                            .in_use
+                            .holders(r, id)
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect();
+                        (
+                            format!("{r} {id}"),
+                            format!("held by {}", holders.join(", ")),
+                        )
+                    })
+                })
+                .collect();
+            n.in_use = state.in_use.len();
+            n.in_use_error.clone_from(&state.in_use_error);
             let changed = n != *s;
             *s = n;
             changed
@@ -853,20 +964,29 @@ impl Shell<'_> {
 /// reason (a MIG device held by its parent GPU gets the parent's).
 fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
-    for d in state.plan.resources.values().flat_map(|r| r.devices.iter()) {
-        if d.health.is_healthy() || out.contains_key(&d.gpu_uuid) {
-            continue;
+    for (name, r) in &state.plan.resources {
+        for d in &r.devices {
+            if d.health.is_healthy() || out.contains_key(&d.gpu_uuid) {
+                continue;
+            }
+            let draining = state
+                .plan
+                .drain
+                .draining
+                .get(name)
+                .and_then(|m| m.get(&d.id));
+            let reason = state
+                .tracker
+                .reason(&d.gpu_uuid)
+                .or(draining.map(String::as_str))
+                .or_else(|| {
+                    d.mig
+                        .as_ref()
+                        .and_then(|m| state.tracker.reason(&m.parent_uuid))
+                })
+                .unwrap_or("discovery reports it unusable");
+            out.insert(d.gpu_uuid.clone(), reason.to_string());
         }
-        let reason = state
-            .tracker
-            .reason(&d.gpu_uuid)
-            .or_else(|| {
-                d.mig
-                    .as_ref()
-                    .and_then(|m| state.tracker.reason(&m.parent_uuid))
-            })
-            .unwrap_or("discovery reports it unusable");
-        out.insert(d.gpu_uuid.clone(), reason.to_string());
     }
     out
 }

@@ -1277,6 +1277,7 @@ pub fn device_encoded_len(id_len: usize, health: Health, numa: Option<i64>) -> u
     len
 }
 
+pub mod drain;
 mod mps;
 pub use mps::{
     container_pipe_dir, mps_dirs, mps_resource, MpsDaemon, MpsDaemonView, MpsDirs, MpsLimits,

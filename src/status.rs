@@ -74,6 +74,14 @@ pub struct Status {
     /// Each physical device (GPU or MIG UUID) advertised Unhealthy, and why (an Xid, a lost
     /// GPU, an unresolved CDI name, …); `/readyz` lists them after its first line.
     pub unhealthy: std::collections::BTreeMap<String, String>,
+    /// Devices advertised only because a running container holds them (the policy no longer
+    /// has them), as `resource device` → `held by ns/pod`; `/readyz` lists them too.
+    pub retained: std::collections::BTreeMap<String, String>,
+    /// Device IDs running containers hold, as pod-resources last said.
+    pub in_use: usize,
+    /// Why pod-resources could not be read (not a readiness failure: the last answer keeps
+    /// protecting running pods).
+    pub in_use_error: Option<String>,
 }
 
 impl Status {
@@ -123,13 +131,19 @@ impl Status {
 }
 
 impl Status {
-    /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, for `/readyz`'s body
-    /// (empty when every device is Healthy).
+    /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
+    /// device, `Retained <resource> <id>: held by ns/pod`, for `/readyz`'s body (empty when
+    /// every device is Healthy and nothing is retained).
     pub fn unhealthy_lines(&self) -> String {
-        self.unhealthy
+        let unhealthy = self
+            .unhealthy
             .iter()
-            .map(|(uuid, reason)| format!("Unhealthy {uuid}: {reason}\n"))
-            .collect()
+            .map(|(uuid, reason)| format!("Unhealthy {uuid}: {reason}\n"));
+        let retained = self
+            .retained
+            .iter()
+            .map(|(device, reason)| format!("Retained {device}: {reason}\n"));
+        unhealthy.chain(retained).collect()
     }
 }
 

@@ -32,6 +32,7 @@ use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVER
 use crate::inventory::Inventory;
 use crate::mps;
 use crate::plan::{self, MpsLimits, MpsWanted, Plan};
+use crate::podres::InUse;
 use crate::policy::{Policy, PolicyError};
 
 /// How long a probe may go unanswered (its report lost, or the hardware thread stuck) before
@@ -72,6 +73,10 @@ pub enum Input {
     /// The node's CDI specs were read (after [`Action::CheckCdi`]; an index whose read failed
     /// holds only the error, so every name is unresolved).
     CdiSpecs(cdi::SpecIndex),
+    /// What is in use, as the kubelet's pod-resources API answered (after
+    /// [`Action::RefreshInUse`], the periodic refresh, or an Allocate), or why it could not be
+    /// read.
+    InUse(Result<InUse, String>),
 }
 
 /// What the shell must do, in order.
@@ -87,6 +92,11 @@ pub enum Action {
     Probe(Vec<String>),
     /// Read the node's CDI spec directories (off the loop) and report [`Input::CdiSpecs`].
     CheckCdi,
+    /// Ask pod-resources what is in use now and report [`Input::InUse`]: a plan that would
+    /// withdraw or re-purpose devices waits for the answer.
+    RefreshInUse,
+    /// What is in use was read again (metrics: allocations, free devices).
+    InUseChanged,
     /// Count an Xid (metrics).
     Xid {
         /// The device.
@@ -149,6 +159,17 @@ pub struct State {
     cdi_kind: String,
     /// The spec problems of the last CDI check (logged when they change).
     cdi_errors: Vec<String>,
+    /// What running containers hold (pod-resources), as last read.
+    pub in_use: InUse,
+    /// Whether anybody is asked what is in use (`--pod-resources-socket`); without it no plan
+    /// waits for an answer.
+    in_use_source: bool,
+    /// Why the last pod-resources read failed (logged once per distinct error).
+    pub in_use_error: Option<String>,
+    /// A plan that withdraws or re-purposes devices waits for a fresh [`Input::InUse`].
+    in_use_wanted: bool,
+    /// The next plan may withdraw devices: what is in use was read after the change.
+    in_use_fresh: bool,
 }
 
 impl State {
@@ -176,7 +197,19 @@ impl State {
             xid_events: 0,
             cdi_kind: cdi::DEFAULT_KIND.to_string(),
             cdi_errors: Vec::new(),
+            in_use: InUse::default(),
+            in_use_source: false,
+            in_use_error: None,
+            in_use_wanted: false,
+            in_use_fresh: false,
         }
+    }
+
+    /// The same state asking pod-resources what is in use before a plan withdraws or
+    /// re-purposes devices (`--pod-resources-socket` set).
+    pub fn with_in_use_source(mut self) -> Self {
+        self.in_use_source = true;
+        self
     }
 
     /// The same state qualifying CDI names with `kind` (the node's `--cdi-kind`, checked by
@@ -276,6 +309,7 @@ impl State {
                 let ts = self.tracker.set_cdi_unresolved(&found);
                 self.transitions(ts, &mut out);
             }
+            Input::InUse(result) => self.in_use_read(result, &mut out),
             Input::Mps(ev) => {
                 if ev.removed {
                     self.mps_applied.remove(&ev.uuid);
@@ -299,6 +333,36 @@ impl State {
             }
         }
         out
+    }
+
+    fn in_use_read(&mut self, result: Result<InUse, String>, out: &mut Vec<Action>) {
+        let waited = std::mem::take(&mut self.in_use_wanted);
+        match result {
+            Ok(u) => {
+                if self.in_use_error.take().is_some() {
+                    tracing::info!("pod-resources answers again");
+                }
+                if u == self.in_use && !waited {
+                    return;
+                }
+                self.in_use = u;
+            }
+            Err(e) => {
+                if self.in_use_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(error = %e, "cannot read what is in use from the kubelet's pod-resources API; running pods are protected by the last answer only, and GPU use has no pod labels");
+                    self.in_use_error = Some(e);
+                }
+                if !waited {
+                    return;
+                }
+            }
+        }
+        // The answer came after the change was asked for: the plan may withdraw what nobody
+        // holds.
+        self.in_use_fresh = true;
+        self.replan(out);
+        self.in_use_fresh = false;
+        out.push(Action::InUseChanged);
     }
 
     fn transitions(&mut self, ts: Vec<Transition>, out: &mut Vec<Action>) {
@@ -479,10 +543,26 @@ impl State {
             out.push(Action::WantMps(wanted));
         }
         let mut plan = built.plan;
+        plan::drain::apply(
+            &mut plan,
+            &self.plan,
+            &self.in_use,
+            &self.tracker.effective(inv),
+        );
+        if self.in_use_source && !self.in_use_fresh && withdraws(&self.plan, &plan) {
+            // Ask the kubelet what is held now; this plan is built again with the answer.
+            if !self.in_use_wanted {
+                self.in_use_wanted = true;
+                tracing::debug!("the new plan withdraws or re-purposes devices: asking pod-resources what is in use first");
+                out.push(Action::RefreshInUse);
+            }
+            return;
+        }
         plan.reuse_unchanged(&self.plan);
         if plan == *self.plan {
             return;
         }
+        log_drain(&self.plan.drain, &plan.drain, &self.in_use);
         log_changes(&self.plan, &plan);
         self.plan = Arc::new(plan);
         out.push(Action::Publish(Arc::clone(&self.plan)));
@@ -497,6 +577,50 @@ fn note(ts: impl IntoIterator<Item = Transition>, out: &mut Vec<Action>) {
     for t in ts {
         tracing::warn!(gpu = %t.uuid, to = %t.health, reason = %t.reason, "device health changed");
         out.push(Action::Transition(t));
+    }
+}
+
+/// Whether `new` withdraws a device `old` advertises, or serves one of its devices with another
+/// strategy or replica count (a holder of it would be pulled from under or re-purposed).
+fn withdraws(old: &Plan, new: &Plan) -> bool {
+    old.resources
+        .iter()
+        .any(|(name, res)| match new.resources.get(name) {
+            None => !res.devices.is_empty(),
+            Some(n) => {
+                (n.strategy, n.replicas) != (res.strategy, res.replicas)
+                    || res.devices.iter().any(|d| n.device(&d.id).is_none())
+            }
+        })
+}
+
+/// One WARN line per drain case that `new` has and `old` had not: a held device kept only for
+/// its holders, and the devices of a re-purposed GPU held Unhealthy (with the pods).
+fn log_drain(old: &plan::Drain, new: &plan::Drain, in_use: &InUse) {
+    for (resource, ids) in &new.retained {
+        for id in ids {
+            if !old.retained.get(resource).is_some_and(|o| o.contains(id)) {
+                let pods: BTreeSet<String> = in_use
+                    .holders(resource, id)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                tracing::warn!(resource = %resource, device = %id, held_by = ?pods,
+                    "the policy no longer has this device, but a running container holds it: it stays advertised until released");
+            }
+        }
+    }
+    for (resource, ids) in &new.draining {
+        let mut by_reason: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (id, reason) in ids {
+            if old.draining.get(resource).and_then(|o| o.get(id)) != Some(reason) {
+                by_reason.entry(reason).or_default().push(id);
+            }
+        }
+        for (reason, ids) in by_reason {
+            tracing::warn!(resource = %resource, devices = ?ids, reason = %reason,
+                "a re-purposed GPU is still held the old way: its new devices are Unhealthy until the holders are gone");
+        }
     }
 }
 

@@ -75,6 +75,7 @@ pub(super) struct Servers {
     tasks: JoinSet<()>,
     identity: watch::Sender<Option<KubeletId>>,
     recheck: Arc<Notify>,
+    allocated: Arc<Notify>,
     registered_tx: mpsc::Sender<Registered>,
     lost_tx: mpsc::Sender<StreamEvent>,
     epoch: u64,
@@ -92,6 +93,8 @@ pub(super) struct ServerEvents {
     pub streams: mpsc::Receiver<StreamEvent>,
     /// Notified when a registration found `kubelet.sock` to be another socket than expected.
     pub recheck: Arc<Notify>,
+    /// Notified after each successful Allocate (what is in use changed).
+    pub allocated: Arc<Notify>,
 }
 
 impl Servers {
@@ -108,6 +111,7 @@ impl Servers {
         let (registered_tx, registered) = mpsc::channel(CHANNEL_CAPACITY);
         let (lost_tx, streams) = mpsc::channel(CHANNEL_CAPACITY);
         let recheck = Arc::new(Notify::new());
+        let allocated = Arc::new(Notify::new());
         let identity = KubeletId::of(&dir.join(KUBELET_SOCKET));
         let servers = Servers {
             dir,
@@ -117,6 +121,7 @@ impl Servers {
             tasks: JoinSet::new(),
             identity: watch::Sender::new(identity),
             recheck: Arc::clone(&recheck),
+            allocated: Arc::clone(&allocated),
             registered_tx,
             lost_tx,
             epoch: 0,
@@ -133,6 +138,7 @@ impl Servers {
                 registered,
                 streams,
                 recheck,
+                allocated,
             },
         )
     }
@@ -228,7 +234,8 @@ impl Servers {
             stop.clone(),
             self.dev_root.clone(),
         )
-        .report_streams(self.lost_tx.clone(), epoch);
+        .report_streams(self.lost_tx.clone(), epoch)
+        .report_allocations(Arc::clone(&self.allocated));
         let serving = AbortOnDrop(plugin::serve(socket, service, stop.clone()));
         let finished = done.clone();
         // Aborting this task (a restart past its deadline, shutdown past its deadline) drops

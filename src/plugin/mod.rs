@@ -146,6 +146,7 @@ pub struct Service {
     stop: CancellationToken,
     dev_root: String,
     lost: Option<(mpsc::Sender<StreamEvent>, u64)>,
+    allocated: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// What happened to a ListAndWatch stream, for the supervisor.
@@ -185,6 +186,7 @@ impl Service {
             stop,
             dev_root: dev_root.into(),
             lost: None,
+            allocated: None,
         }
     }
 
@@ -192,6 +194,13 @@ impl Service {
     /// meant to run (the kubelet went away), tagged with `epoch`.
     pub fn report_streams(mut self, tx: mpsc::Sender<StreamEvent>, epoch: u64) -> Self {
         self.lost = Some((tx, epoch));
+        self
+    }
+
+    /// Notifies `allocated` after each successful Allocate (the supervisor then asks
+    /// pod-resources what is in use).
+    pub fn report_allocations(mut self, allocated: Arc<tokio::sync::Notify>) -> Self {
+        self.allocated = Some(allocated);
         self
     }
 
@@ -353,6 +362,9 @@ impl DevicePlugin for Service {
                 }
             }
             container_responses.push(to_api(alloc));
+        }
+        if let Some(n) = &self.allocated {
+            n.notify_one();
         }
         Ok(Response::new(api::AllocateResponse {
             container_responses,

@@ -1,0 +1,266 @@
+//! The drain rules: a policy or inventory change never pulls a device from under a running
+//! container.
+//!
+//! The kubelet keeps every container's device IDs in its checkpoint and, after a restart,
+//! re-admits a pod only if each ID it holds is still advertised Healthy ("previously allocated
+//! devices are no longer healthy" otherwise: the pod is rejected, i.e. killed). So, given what
+//! the kubelet's pod-resources API says is held ([`InUse`]):
+//!
+//! 1. **Retained**: a held device ID the new plan no longer has (a reload went from 4 to 2
+//!    replicas while `::3` is held, or made a whole GPU shared) stays advertised with its old
+//!    shape, Healthy unless its physical unit is Unhealthy or gone, until the kubelet releases
+//!    it; then it is withdrawn. Its shape comes from the previous plan, or, after a restart of
+//!    slicelet, from the ID (`<uuid>` or `<uuid>::<n>`) and the inventory.
+//! 2. **Draining**: a physical unit (GPU or MIG device) whose held devices are retained, or
+//!    whose resource changed strategy or replica count under a holder, is re-purposed: its
+//!    new devices that nobody holds are advertised Unhealthy with the reason
+//!    `draining: held by ns/pod` until the old holders are gone, so nobody new is scheduled
+//!    onto a GPU still shared the old way.
+//!
+//! A held device that the new plan still has keeps its place (and its health). An MPS resource
+//! whose replica count changes keeps the MPS pending-change rule ([`super::build_with`]: the
+//! daemon's enforced limits are advertised until its clients leave); only IDs that disappear
+//! are retained there.
+//!
+//! Pure: no I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::{Drain, Plan, ResourcePlan, Strategy, VirtualDevice};
+use crate::health::Health;
+use crate::inventory::Inventory;
+use crate::podres::{Holder, InUse};
+use crate::policy::ResourceName;
+
+/// Applies the drain rules to `plan` (just built from the policy and the effective inventory
+/// `inventory`), given what is held (`in_use`) and the plan served until now (`previous`, which
+/// holds the shapes of devices retained before). Sets [`Plan::drain`].
+pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inventory) {
+    let mut drain = Drain::default();
+    // Physical unit (GPU or MIG UUID) → the pods holding its old devices.
+    let mut repurposed: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
+    let mut retained: BTreeMap<String, Vec<VirtualDevice>> = BTreeMap::new();
+    for (resource, id, holders) in in_use.iter() {
+        if let Some(res) = plan.resources.get(resource) {
+            if res.device(id).is_some() {
+                let was = previous.resources.get(resource);
+                let changed = was.is_some_and(|old| {
+                    old.device(id).is_some()
+                        && shape(old) != shape(res)
+                        && !(old.strategy == Strategy::Mps && res.strategy == Strategy::Mps)
+                });
+                if changed {
+                    let unit = res
+                        .device(id)
+                        .map(|d| d.gpu_uuid.clone())
+                        .unwrap_or_default();
+                    repurposed
+                        .entry(unit)
+                        .or_default()
+                        .extend(holders.iter().cloned());
+                }
+                continue;
+            }
+        }
+        let Some(mut device) = previous
+            .resources
+            .get(resource)
+            .and_then(|r| r.device(id))
+            .cloned()
+            .or_else(|| from_id(id, inventory))
+        else {
+            tracing::warn!(resource, device = id, holders = %names(holders.iter()),
+                "a held device ID names no GPU or MIG device on this node; it cannot stay advertised");
+            continue;
+        };
+        device.health = unit_health(&device, inventory);
+        repurposed
+            .entry(device.gpu_uuid.clone())
+            .or_default()
+            .extend(holders.iter().cloned());
+        drain
+            .retained
+            .entry(resource.to_string())
+            .or_default()
+            .insert(id.to_string());
+        retained
+            .entry(resource.to_string())
+            .or_default()
+            .push(device);
+    }
+    // Retained devices back into their resources (or the resource they kept alive).
+    for (resource, devices) in retained {
+        let merged = match plan.resources.get(&resource) {
+            Some(res) => {
+                let mut all = res.devices.clone();
+                all.extend(devices);
+                rebuilt(res, all, inventory)
+            }
+            None => match previous.resources.get(&resource) {
+                Some(old) => rebuilt(old, devices, inventory),
+                None => {
+                    let Ok(name) = ResourceName::parse(&resource) else {
+                        continue;
+                    };
+                    let shared = devices.iter().any(|d| d.replica.is_some());
+                    let replicas = devices
+                        .iter()
+                        .filter_map(|d| d.replica)
+                        .max()
+                        .map_or(1, |n| n + 1);
+                    let strategy = if shared {
+                        Strategy::TimeSlicing
+                    } else {
+                        Strategy::None
+                    };
+                    let mut devices = devices;
+                    sort(&mut devices);
+                    ResourcePlan::new(name, strategy, replicas, false, false, devices)
+                        .with_links_from(inventory)
+                }
+            },
+        };
+        plan.resources.insert(resource, Arc::new(merged));
+    }
+    // New devices of a re-purposed unit: Unhealthy while the old holders are there.
+    if !repurposed.is_empty() {
+        for (name, res) in plan.resources.iter_mut() {
+            let kept = drain.retained.get(name);
+            let hit: Vec<usize> = res
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| {
+                    repurposed.contains_key(&d.gpu_uuid)
+                        && !in_use.is_held(name, &d.id)
+                        && !kept.is_some_and(|k| k.contains(&d.id))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if hit.is_empty() {
+                continue;
+            }
+            let res = Arc::make_mut(res);
+            for i in hit {
+                let d = &mut res.devices[i];
+                d.health = Health::Unhealthy;
+                let reason = format!(
+                    "draining: held by {}",
+                    names(repurposed[&d.gpu_uuid].iter())
+                );
+                drain
+                    .draining
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(d.id.clone(), reason);
+            }
+        }
+    }
+    plan.drain = drain;
+}
+
+/// What a holder was given: the resource's strategy and replica count.
+fn shape(res: &ResourcePlan) -> (Strategy, u32) {
+    (res.strategy, res.replicas)
+}
+
+/// `ns/pod, ns/pod2` (each pod once, in order).
+fn names<'a>(holders: impl Iterator<Item = &'a Holder>) -> String {
+    let pods: BTreeSet<String> = holders.map(ToString::to_string).collect();
+    pods.into_iter().collect::<Vec<_>>().join(", ")
+}
+
+/// The device behind a held ID the previous plan does not know (slicelet restarted with a
+/// changed policy): `<uuid>` or `<uuid>::<n>`, the UUID a GPU's or a MIG device's.
+fn from_id(id: &str, inventory: &Inventory) -> Option<VirtualDevice> {
+    let (unit, replica) = match id.split_once("::") {
+        Some((u, n)) => (u, Some(n.parse::<u32>().ok()?)),
+        None => (id, None),
+    };
+    for g in &inventory.gpus {
+        if g.uuid == unit {
+            return Some(VirtualDevice {
+                id: id.to_string(),
+                gpu_index: g.index,
+                gpu_uuid: g.uuid.clone(),
+                gpu_minor: g.minor,
+                replica,
+                health: g.health,
+                numa_node: g.numa_node,
+                mig: None,
+            });
+        }
+        if let Some(m) = g.mig_devices.iter().find(|m| m.uuid == unit) {
+            return Some(VirtualDevice {
+                id: id.to_string(),
+                gpu_index: g.index,
+                gpu_uuid: m.uuid.clone(),
+                gpu_minor: g.minor,
+                replica,
+                health: g.health.and(m.health),
+                numa_node: g.numa_node,
+                mig: Some(super::MigInfo {
+                    index: m.index,
+                    parent_uuid: g.uuid.clone(),
+                    profile: m.profile.clone(),
+                    gi_id: m.gi_id,
+                    ci_id: m.ci_id,
+                    caps: m.caps,
+                }),
+            });
+        }
+    }
+    None
+}
+
+/// A retained device's health: its unit's in the (effective) inventory; Unhealthy when the
+/// unit is gone.
+fn unit_health(d: &VirtualDevice, inventory: &Inventory) -> Health {
+    match &d.mig {
+        None => inventory
+            .by_uuid(&d.gpu_uuid)
+            .map_or(Health::Unhealthy, |g| g.health),
+        Some(m) => inventory
+            .by_uuid(&m.parent_uuid)
+            .and_then(|g| {
+                g.mig_devices
+                    .iter()
+                    .find(|x| x.uuid == d.gpu_uuid)
+                    .map(|x| g.health.and(x.health))
+            })
+            .unwrap_or(Health::Unhealthy),
+    }
+}
+
+fn sort(devices: &mut [VirtualDevice]) {
+    devices.sort_by(|a, b| {
+        (a.unit_order(), a.replica, &a.id).cmp(&(b.unit_order(), b.replica, &b.id))
+    });
+}
+
+/// `res` with `devices` (re-sorted, re-indexed) and everything else kept.
+fn rebuilt(
+    res: &ResourcePlan,
+    mut devices: Vec<VirtualDevice>,
+    inventory: &Inventory,
+) -> ResourcePlan {
+    sort(&mut devices);
+    devices.dedup_by(|a, b| a.id == b.id);
+    let mut out = ResourcePlan::new(
+        res.name.clone(),
+        res.strategy,
+        res.replicas,
+        res.fail_requests_greater_than_one,
+        res.pass_device_specs,
+        devices,
+    )
+    .with_links_from(inventory)
+    .with_shared_allocation(res.shared_allocation)
+    .with_delivery(res.delivery.clone());
+    out.mps.clone_from(&res.mps);
+    out
+}
+
+#[cfg(test)]
+mod tests;

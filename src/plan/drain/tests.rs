@@ -1,0 +1,240 @@
+use super::*;
+use crate::inventory::test_node;
+use crate::plan::build;
+use crate::policy::parse;
+
+const GPU: &str = "nvidia.com/gpu";
+
+fn uuid(i: u32) -> String {
+    format!("GPU-{i:08}-0000-0000-0000-000000000000")
+}
+
+fn policy(replicas: u32) -> crate::policy::Policy {
+    if replicas == 0 {
+        return parse("version: v1\n").unwrap();
+    }
+    parse(&format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: {replicas}\n"
+    ))
+    .unwrap()
+}
+
+fn holder(pod: &str) -> Holder {
+    Holder {
+        namespace: "default".into(),
+        pod: pod.into(),
+        container: "main".into(),
+    }
+}
+
+fn held(ids: &[(&str, &str)]) -> InUse {
+    let mut u = InUse::default();
+    for (id, pod) in ids {
+        u.insert(GPU, id, holder(pod));
+    }
+    u
+}
+
+/// The plan `replicas` (0: whole GPUs) builds on `n` GPUs, with the drain rules applied
+/// against `previous`.
+fn plan(replicas: u32, n: u32, previous: &Plan, in_use: &InUse) -> Plan {
+    let inv = test_node(n);
+    let mut p = build(&policy(replicas), &inv).unwrap().plan;
+    apply(&mut p, previous, in_use, &inv);
+    p
+}
+
+/// `(id, health)` of every device of `resource`, in order.
+fn listed(p: &Plan, resource: &str) -> Vec<(String, &'static str)> {
+    p.resources[resource]
+        .devices
+        .iter()
+        .map(|d| (d.id.clone(), d.health.as_str()))
+        .collect()
+}
+
+#[test]
+fn nothing_held_changes_nothing() {
+    let before = plan(4, 2, &Plan::default(), &InUse::default());
+    let after = plan(2, 2, &before, &InUse::default());
+    let raw = build(&policy(2), &test_node(2)).unwrap().plan;
+    assert_eq!(after, raw);
+    assert!(after.drain.is_empty());
+}
+
+#[test]
+fn whole_to_shared_while_held_keeps_the_whole_gpu_and_drains_its_replicas() {
+    let before = plan(0, 2, &Plan::default(), &InUse::default());
+    let in_use = held(&[(&uuid(0), "a")]);
+    let after = plan(4, 2, &before, &in_use);
+    let want: Vec<(String, &str)> = [
+        (uuid(0), "Healthy"),
+        (format!("{}::0", uuid(0)), "Unhealthy"),
+        (format!("{}::1", uuid(0)), "Unhealthy"),
+        (format!("{}::2", uuid(0)), "Unhealthy"),
+        (format!("{}::3", uuid(0)), "Unhealthy"),
+    ]
+    .into_iter()
+    .chain((0..4).map(|n| (format!("{}::{n}", uuid(1)), "Healthy")))
+    .collect();
+    let got = listed(&after, GPU);
+    assert_eq!(got.len(), want.len());
+    let mut sorted_want = want.clone();
+    sorted_want.sort();
+    let mut sorted_got = got.clone();
+    sorted_got.sort();
+    assert_eq!(sorted_got, sorted_want);
+    assert_eq!(
+        after.drain.retained[GPU],
+        BTreeSet::from([uuid(0)]),
+        "the whole GPU the pod holds stays advertised"
+    );
+    assert_eq!(
+        after.drain.draining[GPU][&format!("{}::2", uuid(0))],
+        "draining: held by default/a"
+    );
+    assert_eq!(after.drain.draining[GPU].len(), 4);
+    // The whole device keeps its place first on GPU 0 (devices stay in GPU order).
+    assert_eq!(got[0].0, uuid(0));
+}
+
+#[test]
+fn four_to_two_replicas_keeps_the_held_replica_and_drains_the_rest_of_its_gpu() {
+    let before = plan(4, 2, &Plan::default(), &InUse::default());
+    let id3 = format!("{}::3", uuid(0));
+    let in_use = held(&[(&id3, "b")]);
+    let after = plan(2, 2, &before, &in_use);
+    assert_eq!(
+        listed(&after, GPU),
+        vec![
+            (format!("{}::0", uuid(0)), "Unhealthy"),
+            (format!("{}::1", uuid(0)), "Unhealthy"),
+            (id3.clone(), "Healthy"),
+            (format!("{}::0", uuid(1)), "Healthy"),
+            (format!("{}::1", uuid(1)), "Healthy"),
+        ]
+    );
+    assert_eq!(after.drain.retained[GPU], BTreeSet::from([id3.clone()]));
+    // The retained replica is served with its old shape's siblings gone: Allocate still finds it.
+    assert!(after.resources[GPU].device(&id3).is_some());
+    // Released: withdrawn, and GPU 0's replicas are Healthy again.
+    let released = plan(2, 2, &after, &InUse::default());
+    assert_eq!(released, build(&policy(2), &test_node(2)).unwrap().plan);
+}
+
+#[test]
+fn a_drain_lasts_across_replans_while_the_holder_stays() {
+    let before = plan(4, 1, &Plan::default(), &InUse::default());
+    let id3 = format!("{}::3", uuid(0));
+    let in_use = held(&[(&id3, "b")]);
+    let once = plan(2, 1, &before, &in_use);
+    // Another replan (a health change, a resync) with the same holder: the same plan.
+    let twice = plan(2, 1, &once, &in_use);
+    assert_eq!(once, twice);
+}
+
+#[test]
+fn a_held_replica_that_stays_keeps_its_health_and_the_new_ones_drain() {
+    // 2 → 4 replicas while ::0 is held: ::0 exists in both, but its GPU is now shared by 4.
+    let before = plan(2, 1, &Plan::default(), &InUse::default());
+    let id0 = format!("{}::0", uuid(0));
+    let after = plan(4, 1, &before, &held(&[(&id0, "a")]));
+    assert_eq!(
+        listed(&after, GPU),
+        vec![
+            (id0.clone(), "Healthy"),
+            (format!("{}::1", uuid(0)), "Unhealthy"),
+            (format!("{}::2", uuid(0)), "Unhealthy"),
+            (format!("{}::3", uuid(0)), "Unhealthy"),
+        ]
+    );
+    assert!(after.drain.retained.is_empty());
+}
+
+#[test]
+fn same_shape_while_held_is_no_drain() {
+    let before = plan(4, 1, &Plan::default(), &InUse::default());
+    let id0 = format!("{}::0", uuid(0));
+    let after = plan(4, 1, &before, &held(&[(&id0, "a")]));
+    assert!(after.drain.is_empty());
+    assert_eq!(after, before);
+}
+
+#[test]
+fn a_retained_device_on_an_unhealthy_gpu_is_unhealthy() {
+    let before = plan(4, 1, &Plan::default(), &InUse::default());
+    let mut inv = test_node(1);
+    inv.gpus[0].health = Health::Unhealthy;
+    let id3 = format!("{}::3", uuid(0));
+    let mut p = build(&policy(2), &inv).unwrap().plan;
+    apply(&mut p, &before, &held(&[(&id3, "b")]), &inv);
+    assert_eq!(
+        p.resources[GPU].device(&id3).unwrap().health,
+        Health::Unhealthy
+    );
+}
+
+#[test]
+fn after_a_restart_a_held_id_is_shaped_from_the_inventory() {
+    // No previous plan (slicelet restarted with the new policy): the held whole GPU is
+    // known by its UUID alone.
+    let in_use = held(&[(&uuid(1), "c"), ("GPU-nothing-here", "d")]);
+    let after = plan(2, 2, &Plan::default(), &in_use);
+    let d = after.resources[GPU].device(&uuid(1)).expect("retained");
+    assert_eq!(
+        (d.gpu_index, d.replica, d.health),
+        (1, None, Health::Healthy)
+    );
+    assert_eq!(after.drain.retained[GPU], BTreeSet::from([uuid(1)]));
+    // GPU 1's replicas drain; GPU 0 is untouched; the unknown ID is not advertised.
+    assert_eq!(after.drain.draining[GPU].len(), 2);
+    assert!(after.drain.draining[GPU]
+        .keys()
+        .all(|id| id.starts_with(&uuid(1))));
+    assert!(after.resources[GPU].device("GPU-nothing-here").is_none());
+}
+
+#[test]
+fn a_resource_the_policy_dropped_lives_on_for_its_holders() {
+    // Renamed away: nvidia.com/gpu → nvidia.com/gpu-shared, while GPU 0 is held whole.
+    let before = plan(0, 2, &Plan::default(), &InUse::default());
+    let inv = test_node(2);
+    let renamed = parse(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-shared\n        replicas: 2\n",
+    )
+    .unwrap();
+    let mut p = build(&renamed, &inv).unwrap().plan;
+    assert!(!p.resources.contains_key(GPU));
+    apply(&mut p, &before, &held(&[(&uuid(0), "a")]), &inv);
+    assert_eq!(listed(&p, GPU), vec![(uuid(0), "Healthy")]);
+    let shared = "nvidia.com/gpu-shared";
+    assert_eq!(
+        p.drain.draining[shared].keys().cloned().collect::<Vec<_>>(),
+        vec![format!("{}::0", uuid(0)), format!("{}::1", uuid(0))]
+    );
+    // The kept resource has its old shape (whole GPUs).
+    assert_eq!(p.resources[GPU].strategy, Strategy::None);
+}
+
+#[test]
+fn the_reason_names_every_pod_once() {
+    let before = plan(4, 1, &Plan::default(), &InUse::default());
+    let mut in_use = held(&[
+        (&format!("{}::3", uuid(0)), "b"),
+        (&format!("{}::2", uuid(0)), "a"),
+    ]);
+    in_use.insert(
+        GPU,
+        &format!("{}::3", uuid(0)),
+        Holder {
+            namespace: "default".into(),
+            pod: "b".into(),
+            container: "sidecar".into(),
+        },
+    );
+    let after = plan(0, 1, &before, &in_use);
+    assert_eq!(
+        after.drain.draining[GPU][&uuid(0)],
+        "draining: held by default/a, default/b"
+    );
+}
