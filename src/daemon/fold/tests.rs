@@ -79,6 +79,8 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::ComputeModes(g) => format!("ComputeModes({g:?})"),
             Action::Probe(u) => format!("Probe({u:?})"),
             Action::CheckCdi => "CheckCdi".to_string(),
+            Action::RefreshInUse => "RefreshInUse".to_string(),
+            Action::InUseChanged => "InUseChanged".to_string(),
             Action::Xid { uuid, xid } => format!("Xid({uuid}, {xid})"),
             Action::Transition(t) => format!("Transition({}, {})", t.uuid, t.health),
             Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
@@ -709,5 +711,123 @@ fn cdi_names_use_the_nodes_kind() {
         got.iter().filter(|a| a.contains("Unhealthy")).count(),
         2,
         "{got:?}"
+    );
+}
+
+/// Four replicas per GPU of `nvidia.com/gpu`.
+const TS4_GPU: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+/// Two replicas per GPU of `nvidia.com/gpu`.
+const TS2_GPU: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
+
+fn holding(ids: &[&str]) -> crate::podres::InUse {
+    let mut u = crate::podres::InUse::default();
+    for id in ids {
+        u.insert(
+            "nvidia.com/gpu",
+            id,
+            crate::podres::Holder {
+                namespace: "ml".into(),
+                pod: "llm-0".into(),
+                container: "main".into(),
+            },
+        );
+    }
+    u
+}
+
+fn ids(s: &State) -> Vec<(String, &'static str)> {
+    s.plan.resources["nvidia.com/gpu"]
+        .devices
+        .iter()
+        .map(|d| (d.id.clone(), d.health.as_str()))
+        .collect()
+}
+
+/// A reload that would withdraw devices waits for a fresh pod-resources answer, then keeps
+/// what it says is held; the periodic answer that the holder is gone withdraws it.
+#[test]
+fn a_withdrawing_reload_asks_what_is_in_use_first() {
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default()).with_in_use_source();
+    s.fold(discovered(test_node(1)), t);
+    let held3 = format!("{}::3", gpu(0));
+    assert_eq!(summary(&s.fold(Input::InUse(Ok(holding(&[&held3]))), t)), ["InUseChanged"]);
+    assert_eq!(
+        summary(&s.fold(policy(TS4_GPU, true), t)),
+        ["PolicyApplied(1)", "Publish"]
+    );
+    let four = Arc::clone(&s.plan);
+    // 4 → 2: the plan withdraws ::2 and ::3, so it waits for an answer (asked once).
+    assert_eq!(
+        summary(&s.fold(policy(TS2_GPU, false), t)),
+        ["PolicyApplied(2)", "RefreshInUse"]
+    );
+    assert!(Arc::ptr_eq(&s.plan, &four), "nothing published before the answer");
+    // A health change meanwhile does not ask twice.
+    assert_eq!(
+        summary(&s.fold(xid(&gpu(0), 13), t)),
+        [format!("Xid({}, 13)", gpu(0))]
+    );
+    // The answer: ::3 is still held.
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Ok(holding(&[&held3]))), t)),
+        ["Publish", "InUseChanged"]
+    );
+    assert_eq!(
+        ids(&s),
+        [
+            (format!("{}::0", gpu(0)), "Unhealthy"),
+            (format!("{}::1", gpu(0)), "Unhealthy"),
+            (held3.clone(), "Healthy"),
+        ]
+    );
+    // The same answer again (the periodic refresh): nothing to do.
+    assert!(s.fold(Input::InUse(Ok(holding(&[&held3]))), t).is_empty());
+    // Released: withdrawn at once (the answer is the fresh read).
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Ok(holding(&[]))), t)),
+        ["Publish", "InUseChanged"]
+    );
+    assert_eq!(
+        ids(&s),
+        [
+            (format!("{}::0", gpu(0)), "Healthy"),
+            (format!("{}::1", gpu(0)), "Healthy"),
+        ]
+    );
+}
+
+/// pod-resources failing while a plan waits: the last answer decides (no deadlock), and the
+/// error is kept for `/readyz` and the logs.
+#[test]
+fn a_failed_read_applies_the_plan_with_the_last_answer() {
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default()).with_in_use_source();
+    s.fold(discovered(test_node(1)), t);
+    s.fold(policy(TS4_GPU, true), t);
+    assert_eq!(
+        summary(&s.fold(policy(TS2_GPU, false), t)),
+        ["PolicyApplied(2)", "RefreshInUse"]
+    );
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Err("socket missing".into())), t)),
+        ["Publish", "InUseChanged"]
+    );
+    assert_eq!(ids(&s).len(), 2);
+    assert_eq!(s.in_use_error.as_deref(), Some("socket missing"));
+    // Not waiting: a failed periodic read changes nothing.
+    assert!(s.fold(Input::InUse(Err("socket missing".into())), t).is_empty());
+}
+
+/// Without a pod-resources socket nothing waits: the reload applies at once.
+#[test]
+fn without_a_source_nothing_waits() {
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(test_node(1)), t);
+    s.fold(policy(TS4_GPU, true), t);
+    assert_eq!(
+        summary(&s.fold(policy(TS2_GPU, false), t)),
+        ["PolicyApplied(2)", "Publish"]
     );
 }
