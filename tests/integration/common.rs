@@ -66,9 +66,16 @@ impl Node {
         write_configmap(&self.tmp.path().join("policy"), &[("config.yaml", text)]);
     }
 
+    /// Where this node's kubelet serves pod-resources (nobody, unless a test starts
+    /// [`kubelet_emulator::pod_resources::PodResources`] there).
+    pub fn pod_resources(&self) -> PathBuf {
+        self.tmp.path().join("pod-resources/kubelet.sock")
+    }
+
     pub fn settings(&self, simulate: &Path) -> Settings {
         let mut s = Settings::new(self.policy(), self.plugins());
         s.simulate = Some(simulate.to_path_buf());
+        s.pod_resources_socket = Some(self.pod_resources());
         s
     }
 }

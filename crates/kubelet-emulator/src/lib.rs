@@ -18,6 +18,7 @@
 //! order); both await the recorder's change notification under a timeout, never a sleep loop.
 
 pub mod kube_api;
+pub mod pod_resources;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -751,7 +751,10 @@ fn a_withdrawing_reload_asks_what_is_in_use_first() {
     let mut s = State::new(HealthEnv::default()).with_in_use_source();
     s.fold(discovered(test_node(1)), t);
     let held3 = format!("{}::3", gpu(0));
-    assert_eq!(summary(&s.fold(Input::InUse(Ok(holding(&[&held3]))), t)), ["InUseChanged"]);
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Ok(holding(&[&held3]))), t)),
+        ["InUseChanged"]
+    );
     assert_eq!(
         summary(&s.fold(policy(TS4_GPU, true), t)),
         ["PolicyApplied(1)", "Publish"]
@@ -762,7 +765,10 @@ fn a_withdrawing_reload_asks_what_is_in_use_first() {
         summary(&s.fold(policy(TS2_GPU, false), t)),
         ["PolicyApplied(2)", "RefreshInUse"]
     );
-    assert!(Arc::ptr_eq(&s.plan, &four), "nothing published before the answer");
+    assert!(
+        Arc::ptr_eq(&s.plan, &four),
+        "nothing published before the answer"
+    );
     // A health change meanwhile does not ask twice.
     assert_eq!(
         summary(&s.fold(xid(&gpu(0), 13), t)),
@@ -816,7 +822,9 @@ fn a_failed_read_applies_the_plan_with_the_last_answer() {
     assert_eq!(ids(&s).len(), 2);
     assert_eq!(s.in_use_error.as_deref(), Some("socket missing"));
     // Not waiting: a failed periodic read changes nothing.
-    assert!(s.fold(Input::InUse(Err("socket missing".into())), t).is_empty());
+    assert!(s
+        .fold(Input::InUse(Err("socket missing".into())), t)
+        .is_empty());
 }
 
 /// Without a pod-resources socket nothing waits: the reload applies at once.
