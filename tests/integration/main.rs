@@ -15,3 +15,4 @@ mod mps_gpu;
 mod node_label;
 mod restarts;
 mod status_truth;
+mod usage_manifests;
