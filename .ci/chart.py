@@ -14,8 +14,9 @@ For the default values and every CHART_DIR/ci/*.yaml, and each KUBE_VERSION (1.3
 OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the rendering against the
 merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
 MPS root mounted only when MPS is on, hostPID only in-process, every volume mounted and every
-mount backed by a volume, no subPath, the NFD and CDI paths, the namespace and its Pod Security
-label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
+mount backed by a volume, no subPath, the NFD and CDI paths, the pod-resources directory
+(read-only) and the host's /proc (read-only, only with usage.perPodAttribution), each env
+variable once, the namespace and its Pod Security label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
 message naming them. Exit 1 on any failure.
 """
 
@@ -138,6 +139,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                f"{what}: the selector matches its pods")
         container = spec["containers"][0]
         env = env_of(container)
+        env_names = [e["name"] for e in container.get("env", [])]
+        c.that(len(env_names) == len(set(env_names)),
+               f"{what}: each env variable once, not twice: {sorted({n for n in env_names if env_names.count(n) > 1})}")
         mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
         volumes = {vol["name"]: vol for vol in spec.get("volumes", [])}
         c.that(all("subPath" not in m for m in mounts.values()), f"{what}: no subPath mounts")
@@ -192,6 +196,33 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                 c.that(m is not None and not m.get("readOnly")
                        and volumes[m["name"]]["hostPath"]["path"] == labels["featuresDir"],
                        f"{what}: the host features.d mounted read-write")
+            usage = v["usage"]
+            c.that(env.get("SLICELET_SAMPLE_SECONDS") == str(usage["sampleSeconds"]),
+                   f"{what}: SLICELET_SAMPLE_SECONDS is usage.sampleSeconds")
+            pod_resources = usage["podResources"]
+            socket = env.get("SLICELET_POD_RESOURCES_SOCKET")
+            m = mounts.get(pod_resources["path"])
+            if pod_resources["enabled"]:
+                c.that(m is not None and m.get("readOnly") is True
+                       and volumes[m["name"]]["hostPath"]["path"] == pod_resources["path"],
+                       f"{what}: the host's pod-resources directory mounted read-only")
+                c.that(socket == f"{pod_resources['path'].rstrip('/')}/kubelet.sock",
+                       f"{what}: SLICELET_POD_RESOURCES_SOCKET in the mounted directory, not {socket}")
+            else:
+                c.that(m is None and socket == "",
+                       f"{what}: podResources off: no mount, SLICELET_POD_RESOURCES_SOCKET empty")
+            attribution = usage["perPodAttribution"]["enabled"]
+            m = mounts.get("/host/proc")
+            c.that((m is not None) == attribution,
+                   f"{what}: the host's /proc at /host/proc exactly with usage.perPodAttribution")
+            if m is not None:
+                c.that(m.get("readOnly") is True and volumes[m["name"]]["hostPath"]["path"] == "/proc",
+                       f"{what}: the host's /proc read-only")
+                c.that(env.get("SLICELET_PROC_ROOT") == "/host", f"{what}: SLICELET_PROC_ROOT=/host")
+        else:
+            c.that("/host/proc" not in mounts and "SLICELET_POD_RESOURCES_SOCKET" not in env,
+                   f"{what}: the MPS daemons need neither /proc nor pod-resources")
+        if not is_mps_ds:
             cdi = v["cdi"]
             c.that((env.get("SLICELET_CDI_SPEC_DIRS") == ",".join(cdi["specDirs"])) == cdi["enabled"],
                    f"{what}: SLICELET_CDI_SPEC_DIRS exactly with cdi.enabled")
@@ -224,6 +255,8 @@ REFUSED = [
     ({"mps": {"mode": "sidecar"}}, "mps"),
     ({"config": {"nodeLabel": {"enabled": True}}}, "config.nodeLabel.enabled"),
     ({"config": {"name": "theirs", "map": {"a": "version: v1"}}}, "config.name and config.map"),
+    ({"usage": {"sampleSeconds": -1}}, "sampleSeconds"),
+    ({"usage": {"perPodAttribution": {"hostPID": True}}}, "hostPID"),
 ]
 
 
@@ -243,6 +276,11 @@ FEATURES = {
     "namespace.create false": lambda v: not v["namespace"]["create"],
     "runtimeClassName": lambda v: bool(v.get("runtimeClassName")),
     "nodeSelector": lambda v: bool(v.get("nodeSelector")),
+    "usage.perPodAttribution.enabled": lambda v: v["usage"]["perPodAttribution"]["enabled"],
+    "usage.perPodAttribution.enabled with mig.enabled":
+        lambda v: v["usage"]["perPodAttribution"]["enabled"] and v["mig"]["enabled"],
+    "usage.podResources.enabled false": lambda v: not v["usage"]["podResources"]["enabled"],
+    "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
 }
 
 

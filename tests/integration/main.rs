@@ -16,3 +16,4 @@ mod mps_gpu;
 mod node_label;
 mod restarts;
 mod status_truth;
+mod usage_manifests;

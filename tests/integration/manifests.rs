@@ -245,7 +245,14 @@ fn base_namespace_enforces_privileged_and_mps_root_is_mounted_only_with_mps() {
         .iter()
         .map(|m| m["mountPath"].as_str().unwrap())
         .collect();
-    assert_eq!(paths, ["/var/lib/kubelet/device-plugins", "/etc/slicelet"]);
+    assert_eq!(
+        paths,
+        [
+            "/var/lib/kubelet/device-plugins",
+            "/etc/slicelet",
+            "/var/lib/kubelet/pod-resources"
+        ]
+    );
     assert!(spec.get("hostPID").is_none());
     let mps_root = policy::Policy::default().mps_root;
     for overlay in ["mps", "mps-in-process"] {
