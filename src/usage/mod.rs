@@ -7,11 +7,13 @@
 //! what pod-resources says is held ([`crate::podres::InUse`]) into per-container figures
 //! ([`attribute`]) for `/metrics` and `/status`.
 //!
-//! Everything here but the sampler is pure.
+//! Everything here but the sampler ([`sampler`], on the hardware actor's thread) and the two
+//! small readers ([`cgroup::read`], [`checkpoint::read`]) is pure.
 
 pub mod attribute;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod sampler;
 
 /// One sample of the node: every GPU, taken at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
