@@ -2,8 +2,9 @@
 //!
 //! NVML calls block, some for hundreds of milliseconds (a GPU falling off the bus, a driver
 //! busy with a reset); on the async runtime they would stall Allocate and ListAndWatch. So every
-//! call — opening the library, discovery, probes, compute-mode changes, re-arming the Xid event
-//! thread — runs here, on a dedicated OS thread that receives [`Command`]s over a channel and
+//! call — opening the library, discovery, probes, compute-mode changes, use samples (with the
+//! `/proc` and checkpoint reads that attribute them, [`crate::usage::sampler`]), re-arming the
+//! Xid event thread — runs here, on a dedicated OS thread that receives [`Command`]s over a channel and
 //! answers with [`Report`]s on the supervisor's **bounded** channel. The Xid event thread the
 //! source starts reports through the same channel.
 //!

@@ -943,6 +943,21 @@ mod usage_tests {
     }
 
     #[test]
+    fn the_shipped_busy_node_has_the_demo_processes() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodes/h100-80gb-x8-busy.yaml");
+        let s = SimulatedSource::new(&path).sample().unwrap();
+        assert_eq!(s.len(), 8);
+        let sm: Vec<(u32, Option<u32>)> = s[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.sm_util_percent))
+            .collect();
+        assert_eq!(sm, [(4242, Some(30)), (4343, Some(10))]);
+        assert!(s[1..].iter().all(|g| g.processes.is_empty()));
+    }
+
+    #[test]
     fn mig_devices_report_memory_only() {
         let text = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 3g.40gb\n          memoryUsedMiB: 30000\n        - profile: 1g.10gb\n          count: 2\n          memoryUsedMiB: 512\n";
         let s = samples(text);
