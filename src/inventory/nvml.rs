@@ -38,7 +38,7 @@
 //! utilisation samples and returns those newer than the `lastSeenTimeStamp` passed in; the
 //! newest timestamp received is kept per GPU UUID and passed next time, so no sample is lost
 //! or counted twice (several samples of one PID in one answer: the newest counts). The lists
-//! are joined by PID, each PID once ([`join_processes`]). NVML keeps samples only of processes
+//! are joined by PID, each PID once (`join_processes`). NVML keeps samples only of processes
 //! that used the GPU, so a listed process without a sample — and every process when NVML
 //! answers `NVML_ERROR_NOT_FOUND`, "no samples since `lastSeenTimeStamp`" — was idle:
 //! `sm_util_percent: Some(0)` (an idle process must count as idle for the scale-to-zero

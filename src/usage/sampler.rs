@@ -152,7 +152,8 @@ mod tests {
         let before = now_unix_ms();
         let s = sample(&mut Fixed(gpus), dir.path(), &cp).unwrap();
         assert!(s.at_unix_ms >= before);
-        let pods: Vec<Vec<(u32, Option<&str>, Option<&str>)>> = s
+        type Row<'a> = (u32, Option<&'a str>, Option<&'a str>);
+        let pods: Vec<Vec<Row>> = s
             .gpus
             .iter()
             .map(|g| {
