@@ -490,6 +490,7 @@ pub async fn run_target(
             Some(Report::Discovered(r)) => break r,
             Some(Report::Health(e)) => shell.fold(&mut state, Input::Health(e), &mut servers),
             Some(Report::Probed(p)) => shell.fold(&mut state, Input::Probed(p), &mut servers),
+            Some(Report::Sampled(_)) => {} // wired by the lead
             None => break Err(InventoryError::NvmlCount("hardware thread ended".into())),
         }
     };
@@ -611,6 +612,11 @@ pub async fn run_target(
                         }
                         Report::Health(e) => Input::Health(e),
                         Report::Probed(p) => Input::Probed(p),
+                        Report::Sampled(_) => {
+                            // wired by the lead
+                            next = reports.try_recv().ok();
+                            continue;
+                        }
                     };
                     shell.fold(&mut state, input, &mut servers);
                     next = reports.try_recv().ok();
