@@ -12,6 +12,8 @@
 pub mod attribute;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod report;
+pub mod view;
 
 /// One sample of the node: every GPU, taken at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
