@@ -496,7 +496,23 @@ pub(crate) mod tests {
             &[&crate::plan::replica_id(GPU1, 0)],
         )]);
         elsewhere.gpus[0].processes.truncate(1);
+        // One container with replicas on two GPUs (its checkpoint entry lists GPU1's first):
+        // the process on GPU0 counts for its GPU0 entry.
+        let g1r0 = crate::plan::replica_id(GPU1, 0);
+        let mut two_gpus = two.clone();
+        two_gpus.checkpoint = Some(vec![entry("uid-a", "main", SHARED, &[&g1r0, &r0])]);
+        two_gpus.gpus[0].processes.truncate(1);
+        let mut two_gpus_in_use = InUse::default();
+        two_gpus_in_use.insert(SHARED, &g1r0, holder("ml", "a", "main"));
+        two_gpus_in_use.insert(SHARED, &r0, holder("ml", "a", "main"));
         let cases = vec![
+            Case {
+                name: "one container on two GPUs",
+                samples: two_gpus,
+                in_use: two_gpus_in_use,
+                gpu0: vec![("ml/a/main", GPU0, 30, 1024, 1)],
+                unattributed: 0,
+            },
             Case {
                 name: "two pods on two replicas",
                 samples: two.clone(),
