@@ -284,13 +284,24 @@ impl Usage {
             .cloned()
             .collect();
         self.sync_containers(metrics, still);
-        self.last_active.retain(|(h, unit), _| {
-            live.iter().any(|l| {
-                l.UUID == *unit
-                    && l.pod == h.pod
-                    && l.namespace == h.namespace
-                    && l.container == h.container
+        let live_units: HashSet<(&str, &str, &str, &str)> = live
+            .iter()
+            .map(|l| {
+                (
+                    l.namespace.as_str(),
+                    l.pod.as_str(),
+                    l.container.as_str(),
+                    l.UUID.as_str(),
+                )
             })
+            .collect();
+        self.last_active.retain(|(h, unit), _| {
+            live_units.contains(&(
+                h.namespace.as_str(),
+                h.pod.as_str(),
+                h.container.as_str(),
+                unit.as_str(),
+            ))
         });
         metrics.set_view(Arc::new(self.view(plan, in_use)));
     }
@@ -389,6 +400,98 @@ impl Usage {
             free,
         }
     }
+}
+
+/// A synthetic node for benchmarks and tests: `gpus` GPUs (`GPU-<index:08x>-0000-…`, one
+/// time-sliced resource `nvidia.com/gpu-shared` of `replicas` replicas each) and `containers`
+/// containers (`ml/pod-<n>/main`, spread round-robin over the GPUs, replica `n / gpus`), each
+/// holding one replica and running one process (SM `1 + n % 50` %, 100 MiB) that the
+/// checkpoint attributes to it. 84 × 32 replicas with 500 containers is the `/metrics`
+/// benchmark's 2,688 devices.
+///
+/// # Panics
+/// When `containers > gpus * replicas` (not every container could hold a replica).
+pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse, Samples) {
+    use crate::health::Health;
+    use crate::plan::{replica_id, ResourcePlan, Strategy, VirtualDevice};
+    use crate::usage::{CheckpointEntry, GpuSample, ProcessSample};
+    const RESOURCE: &str = "nvidia.com/gpu-shared";
+    const MIB: u64 = 1024 * 1024;
+    assert!(u64::from(containers) <= u64::from(gpus) * u64::from(replicas));
+    let uuid = |g: u32| format!("GPU-{g:08x}-0000-0000-0000-000000000000");
+    let devices = (0..gpus)
+        .flat_map(|g| (0..replicas).map(move |n| (g, n)))
+        .map(|(g, n)| VirtualDevice {
+            id: replica_id(&uuid(g), n),
+            gpu_index: g,
+            gpu_uuid: uuid(g),
+            gpu_minor: Some(g),
+            replica: Some(n),
+            health: Health::Healthy,
+            numa_node: None,
+            mig: None,
+        })
+        .collect();
+    let mut plan = Plan::default();
+    plan.resources.insert(
+        RESOURCE.into(),
+        Arc::new(ResourcePlan::new(
+            crate::policy::ResourceName::parse(RESOURCE).expect("a valid name"),
+            Strategy::TimeSlicing,
+            replicas,
+            false,
+            false,
+            devices,
+        )),
+    );
+    let mut samples = Samples {
+        at_unix_ms: 1_000_000,
+        gpus: (0..gpus)
+            .map(|g| GpuSample {
+                uuid: uuid(g),
+                index: g,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                utilization_percent: Some(40),
+                memory_used_bytes: Some(4096 * MIB),
+                memory_total_bytes: Some(81_559 * MIB),
+                processes: Vec::new(),
+                mig: Vec::new(),
+            })
+            .collect(),
+        checkpoint: Some(Vec::new()),
+        checkpoint_error: None,
+    };
+    let mut in_use = InUse::default();
+    for c in 0..containers {
+        let (g, n) = (c % gpus, c / gpus);
+        let id = replica_id(&uuid(g), n);
+        let pod_uid = format!("uid-{c}");
+        in_use.insert(
+            RESOURCE,
+            &id,
+            Holder {
+                namespace: "ml".into(),
+                pod: format!("pod-{c}"),
+                container: "main".into(),
+            },
+        );
+        if let Some(checkpoint) = samples.checkpoint.as_mut() {
+            checkpoint.push(CheckpointEntry {
+                pod_uid: pod_uid.clone(),
+                container: "main".into(),
+                resource: RESOURCE.into(),
+                device_ids: vec![id],
+            });
+        }
+        samples.gpus[g as usize].processes.push(ProcessSample {
+            pid: 1000 + c,
+            sm_util_percent: Some(1 + c % 50),
+            memory_used_bytes: Some(100 * MIB),
+            pod_uid: Some(pod_uid),
+            container_id: None,
+        });
+    }
+    (plan, in_use, samples)
 }
 
 #[cfg(test)]

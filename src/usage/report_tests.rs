@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::plan::replica_id;
-use crate::usage::attribute::tests::{gpu, holder, plan, process, two_pods, GPU0, GPU1, MIB};
+use crate::usage::attribute::tests::{holder, plan, two_pods, GPU0, GPU1, MIB};
 
 const SHARED: &str = "nvidia.com/gpu-shared";
 const MIG: &str = "nvidia.com/mig-1g.10gb";
@@ -318,44 +318,7 @@ fn a_large_node_renders_every_series() {
     const GPUS: u32 = 84;
     const REPLICAS: u32 = 32;
     const CONTAINERS: u32 = 500;
-    let uuid = |g: u32| format!("GPU-{g:08x}-0000-0000-0000-000000000000");
-    let devices = (0..GPUS)
-        .flat_map(|g| (0..REPLICAS).map(move |n| (g, n)))
-        .map(|(g, n)| crate::usage::attribute::tests::replica(&uuid(g), g, n))
-        .collect();
-    let mut plan = Plan::default();
-    plan.resources.insert(
-        SHARED.into(),
-        crate::usage::attribute::tests::resource(
-            SHARED,
-            crate::plan::Strategy::TimeSlicing,
-            devices,
-        ),
-    );
-    let mut in_use = InUse::default();
-    let mut gpus: Vec<_> = (0..GPUS).map(|g| gpu(&uuid(g), g, vec![])).collect();
-    let mut checkpoint = Vec::new();
-    for c in 0..CONTAINERS {
-        let (g, n) = (c % GPUS, c / GPUS);
-        let id = replica_id(&uuid(g), n);
-        let pod_uid = format!("uid-{c}");
-        in_use.insert(SHARED, &id, holder("ml", &format!("pod-{c}"), "main"));
-        checkpoint.push(crate::usage::attribute::tests::entry(
-            &pod_uid,
-            "main",
-            SHARED,
-            &[&id],
-        ));
-        gpus[g as usize]
-            .processes
-            .push(process(1000 + c, Some(&pod_uid), 1 + c % 50, 100));
-    }
-    let samples = Samples {
-        at_unix_ms: 1_000_000,
-        gpus,
-        checkpoint: Some(checkpoint),
-        checkpoint_error: None,
-    };
+    let (plan, in_use, samples) = synthetic_node(GPUS, REPLICAS, CONTAINERS);
     let metrics = Metrics::new();
     let mut usage = Usage::new();
     usage.allocation(&plan, &in_use, &metrics);
