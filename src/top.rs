@@ -167,15 +167,15 @@ fn mib(bytes: Option<u64>) -> String {
     or_dash(bytes.map(|b| b / MIB))
 }
 
-/// The line above a GPU's table: `GPU <index>  <model>  util <p>%  memory <used>/<total> MiB`
-/// (`-` for what is not known).
+/// The line above a GPU's table: `GPU <index>  <model>  <uuid>  util <p>%  memory
+/// <used>/<total> MiB` (`-` for what is not known, e.g. before the first sample).
 pub fn gpu_line(g: &GpuView) -> String {
     let mut line = format!(
-        "GPU {}  {}  {}  util {}%  memory {}/{} MiB",
+        "GPU {}  {}  {}  util {}  memory {}/{} MiB",
         g.index,
         g.model.as_deref().unwrap_or("-"),
         g.uuid,
-        or_dash(g.utilization_percent),
+        or_dash(g.utilization_percent.map(|p| format!("{p}%"))),
         mib(g.memory_used_bytes),
         mib(g.memory_total_bytes),
     );

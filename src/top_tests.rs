@@ -122,7 +122,7 @@ fn renders_two_pods_under_their_gpu() {
         [&r2, SHARED, "Healthy", "-", "-", "-", "-"],
         [&r3, SHARED, "draining", "-", "-", "-", "-"],
     ]));
-    want.push_str(&format!("\nGPU 1  -  {GPU1}  util -%  memory -/- MiB\n"));
+    want.push_str(&format!("\nGPU 1  -  {GPU1}  util -  memory -/- MiB\n"));
     want.push_str(&format!("\nfree: {SHARED} 1\n"));
     assert_eq!(render(&view), want);
 
