@@ -49,6 +49,20 @@ pub enum Command {
     /// Run only the MPS control daemons the policy wants (a DaemonSet of its own, next to
     /// `run --mps-external`).
     Mps(MpsArgs),
+    /// Show this node's GPUs, who holds each device and how much each container uses, from a
+    /// running daemon's `/status` (refreshes every second; `--once` prints once).
+    Top(TopArgs),
+}
+
+/// `slicelet top`.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// The daemon's status endpoint (`slicelet run --status-address`), as an http:// URL.
+    #[arg(long, env = "SLICELET_TOP_ADDRESS", default_value = crate::top::DEFAULT_ADDRESS)]
+    pub address: String,
+    /// Print once and exit (scripts, tests) instead of redrawing every second until Ctrl-C.
+    #[arg(long, env = "SLICELET_TOP_ONCE")]
+    pub once: bool,
 }
 
 /// How MPS control daemons are run.
@@ -439,7 +453,32 @@ impl RunArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn top_arguments() {
+        for (args, address, once) in [
+            (&["slicelet", "top"][..], crate::top::DEFAULT_ADDRESS, false),
+            (
+                &[
+                    "slicelet",
+                    "top",
+                    "--once",
+                    "--address",
+                    "http://10.0.0.1:9",
+                ][..],
+                "http://10.0.0.1:9",
+                true,
+            ),
+        ] {
+            match super::Cli::try_parse_from(args).unwrap().command {
+                super::Command::Top(t) => {
+                    assert_eq!((t.address.as_str(), t.once), (address, once), "{args:?}");
+                }
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+    }
 
     /// Every flag of every subcommand can come from the environment (a DaemonSet configures
     /// slicelet through `env:`; the chart sets nothing on the command line but `run`/`mps`).

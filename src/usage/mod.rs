@@ -13,7 +13,9 @@
 pub mod attribute;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod report;
 pub mod sampler;
+pub mod view;
 
 /// One sample of the node: every GPU, taken at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
