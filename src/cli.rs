@@ -266,7 +266,7 @@ pub struct UsageArgs {
     /// reload never pulls a device from under a pod) and who to attribute GPU use to. An empty
     /// value asks nobody.
     #[arg(long, env = "SLICELET_POD_RESOURCES_SOCKET", default_value = crate::api::podresources::DEFAULT_SOCKET)]
-    pub pod_resources_socket: PathBuf,
+    pub pod_resources_socket: String,
     /// Seconds between reads of what is in use without another reason (it is also read after
     /// each Allocate and before a change that would withdraw or re-purpose devices).
     #[arg(long, env = "SLICELET_POD_RESOURCES_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
@@ -285,7 +285,7 @@ pub struct UsageArgs {
 impl UsageArgs {
     fn apply(&self, s: &mut Settings) {
         s.pod_resources_socket =
-            Some(self.pod_resources_socket.clone()).filter(|p| !p.as_os_str().is_empty());
+            Some(PathBuf::from(&self.pod_resources_socket)).filter(|p| !p.as_os_str().is_empty());
         s.pod_resources_interval = Duration::from_secs(self.pod_resources_seconds);
         s.sample_interval = Some(Duration::from_secs(self.sample_seconds)).filter(|d| !d.is_zero());
         s.kubelet_checkpoint = self
@@ -454,6 +454,33 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
+
+    /// `--pod-resources-socket ""` (the chart's `usage.podResources.enabled: false`) asks
+    /// nobody; it was refused by clap's path parser ("a value is required").
+    #[test]
+    fn an_empty_pod_resources_socket_asks_nobody() {
+        let default = std::path::PathBuf::from(crate::api::podresources::DEFAULT_SOCKET);
+        for (args, want) in [
+            (vec!["--pod-resources-socket", ""], None),
+            (vec![], Some(default)),
+            (
+                vec!["--pod-resources-socket", "/x/s.sock"],
+                Some("/x/s.sock".into()),
+            ),
+        ] {
+            let mut argv = vec!["slicelet", "run", "--config", "/etc/slicelet"];
+            argv.extend(args.iter().copied());
+            let cli = super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let super::Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            assert_eq!(
+                run.settings().unwrap().pod_resources_socket,
+                want,
+                "{argv:?}"
+            );
+        }
+    }
 
     #[test]
     fn top_arguments() {
