@@ -922,6 +922,7 @@ impl Shell<'_> {
                 self.usage
                     .sampled(&s, &state.plan, &state.in_use, &self.metrics);
                 self.publish_view(state);
+                self.status.send_modify(|st| st.samples += 1);
             }
             Err(e) => {
                 self.metrics.sample_failed();

@@ -88,6 +88,8 @@ pub struct Status {
     /// Why pod-resources could not be read (not a readiness failure: the last answer keeps
     /// protecting running pods).
     pub in_use_error: Option<String>,
+    /// GPU use samples taken since start (`--sample-seconds`), failed ones not counted.
+    pub samples: u64,
 }
 
 impl Status {
