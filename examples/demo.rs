@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use kubelet_emulator::pod_resources::PodResources;
 use kubelet_emulator::KubeletEmulator;
-use slicelet::inventory::simulated::SimulatedSource;
-use slicelet::inventory::GpuSource as _;
 use slicelet::api;
 use slicelet::daemon::{self, Settings};
+use slicelet::inventory::simulated::SimulatedSource;
+use slicelet::inventory::GpuSource as _;
 use slicelet::{plan, policy};
 use tokio_util::sync::CancellationToken;
 
@@ -188,7 +188,10 @@ async fn main() -> anyhow::Result<()> {
             "\n{} pods on GPU 0; slicelet top --once --address http://{address}:",
             entries.len()
         );
-        print!("{}", slicelet::top::once(&format!("http://{address}")).await?);
+        print!(
+            "{}",
+            slicelet::top::once(&format!("http://{address}")).await?
+        );
     }
 
     token.cancel();
