@@ -397,6 +397,11 @@ pub async fn run_target(
     }
     let (in_use_tx, mut in_use_answers) = mpsc::channel(1);
     let (cdi_tx, mut cdi_specs) = mpsc::channel(1);
+    // /status asks for its view; the answer is built from the state at that moment.
+    let (view_tx, mut view_requests) = mpsc::channel::<crate::status::ViewRequest>(8);
+    if plugin_mode {
+        metrics.answer_views(view_tx);
+    }
     let labels = settings
         .nfd_features_file
         .clone()
@@ -652,6 +657,9 @@ pub async fn run_target(
                 }
             }
             Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
+            Some(answer) = view_requests.recv() => {
+                let _ = answer.send(shell.usage.view(&state.plan, &state.in_use));
+            }
             Some(index) = cdi_specs.recv() => {
                 shell.cdi.busy = false;
                 shell.fold(&mut state, Input::CdiSpecs(index), &mut servers);
@@ -781,6 +789,13 @@ impl InUseReader {
             return;
         }
         self.busy = true;
+        // No socket, no request: answered at once (and not spaced, the kubelet's rate limit
+        // counts requests).
+        if std::fs::symlink_metadata(&socket).is_err() {
+            let e = crate::podres::client::PodResourcesError::Missing { path: socket };
+            let _ = self.tx.try_send(Err(crate::errors::chain(&e)));
+            return;
+        }
         let now = Instant::now();
         let at = self
             .last
@@ -903,7 +918,6 @@ impl Shell<'_> {
         if allocation {
             self.usage
                 .allocation(&state.plan, &state.in_use, &self.metrics);
-            self.publish_view(state);
         }
         self.publish_status(state);
     }
@@ -921,7 +935,6 @@ impl Shell<'_> {
                 }
                 self.usage
                     .sampled(&s, &state.plan, &state.in_use, &self.metrics);
-                self.publish_view(state);
                 self.status.send_modify(|st| st.samples += 1);
             }
             Err(e) => {
@@ -931,14 +944,6 @@ impl Shell<'_> {
                     self.sample_error = Some(e);
                 }
             }
-        }
-    }
-
-    /// The `/status` JSON view (per GPU, per device, who holds it and its use).
-    fn publish_view(&self, state: &State) {
-        if self.plugin_mode {
-            self.metrics
-                .set_view(Arc::new(self.usage.view(&state.plan, &state.in_use)));
         }
     }
 

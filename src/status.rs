@@ -267,6 +267,12 @@ pub(crate) struct UsageMetrics {
     pub(crate) sample_failures: Counter,
 }
 
+/// A `/status` request to the supervisor: it sends the view back on this.
+pub type ViewRequest = tokio::sync::oneshot::Sender<NodeView>;
+
+/// Longest `/status` waits for the supervisor's view before serving the last one set.
+pub const VIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// slicelet's Prometheus metrics, and the latest `/status` view.
 pub struct Metrics {
     registry: Registry,
@@ -280,6 +286,9 @@ pub struct Metrics {
     /// The latest `/status` body (without the node-level fields, filled per request). A
     /// `std` lock held only to clone or swap the `Arc`, never across `.await`.
     view: std::sync::RwLock<Arc<NodeView>>,
+    /// Where `/status` asks the supervisor for the view, built per request from its state
+    /// (so no copy of it is kept between requests); `None`: the view set last is served.
+    views: std::sync::RwLock<Option<tokio::sync::mpsc::Sender<ViewRequest>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -398,6 +407,7 @@ impl Metrics {
             health_transitions,
             usage,
             view: std::sync::RwLock::new(Arc::new(NodeView::default())),
+            views: std::sync::RwLock::new(None),
         }
     }
 
@@ -417,6 +427,34 @@ impl Metrics {
             .view
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+    }
+
+    /// Makes `/status` ask `requests` for the view: the supervisor answers each request with
+    /// one built from its state at that moment.
+    pub fn answer_views(&self, requests: tokio::sync::mpsc::Sender<ViewRequest>) {
+        *self
+            .views
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(requests);
+    }
+
+    /// The view `/status` serves: the supervisor's answer (within [`VIEW_TIMEOUT`]), else the
+    /// view set last ([`Metrics::set_view`]).
+    pub async fn current_view(&self) -> NodeView {
+        let requests = self
+            .views
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(tx) = requests {
+            let (answer, view) = tokio::sync::oneshot::channel();
+            if tx.send(answer).await.is_ok() {
+                if let Ok(Ok(v)) = tokio::time::timeout(VIEW_TIMEOUT, view).await {
+                    return v;
+                }
+            }
+        }
+        (*self.view()).clone()
     }
 
     /// What `/status` serves now (node-level `generation`/`ready` are filled per request).
@@ -554,7 +592,7 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
 /// `/status`: the latest [`NodeView`] (see [`crate::usage::view`] for the shape), with the
 /// node-level `generation`, `ready` and `ready_reason` taken from the supervisor's status now.
 async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
-    let mut view = (*s.metrics.view()).clone();
+    let mut view = s.metrics.current_view().await;
     {
         let status = s.status.borrow();
         view.generation = status.generation;

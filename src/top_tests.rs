@@ -205,6 +205,8 @@ async fn once_against_the_real_status_endpoint() {
     let mut usage = crate::usage::report::Usage::new();
     usage.allocation(&plan, &in_use, &metrics);
     usage.sampled(&samples, &plan, &in_use, &metrics);
+    // No supervisor answers view requests here: the set view is served.
+    metrics.set_view(Arc::new(usage.view(&plan, &in_use)));
     let status = crate::status::Status {
         generation: 2,
         ..crate::status::Status::default()

@@ -196,7 +196,6 @@ impl Usage {
         self.sync_containers(metrics, containers);
         m.samples.inc();
         self.figures = Some(figures);
-        metrics.set_view(Arc::new(self.view(plan, in_use)));
     }
 
     fn sync_containers(&mut self, metrics: &Metrics, now: HashSet<ContainerLabels>) {
@@ -303,7 +302,6 @@ impl Usage {
                 unit.as_str(),
             ))
         });
-        metrics.set_view(Arc::new(self.view(plan, in_use)));
     }
 
     /// The `/status` body ([`NodeView`]; its shape is documented there): every GPU the plan

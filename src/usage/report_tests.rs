@@ -252,12 +252,7 @@ fn status_view_and_json_round_trip() {
     assert_eq!(view.gpus[0].model, None);
     assert_eq!(view.gpus[0].devices[0].sm_util_percent, None);
     usage.sampled(&samples, &plan, &in_use, &metrics);
-    let view = metrics.view();
-    assert_eq!(
-        *view,
-        usage.view(&plan, &in_use),
-        "sampled publishes the view"
-    );
+    let view = usage.view(&plan, &in_use);
     let g0 = &view.gpus[0];
     assert_eq!((g0.index, g0.uuid.as_str()), (0, GPU0));
     assert_eq!(g0.model.as_deref(), Some("NVIDIA H100 80GB HBM3"));
@@ -297,9 +292,9 @@ fn status_view_and_json_round_trip() {
     assert_eq!(g1.devices[4].mig_profile.as_deref(), Some("1g.10gb"));
     assert_eq!(view.free.get(SHARED), Some(&6));
     assert_eq!(view.free.get(MIG), Some(&1));
-    let json = serde_json::to_string(&*view).unwrap();
+    let json = serde_json::to_string(&view).unwrap();
     let back: NodeView = serde_json::from_str(&json).unwrap();
-    assert_eq!(back, *view);
+    assert_eq!(back, view);
     // The documented field names.
     for key in [
         "\"sampled_at_unix_ms\":1000000",
@@ -344,7 +339,7 @@ fn a_large_node_renders_every_series() {
     )));
     // Every process was attributed, and the view lists every device.
     assert_eq!(usage.figures().unwrap().unattributed_processes(), 0);
-    let view = metrics.view();
+    let view = usage.view(&plan, &in_use);
     assert_eq!(
         view.gpus.iter().map(|g| g.devices.len()).sum::<usize>(),
         2688

@@ -288,7 +288,14 @@ fn examples_and_readme_use_only_registered_metrics() {
     // prometheus-client leaves families without series out of the exposition, so fill them
     // from a node with containers on its GPUs (the benchmark's synthetic node).
     let metrics = slicelet::status::Metrics::new();
-    let (plan, in_use, samples) = slicelet::usage::report::synthetic_node(2, 4, 3);
+    let (plan, in_use, mut samples) = slicelet::usage::report::synthetic_node(2, 4, 3);
+    // And a MIG device, for the slicelet_mig_* families.
+    samples.gpus[1].mig.push(slicelet::usage::MigSample {
+        uuid: "MIG-00000001-0000-0000-0000-000000000000".into(),
+        utilization_percent: Some(5),
+        memory_used_bytes: Some(1 << 30),
+        memory_total_bytes: Some(10 << 30),
+    });
     let mut usage = slicelet::usage::report::Usage::new();
     usage.allocation(&plan, &in_use, &metrics);
     usage.sampled(&samples, &plan, &in_use, &metrics);
