@@ -41,7 +41,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::health::Health;
 use crate::inventory::Inventory;
-use crate::plan::{physical_uuid, ResourcePlan, Strategy, VirtualDevice};
+use crate::plan::{physical_uuid, Plan, ResourcePlan, Strategy, VirtualDevice};
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -325,6 +325,11 @@ pub fn published<'a>(
         }
     }
     (out, skipped)
+}
+
+/// The resources of `plan` DRA serves (`dra: true`), in plan order: what [`build`] publishes.
+pub fn dra_resources(plan: &Plan) -> impl Iterator<Item = &ResourcePlan> {
+    plan.resources.values().map(|r| &**r).filter(|r| r.dra)
 }
 
 /// Builds the node's slices for `resources` (the plan's DRA resources, in plan order).

@@ -331,3 +331,90 @@ fn a_name_taken_twice_keeps_the_first_device() {
         vec![format!("nvidia.com/gpu/{}", inv.gpus[0].uuid)]
     );
 }
+
+/// One policy, both paths: (policy, node, DRA resources, device-plugin resources) or the
+/// overlap error's GPU.
+#[test]
+fn one_policy_both_paths_table() {
+    const TS_DRA_MIXED: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+    let cases: [(&str, &str, Inventory, Result<(&[&str], &[&str]), u32>); 5] = [
+        (
+            "all device plugin",
+            "version: v1\n",
+            test_node(2),
+            Ok((&[], &["nvidia.com/gpu"])),
+        ),
+        (
+            "shared GPU 0 through DRA, the rest whole through the device plugin",
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: true\n",
+            test_node(2),
+            Ok((&["nvidia.com/gpu-shared"], &["nvidia.com/gpu"])),
+        ),
+        (
+            "MIG through DRA, time-sliced whole GPUs through the device plugin",
+            TS_DRA_MIXED,
+            h100_ts_mig(),
+            Ok((
+                &[
+                    "nvidia.com/mig-1g.10gb",
+                    "nvidia.com/mig-2g.20gb",
+                    "nvidia.com/mig-3g.40gb",
+                ],
+                &["nvidia.com/gpu"],
+            )),
+        ),
+        (
+            "one GPU's MIG devices split between the paths",
+            "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb]\n",
+            h100_ts_mig(),
+            Err(4),
+        ),
+        (
+            "MPS through DRA",
+            "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n",
+            test_node(2),
+            Ok((&["nvidia.com/gpu"], &[])),
+        ),
+    ];
+    for (name, policy, inv, want) in cases {
+        let built = plan::build(&parse(policy).unwrap(), &inv);
+        match (built, want) {
+            (Ok(b), Ok((dra, plugin))) => {
+                let got_dra: Vec<&str> = dra_resources(&b.plan).map(|r| r.name.as_str()).collect();
+                let got_plugin: Vec<&str> = b
+                    .plan
+                    .resources
+                    .values()
+                    .filter(|r| !r.dra)
+                    .map(|r| r.name.as_str())
+                    .collect();
+                assert_eq!(
+                    (got_dra.as_slice(), got_plugin.as_slice()),
+                    (dra, plugin),
+                    "{name}"
+                );
+                // No physical unit in both.
+                let units = |want_dra: bool| -> BTreeSet<String> {
+                    b.plan
+                        .resources
+                        .values()
+                        .filter(|r| r.dra == want_dra)
+                        .flat_map(|r| r.devices.iter().map(|d| d.gpu_uuid.clone()))
+                        .collect()
+                };
+                assert!(units(true).is_disjoint(&units(false)), "{name}");
+            }
+            (
+                Err(plan::PlanError::DraOverlap {
+                    gpu, dra, plugin, ..
+                }),
+                Err(want_gpu),
+            ) => {
+                assert_eq!(gpu, want_gpu, "{name}");
+                assert_eq!(dra, "nvidia.com/mig-1g.10gb", "{name}");
+                assert!(plugin.starts_with("nvidia.com/mig-"), "{name}");
+            }
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+}
