@@ -204,15 +204,22 @@ async fn run(
         }),
         Err(_) => Ok(()),
     };
-    let result = tokio::select! {
-        r = &mut dra_server => served(r, &dra_path),
-        r = &mut reg_server => served(r, &reg_path),
-        _ = &mut publisher => Ok(()),
+    // Which task ended first (a finished JoinHandle must not be awaited again).
+    let (result, ended) = tokio::select! {
+        r = &mut dra_server => (served(r, &dra_path), 0),
+        r = &mut reg_server => (served(r, &reg_path), 1),
+        _ = &mut publisher => (Ok(()), 2),
     };
     shutdown.cancel();
-    let _ = dra_server.await;
-    let _ = reg_server.await;
-    let _ = publisher.await;
+    if ended != 0 {
+        let _ = dra_server.await;
+    }
+    if ended != 1 {
+        let _ = reg_server.await;
+    }
+    if ended != 2 {
+        let _ = publisher.await;
+    }
     reg_bound.remove();
     dra_bound.remove();
     result

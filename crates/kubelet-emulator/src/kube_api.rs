@@ -221,7 +221,8 @@ fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
 }
 
 async fn list_slices(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let inner = s.inner.lock().unwrap();
+    let mut inner = s.inner.lock().unwrap();
+    inner.selectors.push(q.field_selector.clone());
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
