@@ -19,7 +19,8 @@
 //!   rules keep a unit in two resources) keeps its first device; the later one is skipped and
 //!   reported in [`Slices::skipped`].
 //! - Attributes (unqualified, so in the driver's domain: CEL reads them as
-//!   `device.attributes["<driver>"].<name>`): `uuid`, `parentUUID` (MIG), `index` (the GPU's
+//!   `device.attributes["<driver>"].<name>`): `type` (`gpu` for a whole GPU or a replica of
+//!   one, `mig` for a MIG device or a replica of one, as NVIDIA's DRA driver), `uuid`, `parentUUID` (MIG), `index` (the GPU's
 //!   NVML index), `productName`, `architecture`, `cudaComputeCapability` (a semantic version,
 //!   `9.0.0`), `driverVersion` (a semantic version, when known), `sharing` (`none`,
 //!   `time-slicing` or `mps`), `replica` (int, replicas only), `resource` (the device-plugin
@@ -247,6 +248,10 @@ fn device(
 ) -> Device {
     let gpu = inventory.by_index(d.gpu_index);
     let mut attrs = BTreeMap::new();
+    attrs.insert(
+        "type".to_string(),
+        string(if d.mig.is_some() { "mig" } else { "gpu" }),
+    );
     attrs.insert("uuid".to_string(), string(&d.gpu_uuid));
     attrs.insert("index".to_string(), int(i64::from(d.gpu_index)));
     attrs.insert("sharing".to_string(), string(sharing(res.strategy)));

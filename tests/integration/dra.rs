@@ -539,3 +539,109 @@ async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
     );
     let _: &Answer = &r[UID_B];
 }
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = crate::common::read(path);
+    text.split("\n---")
+        .filter_map(|d| yaml_serde::from_str::<Value>(d).ok())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The overlay's DeviceClasses select what slicelet publishes: the driver, the `type` and
+/// `sharing` values the slices carry, one class per MIG profile the chart lists too.
+#[test]
+fn device_classes_select_published_attributes() {
+    use slicelet::dra::slices::sharing;
+    use slicelet::plan::Strategy;
+    let docs = yaml_docs(&crate::common::repo().join("manifests/overlays/dra/deviceclasses.yaml"));
+    let sharings: Vec<&str> = [Strategy::None, Strategy::TimeSlicing, Strategy::Mps]
+        .into_iter()
+        .map(sharing)
+        .collect();
+    let mut profiles = Vec::new();
+    for d in &docs {
+        assert_eq!(d["kind"], "DeviceClass");
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let expr = d["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(
+            expr.starts_with(&format!("device.driver == \"{DRIVER}\"")),
+            "{name}: {expr}"
+        );
+        for (key, allowed) in [("sharing", sharings.clone()), ("type", vec!["gpu", "mig"])] {
+            let pat = format!("device.attributes[\"{DRIVER}\"].{key} == \"");
+            for part in expr.split(&pat).skip(1) {
+                let value = part.split('"').next().unwrap();
+                assert!(allowed.contains(&value), "{name}: {key} {value}");
+            }
+        }
+        if let Some(p) = name
+            .strip_prefix("mig-")
+            .and_then(|n| n.strip_suffix(&format!(".{DRIVER}")))
+        {
+            slicelet::inventory::mig::Profile::parse(p).unwrap();
+            assert!(
+                expr.ends_with(&format!(".profile == \"{p}\"")),
+                "{name}: {expr}"
+            );
+            profiles.push(p.to_string());
+        }
+    }
+    assert!(docs.len() >= 4 + 20, "{} classes", docs.len());
+    let values: Value = yaml_serde::from_str(&crate::common::read(
+        &crate::common::repo().join("deployments/helm/slicelet/values.yaml"),
+    ))
+    .unwrap();
+    let chart: Vec<String> = values["dra"]["migProfiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        profiles, chart,
+        "the overlay and the chart class the same profiles"
+    );
+}
+
+/// The overlay's RBAC grants what the publisher and the plugin call, and the admission policy
+/// binds slice writes to the token's node.
+#[test]
+fn dra_rbac_and_admission_policy() {
+    let docs = yaml_docs(&crate::common::repo().join("manifests/overlays/dra/rbac.yaml"));
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let verbs = |res: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == res))
+            .flat_map(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    for v in ["list", "create", "update", "delete"] {
+        assert!(verbs("resourceslices").contains(&v.to_string()), "{v}");
+    }
+    assert_eq!(verbs("resourceclaims"), ["get"]);
+    let vap = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let text = vap.to_string();
+    assert!(text.contains("authentication.kubernetes.io/node-name"));
+    assert!(text.contains("system:serviceaccount:slicelet-system:slicelet"));
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .unwrap();
+    assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
+}

@@ -100,6 +100,7 @@ fn attributes_of_whole_replica_mps_and_mig_devices() {
         .find(|d| d.name == device_name(&format!("{}::1", gpu0.uuid)))
         .unwrap();
     assert_eq!(str_attr(r1, "uuid"), Some(gpu0.uuid.as_str()));
+    assert_eq!(str_attr(r1, "type"), Some("gpu"));
     assert_eq!(str_attr(r1, "sharing"), Some("time-slicing"));
     assert_eq!(str_attr(r1, "resource"), Some("nvidia.com/gpu"));
     assert_eq!(str_attr(r1, "productName"), Some("NVIDIA H100 80GB HBM3"));
@@ -129,6 +130,7 @@ fn attributes_of_whole_replica_mps_and_mig_devices() {
     assert_eq!(str_attr(m, "uuid"), Some(mig.uuid.as_str()));
     assert_eq!(str_attr(m, "parentUUID"), Some(g4.uuid.as_str()));
     assert_eq!(str_attr(m, "profile"), Some("3g.40gb"));
+    assert_eq!(str_attr(m, "type"), Some("mig"));
     assert_eq!(str_attr(m, "sharing"), Some("none"));
     assert_eq!(str_attr(m, "resource"), Some("nvidia.com/mig-3g.40gb"));
     assert!(attr(m, "replica").is_none());
