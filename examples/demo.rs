@@ -1,17 +1,23 @@
 //! The README's first command: slicelet's daemon against the kubelet emulator on a simulated
-//! node, printing what the kubelet sees and one Allocate response.
+//! node, printing what the kubelet sees and one Allocate response; then, for each process the
+//! node file runs on GPU 0, a pod holding one of GPU 0's replicas (pod-resources emulated, the
+//! kubelet's device checkpoint and `/proc/<pid>/cgroup` files written as a node has them), and
+//! `slicelet top --once` of the result.
 //!
 //! ```text
-//! cargo run --example demo -- --config config/policy.yaml --simulate config/nodes/h100-80gb-x8.yaml
+//! cargo run --example demo -- --config config/policy.yaml --simulate config/nodes/h100-80gb-x8-busy.yaml
 //! ```
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kubelet_emulator::pod_resources::PodResources;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api;
 use slicelet::daemon::{self, Settings};
+use slicelet::inventory::simulated::SimulatedSource;
+use slicelet::inventory::GpuSource as _;
 use slicelet::{plan, policy};
 use tokio_util::sync::CancellationToken;
 
@@ -22,7 +28,7 @@ struct Args {
     #[arg(long, default_value = "config/policy.yaml")]
     config: PathBuf,
     /// Simulated node.
-    #[arg(long, default_value = "config/nodes/h100-80gb-x8.yaml")]
+    #[arg(long, default_value = "config/nodes/h100-80gb-x8-busy.yaml")]
     simulate: PathBuf,
 }
 
@@ -40,16 +46,27 @@ async fn main() -> anyhow::Result<()> {
     let plugins = dir.path().join("device-plugins");
     let mut settings = Settings::new(&args.config, &plugins);
     settings.simulate = Some(args.simulate.clone());
+    let host = dir.path().join("host");
+    settings.proc_root = host.clone();
+    settings.pod_resources_socket = Some(dir.path().join("pod-resources/kubelet.sock"));
+    settings.status_address = Some("127.0.0.1:0".parse()?);
+    settings.sample_interval = Some(Duration::from_millis(250));
 
     // What the policy should produce here, to know when the kubelet has seen all of it.
     let policy = policy::load(&args.config)?;
     let (inventory, source) = daemon::discover(&settings)?;
     let expected = plan::build(&policy, &inventory)?.plan;
 
+    let pods = PodResources::start(settings.pod_resources_socket.as_deref().expect("set")).await?;
     let emu = KubeletEmulator::start(&plugins).await?;
     let token = CancellationToken::new();
     let started = Instant::now();
-    let daemon = tokio::spawn(daemon::run(settings, token.clone()));
+    let (status_tx, mut status) = tokio::sync::watch::channel(daemon::Status::default());
+    let daemon = tokio::spawn(daemon::run_with_status(
+        settings.clone(),
+        token.clone(),
+        status_tx,
+    ));
     let state = emu
         .wait_for(Duration::from_secs(30), |s| {
             expected
@@ -106,6 +123,75 @@ async fn main() -> anyhow::Result<()> {
     println!("Allocate -> container environment:");
     for (k, v) in &resp.container_responses[0].envs {
         println!("  {k}={v}");
+    }
+
+    // GPU use: one pod per process the node file runs on GPU 0, each holding one of GPU 0's
+    // replicas, as the kubelet records it (pod-resources, its device checkpoint) and as the
+    // container runtime places the process (its cgroup).
+    let gpu0 = &inventory.gpus[0].uuid;
+    let replicas: Vec<String> = r
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.id.clone())
+        .filter(|id| id.starts_with(&format!("{gpu0}::")))
+        .collect();
+    let mut source = SimulatedSource::new(&args.simulate);
+    let processes: Vec<u32> = source
+        .sample()?
+        .first()
+        .map(|g| g.processes.iter().map(|p| p.pid).collect())
+        .unwrap_or_default();
+    let mut entries = Vec::new();
+    for (i, (pid, id)) in processes.iter().zip(&replicas).enumerate() {
+        let uid = format!("00000000-0000-4000-8000-{i:012}");
+        let pod = format!("llm-{i}");
+        client
+            .allocate(api::AllocateRequest {
+                container_requests: vec![api::ContainerAllocateRequest {
+                    devices_ids: vec![id.clone()],
+                }],
+            })
+            .await?;
+        pods.hold("demo", &pod, "server", name, &[id]);
+        let cgroup = host.join(format!("proc/{pid}"));
+        std::fs::create_dir_all(&cgroup)?;
+        std::fs::write(
+            cgroup.join("cgroup"),
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
+                uid.replace('-', "_"),
+                format!("{i:x}").repeat(64).chars().take(64).collect::<String>()
+            ),
+        )?;
+        entries.push(format!(
+            r#"{{"PodUID":"{uid}","ContainerName":"server","ResourceName":"{name}","DeviceIDs":{{"0":["{id}"]}}}}"#
+        ));
+    }
+    if !entries.is_empty() {
+        std::fs::write(
+            plugins.join("kubelet_internal_checkpoint"),
+            format!(
+                r#"{{"Data":{{"PodDeviceEntries":[{}],"RegisteredDevices":{{}}}},"Checksum":0}}"#,
+                entries.join(",")
+            ),
+        )?;
+        // pod-resources is read 0.5 s after an Allocate; then one more sample.
+        let wait = Duration::from_secs(30);
+        let held = entries.len();
+        let s = tokio::time::timeout(wait, status.wait_for(|s| s.in_use == held))
+            .await??
+            .samples;
+        tokio::time::timeout(wait, status.wait_for(|st| st.samples > s)).await??;
+        let address = status.borrow().address.expect("status endpoint");
+        println!(
+            "\n{} pods on GPU 0; slicelet top --once --address http://{address}:",
+            entries.len()
+        );
+        print!(
+            "{}",
+            slicelet::top::once(&format!("http://{address}")).await?
+        );
     }
 
     token.cancel();

@@ -49,6 +49,20 @@ pub enum Command {
     /// Run only the MPS control daemons the policy wants (a DaemonSet of its own, next to
     /// `run --mps-external`).
     Mps(MpsArgs),
+    /// Show this node's GPUs, who holds each device and how much each container uses, from a
+    /// running daemon's `/status` (refreshes every second; `--once` prints once).
+    Top(TopArgs),
+}
+
+/// `slicelet top`.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// The daemon's status endpoint (`slicelet run --status-address`), as an http:// URL.
+    #[arg(long, env = "SLICELET_TOP_ADDRESS", default_value = crate::top::DEFAULT_ADDRESS)]
+    pub address: String,
+    /// Print once and exit (scripts, tests) instead of redrawing every second until Ctrl-C.
+    #[arg(long, env = "SLICELET_TOP_ONCE")]
+    pub once: bool,
 }
 
 /// How MPS control daemons are run.
@@ -252,7 +266,7 @@ pub struct UsageArgs {
     /// reload never pulls a device from under a pod) and who to attribute GPU use to. An empty
     /// value asks nobody.
     #[arg(long, env = "SLICELET_POD_RESOURCES_SOCKET", default_value = crate::api::podresources::DEFAULT_SOCKET)]
-    pub pod_resources_socket: PathBuf,
+    pub pod_resources_socket: String,
     /// Seconds between reads of what is in use without another reason (it is also read after
     /// each Allocate and before a change that would withdraw or re-purpose devices).
     #[arg(long, env = "SLICELET_POD_RESOURCES_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
@@ -271,7 +285,7 @@ pub struct UsageArgs {
 impl UsageArgs {
     fn apply(&self, s: &mut Settings) {
         s.pod_resources_socket =
-            Some(self.pod_resources_socket.clone()).filter(|p| !p.as_os_str().is_empty());
+            Some(PathBuf::from(&self.pod_resources_socket)).filter(|p| !p.as_os_str().is_empty());
         s.pod_resources_interval = Duration::from_secs(self.pod_resources_seconds);
         s.sample_interval = Some(Duration::from_secs(self.sample_seconds)).filter(|d| !d.is_zero());
         s.kubelet_checkpoint = self
@@ -439,7 +453,59 @@ impl RunArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+
+    /// `--pod-resources-socket ""` (the chart's `usage.podResources.enabled: false`) asks
+    /// nobody; it was refused by clap's path parser ("a value is required").
+    #[test]
+    fn an_empty_pod_resources_socket_asks_nobody() {
+        let default = std::path::PathBuf::from(crate::api::podresources::DEFAULT_SOCKET);
+        for (args, want) in [
+            (vec!["--pod-resources-socket", ""], None),
+            (vec![], Some(default)),
+            (
+                vec!["--pod-resources-socket", "/x/s.sock"],
+                Some("/x/s.sock".into()),
+            ),
+        ] {
+            let mut argv = vec!["slicelet", "run", "--config", "/etc/slicelet"];
+            argv.extend(args.iter().copied());
+            let cli = super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let super::Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            assert_eq!(
+                run.settings().unwrap().pod_resources_socket,
+                want,
+                "{argv:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn top_arguments() {
+        for (args, address, once) in [
+            (&["slicelet", "top"][..], crate::top::DEFAULT_ADDRESS, false),
+            (
+                &[
+                    "slicelet",
+                    "top",
+                    "--once",
+                    "--address",
+                    "http://10.0.0.1:9",
+                ][..],
+                "http://10.0.0.1:9",
+                true,
+            ),
+        ] {
+            match super::Cli::try_parse_from(args).unwrap().command {
+                super::Command::Top(t) => {
+                    assert_eq!((t.address.as_str(), t.once), (address, once), "{args:?}");
+                }
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+    }
 
     /// Every flag of every subcommand can come from the environment (a DaemonSet configures
     /// slicelet through `env:`; the chart sets nothing on the command line but `run`/`mps`).

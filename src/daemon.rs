@@ -425,6 +425,8 @@ pub async fn run_target(
             again: false,
             last: None,
         },
+        usage: crate::usage::report::Usage::new(),
+        sample_error: None,
     };
     // What is in use, asked at once so the first plan already keeps what running containers
     // hold (slicelet restarted with a changed policy); the answer is awaited with the first
@@ -490,6 +492,7 @@ pub async fn run_target(
             Some(Report::Discovered(r)) => break r,
             Some(Report::Health(e)) => shell.fold(&mut state, Input::Health(e), &mut servers),
             Some(Report::Probed(p)) => shell.fold(&mut state, Input::Probed(p), &mut servers),
+            Some(Report::Sampled(r)) => shell.sampled(r, &state),
             None => break Err(InventoryError::NvmlCount("hardware thread ended".into())),
         }
     };
@@ -544,6 +547,17 @@ pub async fn run_target(
     });
     let mut bind_retry = timer(BIND_RETRY);
     let mut in_use_refresh = timer(settings.pod_resources_interval);
+    let sampling = settings.sample_interval.filter(|_| plugin_mode);
+    let mut sample_timer = timer(sampling.unwrap_or(Duration::from_secs(3600)));
+    let sample_request = || {
+        Command::Sample(crate::inventory::actor::SampleRequest {
+            proc_root: settings.proc_root.clone(),
+            checkpoint: settings.checkpoint_path(),
+        })
+    };
+    if sampling.is_some() && discovered {
+        hardware.send(sample_request());
+    }
     let mut allocate_settle: Option<Instant> = None;
     loop {
         let recovery = state.next_deadline().map(Instant::from_std);
@@ -611,6 +625,11 @@ pub async fn run_target(
                         }
                         Report::Health(e) => Input::Health(e),
                         Report::Probed(p) => Input::Probed(p),
+                        Report::Sampled(r) => {
+                            shell.sampled(r, &state);
+                            next = reports.try_recv().ok();
+                            continue;
+                        }
                     };
                     shell.fold(&mut state, input, &mut servers);
                     next = reports.try_recv().ok();
@@ -661,6 +680,9 @@ pub async fn run_target(
                 }
             }
             _ = in_use_refresh.tick(), if shell.in_use.socket.is_some() => shell.in_use.start(),
+            _ = sample_timer.tick(), if sampling.is_some() && state.inventory.is_some() => {
+                hardware.send(sample_request());
+            }
             () = servers.reap() => {}
             _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
                 policy_debounce = None;
@@ -732,6 +754,10 @@ struct Shell<'a> {
     labels_content: Option<String>,
     cdi: CdiCheck,
     in_use: InUseReader,
+    /// GPU use per container (`/metrics`, `/status`), from the samples and what is in use.
+    usage: crate::usage::report::Usage,
+    /// The last sampling error logged (each distinct one once).
+    sample_error: Option<String>,
 }
 
 /// Reads of what is in use (pod-resources `List`) for [`Action::RefreshInUse`], the periodic
@@ -840,6 +866,10 @@ impl Shell<'_> {
         let relabel = actions
             .iter()
             .any(|a| matches!(a, Action::Publish(_) | Action::PolicyApplied(_)));
+        let allocation = self.plugin_mode
+            && actions
+                .iter()
+                .any(|a| matches!(a, Action::Publish(_) | Action::InUseChanged));
         for action in actions {
             match action {
                 Action::Publish(plan) => {
@@ -870,7 +900,46 @@ impl Shell<'_> {
         if relabel {
             self.relabel(state);
         }
+        if allocation {
+            self.usage
+                .allocation(&state.plan, &state.in_use, &self.metrics);
+            self.publish_view(state);
+        }
         self.publish_status(state);
+    }
+
+    /// A GPU use sample from the hardware actor: attributed to the containers holding the
+    /// devices, into `/metrics` and `/status`.
+    fn sampled(&mut self, sample: Result<crate::usage::Samples, String>, state: &State) {
+        match sample {
+            Ok(s) => {
+                if self.sample_error.take().is_some() {
+                    tracing::info!("GPU use sampling works again");
+                }
+                if let Some(e) = &s.checkpoint_error {
+                    tracing::debug!(error = %e, "the kubelet's device checkpoint is not usable: GPU use is attributed to GPUs only");
+                }
+                self.usage
+                    .sampled(&s, &state.plan, &state.in_use, &self.metrics);
+                self.publish_view(state);
+                self.status.send_modify(|st| st.samples += 1);
+            }
+            Err(e) => {
+                self.metrics.sample_failed();
+                if self.sample_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(error = %e, "GPU use sampling failed; the last figures stay");
+                    self.sample_error = Some(e);
+                }
+            }
+        }
+    }
+
+    /// The `/status` JSON view (per GPU, per device, who holds it and its use).
+    fn publish_view(&self, state: &State) {
+        if self.plugin_mode {
+            self.metrics
+                .set_view(Arc::new(self.usage.view(&state.plan, &state.in_use)));
+        }
     }
 
     /// Hands the labels of the applied plan to the feature file writer when they changed (the

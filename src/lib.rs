@@ -33,6 +33,7 @@ pub mod podres;
 pub mod policy;
 pub mod settings;
 pub mod status;
+pub mod top;
 pub mod usage;
 pub mod uuid;
 pub mod watch;

@@ -88,6 +88,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{out}");
             Ok(())
         }
+        Command::Top(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the tokio runtime")?;
+            runtime
+                .block_on(slicelet::top::run(&args.address, args.once))
+                .context("slicelet top")
+        }
         Command::Validate(args) => {
             let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;
             print!("{out}");

@@ -76,6 +76,20 @@ pub struct MigInfo {
     pub caps: Option<MigCaps>,
 }
 
+impl MigInfo {
+    /// What a device backed by MIG device `m` of GPU `gpu` knows about it.
+    pub fn of(gpu: &Gpu, m: &MigDevice) -> Self {
+        MigInfo {
+            index: m.index,
+            parent_uuid: gpu.uuid.clone(),
+            profile: m.profile.clone(),
+            gi_id: m.gi_id,
+            ci_id: m.ci_id,
+            caps: m.caps,
+        }
+    }
+}
+
 /// One device the kubelet sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualDevice {
@@ -1228,14 +1242,7 @@ fn resource(
     }
     let mut devices = Vec::with_capacity(units.len() * replicas as usize);
     for u in units {
-        let mig = u.mig.map(|m| MigInfo {
-            index: m.index,
-            parent_uuid: u.gpu.uuid.clone(),
-            profile: m.profile.clone(),
-            gi_id: m.gi_id,
-            ci_id: m.ci_id,
-            caps: m.caps,
-        });
+        let mig = u.mig.map(|m| MigInfo::of(u.gpu, m));
         for n in 0..replicas {
             let (id, replica) = if strategy == Strategy::TimeSlicing && replicas > 1 {
                 (replica_id(u.uuid(), n), Some(n))

@@ -6,7 +6,11 @@
 //!   advertised resource is registered with the kubelet (and, with `--nfd-features-file`, the
 //!   node labels' feature file is up to date); 503 with the reason otherwise.
 //! - `/metrics`: devices per resource and health, registrations per resource, policy
-//!   generation and reload failures, Xid events per GPU and Xid, health transitions.
+//!   generation and reload failures, Xid events per GPU and Xid, health transitions; and GPU
+//!   use (issue 13, written by [`crate::usage::report::Usage`]): `allocation_info`, GPU, MIG
+//!   and per-container utilisation/memory/last-active gauges, allocated/free/draining devices
+//!   per resource, unattributed processes, samples taken and failed.
+//! - `/status`: the node as JSON ([`crate::usage::view::NodeView`]), for `slicelet top`.
 
 use crate::health::Health;
 use std::collections::BTreeSet;
@@ -27,6 +31,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::plan::Plan;
+use crate::usage::view::NodeView;
+use std::sync::atomic::AtomicU64;
 
 /// What the supervisor reports about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,6 +88,8 @@ pub struct Status {
     /// Why pod-resources could not be read (not a readiness failure: the last answer keeps
     /// protecting running pods).
     pub in_use_error: Option<String>,
+    /// GPU use samples taken since start (`--sample-seconds`), failed ones not counted.
+    pub samples: u64,
 }
 
 impl Status {
@@ -148,8 +156,8 @@ impl Status {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResourceLabels {
-    resource: String,
+pub(crate) struct ResourceLabels {
+    pub(crate) resource: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -170,7 +178,96 @@ struct TransitionLabels {
     to: String,
 }
 
-/// slicelet's Prometheus metrics.
+/// `slicelet_allocation_info`'s labels: one held device and its holder (dcgm-exporter's label
+/// names, so dashboards join on `UUID`/`pod`/`namespace`/`container`).
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct AllocationLabels {
+    pub(crate) resource: String,
+    pub(crate) device: String,
+    pub(crate) UUID: String,
+    pub(crate) pod: String,
+    pub(crate) namespace: String,
+    pub(crate) container: String,
+}
+
+/// A GPU's labels, as dcgm-exporter names them (`gpu` is the NVML index).
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct GpuLabels {
+    pub(crate) UUID: String,
+    pub(crate) gpu: String,
+    pub(crate) modelName: String,
+}
+
+/// A MIG device's labels: its own UUID, its parent GPU's and its profile.
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct MigLabels {
+    pub(crate) UUID: String,
+    pub(crate) parentUUID: String,
+    pub(crate) profile: String,
+}
+
+/// One container's use of one unit (`UUID`: the GPU's, or the MIG device's) through one
+/// resource.
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ContainerLabels {
+    pub(crate) pod: String,
+    pub(crate) namespace: String,
+    pub(crate) container: String,
+    pub(crate) UUID: String,
+    pub(crate) resource: String,
+}
+
+/// A GPU by UUID only.
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct UuidLabels {
+    pub(crate) UUID: String,
+}
+
+/// The GPU-use metrics (issue 13), written by [`crate::usage::report::Usage`] only.
+///
+/// Units are in the names: `_percent` 0–100, `_bytes` bytes, `_timestamp_seconds` seconds
+/// since the Unix epoch (of the sample).
+pub(crate) struct UsageMetrics {
+    /// `slicelet_allocation_info{resource,device,UUID,pod,namespace,container} 1`.
+    pub(crate) allocation: Family<AllocationLabels, Gauge>,
+    /// `slicelet_gpu_utilization_percent{UUID,gpu,modelName}`.
+    pub(crate) gpu_utilization: Family<GpuLabels, Gauge>,
+    /// `slicelet_gpu_memory_used_bytes{UUID,gpu,modelName}`.
+    pub(crate) gpu_memory_used: Family<GpuLabels, Gauge>,
+    /// `slicelet_gpu_memory_total_bytes{UUID,gpu,modelName}`.
+    pub(crate) gpu_memory_total: Family<GpuLabels, Gauge>,
+    /// `slicelet_mig_utilization_percent{UUID,parentUUID,profile}` (GPM; absent without).
+    pub(crate) mig_utilization: Family<MigLabels, Gauge>,
+    /// `slicelet_mig_memory_used_bytes{UUID,parentUUID,profile}`.
+    pub(crate) mig_memory_used: Family<MigLabels, Gauge>,
+    /// `slicelet_mig_memory_total_bytes{UUID,parentUUID,profile}`.
+    pub(crate) mig_memory_total: Family<MigLabels, Gauge>,
+    /// `slicelet_container_gpu_sm_util_percent{pod,namespace,container,UUID,resource}`.
+    pub(crate) container_sm: Family<ContainerLabels, Gauge>,
+    /// `slicelet_container_gpu_memory_used_bytes{…}`.
+    pub(crate) container_memory: Family<ContainerLabels, Gauge>,
+    /// `slicelet_container_gpu_last_active_timestamp_seconds{…}`.
+    pub(crate) container_last_active: Family<ContainerLabels, Gauge<f64, AtomicU64>>,
+    /// `slicelet_resource_allocated_devices{resource}`.
+    pub(crate) allocated: Family<ResourceLabels, Gauge>,
+    /// `slicelet_resource_free_devices{resource}`.
+    pub(crate) free: Family<ResourceLabels, Gauge>,
+    /// `slicelet_draining_devices{resource}`.
+    pub(crate) draining: Family<ResourceLabels, Gauge>,
+    /// `slicelet_unattributed_processes{UUID}`.
+    pub(crate) unattributed: Family<UuidLabels, Gauge>,
+    /// `slicelet_samples_total`.
+    pub(crate) samples: Counter,
+    /// `slicelet_sample_failures_total`.
+    pub(crate) sample_failures: Counter,
+}
+
+/// slicelet's Prometheus metrics, and the latest `/status` view.
 pub struct Metrics {
     registry: Registry,
     devices: Family<DeviceLabels, Gauge>,
@@ -179,6 +276,10 @@ pub struct Metrics {
     policy_reload_failures: Counter,
     xid_events: Family<XidLabels, Counter>,
     health_transitions: Family<TransitionLabels, Counter>,
+    pub(crate) usage: UsageMetrics,
+    /// The latest `/status` body (without the node-level fields, filled per request). A
+    /// `std` lock held only to clone or swap the `Arc`, never across `.await`.
+    view: std::sync::RwLock<Arc<NodeView>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -190,6 +291,59 @@ impl std::fmt::Debug for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl UsageMetrics {
+    fn register(registry: &mut Registry) -> UsageMetrics {
+        fn family<L, M>(registry: &mut Registry, name: &str, help: &str) -> Family<L, M>
+        where
+            L: Clone
+                + std::hash::Hash
+                + Eq
+                + EncodeLabelSet
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static,
+            M: Default
+                + prometheus_client::metrics::TypedMetric
+                + prometheus_client::encoding::EncodeMetric
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static,
+        {
+            let f = Family::<L, M>::default();
+            registry.register(name, help, f.clone());
+            f
+        }
+        let samples = Counter::default();
+        registry.register("samples", "GPU use samples taken", samples.clone());
+        let sample_failures = Counter::default();
+        registry.register(
+            "sample_failures",
+            "GPU use samples that failed (NVML errors)",
+            sample_failures.clone(),
+        );
+        UsageMetrics {
+            allocation: family(registry, "allocation_info", "A device held by a container (value 1)"),
+            gpu_utilization: family(registry, "gpu_utilization_percent", "GPU utilisation, percent (0-100)"),
+            gpu_memory_used: family(registry, "gpu_memory_used_bytes", "GPU framebuffer memory in use, bytes"),
+            gpu_memory_total: family(registry, "gpu_memory_total_bytes", "GPU framebuffer memory in all, bytes"),
+            mig_utilization: family(registry, "mig_utilization_percent", "MIG device SM use from GPM samples, percent (only where GPM is supported)"),
+            mig_memory_used: family(registry, "mig_memory_used_bytes", "MIG device memory in use, bytes"),
+            mig_memory_total: family(registry, "mig_memory_total_bytes", "MIG device memory in all, bytes"),
+            container_sm: family(registry, "container_gpu_sm_util_percent", "SM use of a container's processes on a GPU (or its MIG device's GPM SM use), percent"),
+            container_memory: family(registry, "container_gpu_memory_used_bytes", "GPU memory of a container's processes on a GPU (or its MIG device's), bytes"),
+            container_last_active: family(registry, "container_gpu_last_active_timestamp_seconds", "Unix time of the last sample with SM use > 0 (first seen, until then): time() - x is seconds idle"),
+            allocated: family(registry, "resource_allocated_devices", "Devices of a resource held by containers"),
+            free: family(registry, "resource_free_devices", "Devices of a resource that are Healthy and not held"),
+            draining: family(registry, "draining_devices", "Devices of a resource advertised Unhealthy while a re-purposed GPU's old devices are held"),
+            unattributed: family(registry, "unattributed_processes", "Processes on a GPU that could not be given to a container"),
+            samples,
+            sample_failures,
+        }
     }
 }
 
@@ -233,6 +387,7 @@ impl Metrics {
             "Device health transitions, by UUID and new state",
             health_transitions.clone(),
         );
+        let usage = UsageMetrics::register(&mut registry);
         Metrics {
             registry,
             devices,
@@ -241,7 +396,37 @@ impl Metrics {
             policy_reload_failures,
             xid_events,
             health_transitions,
+            usage,
+            view: std::sync::RwLock::new(Arc::new(NodeView::default())),
         }
+    }
+
+    /// Counts a GPU use sample that could not be taken (an NVML error on the hardware actor);
+    /// `slicelet_sample_failures_total`. Successful samples are counted by
+    /// [`crate::usage::report::Usage::sampled`].
+    pub fn sample_failed(&self) {
+        self.usage.sample_failures.inc();
+    }
+
+    /// Replaces what `/status` serves ([`crate::usage::report::Usage`] does it after each
+    /// sample and each allocation change).
+    pub fn set_view(&self, view: Arc<NodeView>) {
+        // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is
+        // whole either way.
+        *self
+            .view
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
+    }
+
+    /// What `/status` serves now (node-level `generation`/`ready` are filled per request).
+    pub fn view(&self) -> Arc<NodeView> {
+        Arc::clone(
+            &self
+                .view
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// Sets the device gauges from a plan.
@@ -366,6 +551,31 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// `/status`: the latest [`NodeView`] (see [`crate::usage::view`] for the shape), with the
+/// node-level `generation`, `ready` and `ready_reason` taken from the supervisor's status now.
+async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
+    let mut view = (*s.metrics.view()).clone();
+    {
+        let status = s.status.borrow();
+        view.generation = status.generation;
+        view.ready_reason = status.ready().err();
+        view.ready = view.ready_reason.is_none();
+    }
+    match serde_json::to_string(&view) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        ),
+        // Only a non-string map key could fail; NodeView has none.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("encoding /status: {e}\n"),
+        ),
+    }
+}
+
 /// Connections the status endpoint serves at once; more wait in the kernel's listen backlog
 /// (holding no file descriptor of ours) until one closes.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -401,6 +611,7 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/status", get(status_json))
         .with_state(AppState { status, metrics });
     let handle = tokio::spawn(accept_loop(listener, app, stop));
     Ok((local, handle))

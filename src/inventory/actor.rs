@@ -2,8 +2,9 @@
 //!
 //! NVML calls block, some for hundreds of milliseconds (a GPU falling off the bus, a driver
 //! busy with a reset); on the async runtime they would stall Allocate and ListAndWatch. So every
-//! call — opening the library, discovery, probes, compute-mode changes, re-arming the Xid event
-//! thread — runs here, on a dedicated OS thread that receives [`Command`]s over a channel and
+//! call — opening the library, discovery, probes, compute-mode changes, use samples (with the
+//! `/proc` and checkpoint reads that attribute them, [`crate::usage::sampler`]), re-arming the
+//! Xid event thread — runs here, on a dedicated OS thread that receives [`Command`]s over a channel and
 //! answers with [`Report`]s on the supervisor's **bounded** channel. The Xid event thread the
 //! source starts reports through the same channel.
 //!
@@ -11,6 +12,7 @@
 //! [`REPORT_SEND_TIMEOUT`] for room (logged), and is then dropped with an error line.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,20 @@ pub enum Command {
     /// Compute mode EXCLUSIVE_PROCESS on exactly these GPUs (MPS with `exclusiveProcess`);
     /// GPUs that leave the set get their previous mode back.
     ComputeModes(BTreeSet<String>),
+    /// Sample every GPU now and attribute its processes to pods: answered by
+    /// [`Report::Sampled`] (see [`crate::usage::sampler`]). Identical requests still queued are
+    /// answered by one sample.
+    Sample(SampleRequest),
+}
+
+/// Where a [`Command::Sample`] looks for what attributes processes to pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleRequest {
+    /// Where the host's `/proc` is mounted, as its parent: `<proc_root>/proc/<pid>/cgroup`
+    /// (`--proc-root`, [`crate::settings::Settings::proc_root`]).
+    pub proc_root: PathBuf,
+    /// The kubelet's device checkpoint ([`crate::settings::Settings::checkpoint_path`]).
+    pub checkpoint: PathBuf,
 }
 
 /// What the hardware reports.
@@ -52,6 +68,10 @@ pub enum Report {
     Health(HealthEvent),
     /// Probe answers: (UUID, answers).
     Probed(Vec<(String, bool)>),
+    /// The result of a [`Command::Sample`]: the sample, or why there is none (the source is
+    /// not open yet, or could not be sampled; the error and its sources on one line). The
+    /// supervisor keeps its last figures on an error.
+    Sampled(Result<crate::usage::Samples, String>),
 }
 
 /// Sends reports from hardware threads into the supervisor's bounded channel.
@@ -147,12 +167,12 @@ impl Drop for Hardware {
     }
 }
 
-/// Takes the next command, merging duplicates still queued: every queued `Discover` is
-/// answered by one discovery, and a `ComputeModes` is superseded by a later one.
+/// Takes the next command, merging duplicates still queued: every queued `Discover` (and every
+/// identical `Sample`) is answered once, and a `ComputeModes` is superseded by a later one.
 fn next_command(queue: &mut std::collections::VecDeque<Command>) -> Option<Command> {
     let command = queue.pop_front()?;
     match &command {
-        Command::Discover => queue.retain(|c| *c != Command::Discover),
+        Command::Discover | Command::Sample(_) => queue.retain(|c| *c != command),
         Command::ComputeModes(_) => {
             if queue.iter().any(|c| matches!(c, Command::ComputeModes(_))) {
                 return None;
@@ -231,6 +251,20 @@ fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outb
                     compute.sync(s.as_mut(), &wanted);
                 }
             }
+            Command::Sample(request) => {
+                let result = match source.as_mut() {
+                    None => {
+                        Err("the GPU source is not open yet (no discovery succeeded)".to_string())
+                    }
+                    Some(s) => crate::usage::sampler::sample(
+                        s.as_mut(),
+                        &request.proc_root,
+                        &request.checkpoint,
+                    )
+                    .map_err(|e| crate::errors::chain(&e)),
+                };
+                outbox.send(Report::Sampled(result));
+            }
         }
     }
     if let Some(s) = source.as_mut() {
@@ -263,11 +297,40 @@ mod tests {
         fn describe(&self) -> String {
             "slow".into()
         }
+        fn sample(&mut self) -> Result<Vec<crate::usage::GpuSample>, InventoryError> {
+            self.calls.fetch_add(100, Ordering::SeqCst);
+            Ok(vec![crate::usage::GpuSample {
+                uuid: "GPU-x".into(),
+                processes: vec![
+                    crate::usage::ProcessSample {
+                        pid: 7,
+                        sm_util_percent: Some(30),
+                        ..Default::default()
+                    },
+                    crate::usage::ProcessSample {
+                        pid: 8,
+                        sm_util_percent: Some(10),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }])
+        }
+    }
+
+    fn request(dir: &str) -> SampleRequest {
+        SampleRequest {
+            proc_root: dir.into(),
+            checkpoint: format!("{dir}/cp").into(),
+        }
     }
 
     #[test]
     fn queued_commands_coalesce() {
         let mut q: std::collections::VecDeque<Command> = [
+            Command::Sample(request("/a")),
+            Command::Sample(request("/b")),
+            Command::Sample(request("/a")),
             Command::Discover,
             Command::ComputeModes(["a".to_string()].into()),
             Command::Discover,
@@ -283,6 +346,8 @@ mod tests {
         assert_eq!(
             out,
             [
+                Command::Sample(request("/a")),
+                Command::Sample(request("/b")),
                 Command::Discover,
                 Command::Probe(vec!["x".into()]),
                 Command::ComputeModes(BTreeSet::new()),
@@ -335,6 +400,60 @@ mod tests {
         }
         assert_eq!(opens.load(Ordering::SeqCst), 2);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+        hw.shutdown(Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test]
+    async fn samples_are_attributed_and_need_an_open_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = "0f5a3b2c-1d4e-4f60-8a7b-9c0d1e2f3a4b";
+        let cgroup = crate::usage::cgroup::path(dir.path(), 7);
+        std::fs::create_dir_all(cgroup.parent().unwrap()).unwrap();
+        std::fs::write(
+            &cgroup,
+            format!("0::/kubepods/burstable/pod{uid}/{}\n", "a".repeat(64)),
+        )
+        .unwrap();
+        let req = SampleRequest {
+            proc_root: dir.path().to_path_buf(),
+            checkpoint: dir.path().join("kubelet_internal_checkpoint"),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = Arc::clone(&calls);
+        let hw = Hardware::spawn(
+            Box::new(move || {
+                Ok(Box::new(Slow {
+                    calls: Arc::clone(&c),
+                    events: Vec::new(),
+                }) as Box<dyn GpuSource>)
+            }),
+            tx,
+        );
+        hw.send(Command::Sample(req.clone()));
+        match rx.recv().await {
+            Some(Report::Sampled(Err(e))) => assert!(e.contains("not open yet"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        hw.send(Command::Discover);
+        assert!(matches!(rx.recv().await, Some(Report::Discovered(Ok(_)))));
+        hw.send(Command::Sample(req));
+        match rx.recv().await {
+            Some(Report::Sampled(Ok(s))) => {
+                let p = &s.gpus[0].processes;
+                assert_eq!(p[0].pod_uid.as_deref(), Some(uid));
+                assert_eq!(p[0].container_id, Some("a".repeat(64)));
+                assert_eq!((p[1].pid, p[1].pod_uid.as_deref()), (8, None));
+                assert!(s.at_unix_ms > 0);
+                assert!(s.checkpoint.is_none() && s.checkpoint_error.is_some());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            101,
+            "one discovery, one sample"
+        );
         hw.shutdown(Duration::from_secs(5)).await;
     }
 }

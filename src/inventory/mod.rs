@@ -316,6 +316,18 @@ pub trait GpuSource: Send {
     /// delivering them to `sink`. The default watches nothing.
     fn watch_events(&mut self, _sink: EventSink) {}
 
+    /// Samples every GPU now: utilisation, memory used/total, and per process SM utilisation
+    /// and memory (host PIDs; `pod_uid`/`container_id` are left `None`: the sampler in
+    /// [`crate::usage::sampler`] fills them in). A figure the source cannot give is `None`; a
+    /// GPU that is lost is left out. The default samples nothing (an empty list).
+    ///
+    /// # Errors
+    /// [`InventoryError`] when the source as a whole cannot be sampled (NVML cannot count its
+    /// GPUs, a simulated node file that became invalid); the caller keeps the last figures.
+    fn sample(&mut self) -> Result<Vec<crate::usage::GpuSample>, InventoryError> {
+        Ok(Vec::new())
+    }
+
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;
 }

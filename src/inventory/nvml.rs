@@ -27,6 +27,33 @@
 //! answers `NotSupported` at link 0, and a link number past its last `InvalidArgument`; both
 //! end its scan. Any other failure makes that pair's level (or that GPU's NVLinks) unknown,
 //! logged once per GPU pair and call: discovery never fails because of topology.
+//!
+//! # Sampling
+//!
+//! [`GpuSource::sample`], per GPU: `nvmlDeviceGetUtilizationRates` (`.gpu`, percent) and
+//! `nvmlDeviceGetMemoryInfo_v2` (used/total bytes). Per process, on a GPU without MIG:
+//! `nvmlDeviceGetComputeRunningProcesses_v3` and `nvmlDeviceGetMPSComputeRunningProcesses_v3`
+//! (MPS clients; nvml-wrapper 0.13 calls exactly these `_v3` symbols) give the PIDs and their
+//! memory, and `nvmlDeviceGetProcessUtilization` their SM utilisation. NVML buffers
+//! utilisation samples and returns those newer than the `lastSeenTimeStamp` passed in; the
+//! newest timestamp received is kept per GPU UUID and passed next time, so no sample is lost
+//! or counted twice (several samples of one PID in one answer: the newest counts). The lists
+//! are joined by PID, each PID once (`join_processes`). NVML keeps samples only of processes
+//! that used the GPU, so a listed process without a sample — and every process when NVML
+//! answers `NVML_ERROR_NOT_FOUND`, "no samples since `lastSeenTimeStamp`" — was idle:
+//! `sm_util_percent: Some(0)` (an idle process must count as idle for the scale-to-zero
+//! signal). Only when the utilisation query fails otherwise (not supported, …) is it `None`,
+//! unknown.
+//!
+//! On a MIG-enabled GPU NVIDIA documents no per-process utilisation (the query is not
+//! supported with MIG on); its MIG devices are sampled instead, memory used/total from each
+//! MIG device handle. Their utilisation stays `None`: GPM (`nvmlGpmMigSampleGet`) needs two
+//! samples a period apart kept between calls, which nvml-wrapper 0.13 ties to the `Nvml`
+//! borrow (`GpmSample<'nvml>`), and the fake NVML has no GPM to test it against.
+//!
+//! A figure NVML refuses is `None`, never an error of the whole sample; a GPU that answers
+//! `NVML_ERROR_GPU_IS_LOST` (or gives no valid UUID) is left out of the sample. Only failing
+//! to count the GPUs fails it.
 
 use crate::health::Health;
 use std::ffi::OsStr;
@@ -41,6 +68,7 @@ use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
 use crate::health::HealthEvent;
+use crate::usage::{GpuSample, MigSample, ProcessSample};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -59,6 +87,9 @@ pub struct NvmlSource {
     proc_root: PathBuf,
     /// Topology failures already logged (call and GPU UUIDs), so each is logged once.
     topology_logged: std::collections::BTreeSet<String>,
+    /// Per GPU UUID, the newest process-utilisation sample timestamp received (µs): the
+    /// `lastSeenTimeStamp` of the next query.
+    last_seen: std::collections::BTreeMap<String, u64>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -94,6 +125,7 @@ impl NvmlSource {
             last: Default::default(),
             proc_root: PathBuf::from("/"),
             topology_logged: Default::default(),
+            last_seen: Default::default(),
         })
     }
     /// Reads the nvidia-caps MIG minors under `root` instead of `/`
@@ -312,6 +344,141 @@ impl NvmlSource {
     }
 }
 
+/// One process-utilisation sample: (PID, timestamp µs, SM percent).
+type UtilSample = (u32, u64, u32);
+
+/// Joins the process lists (PID, memory bytes; `None`: NVML does not say) with the
+/// utilisation samples since the last query (`None`: the query failed, utilisation unknown),
+/// each PID once, sorted by PID (see the module documentation): memory from the first list
+/// entry that gives it, SM % from the PID's newest sample, `Some(0)` for a listed PID without
+/// one; a PID only in the samples has no memory figure. Percentages are capped at 100.
+fn join_processes(
+    listed: &[(u32, Option<u64>)],
+    samples: Option<&[UtilSample]>,
+) -> Vec<ProcessSample> {
+    use std::collections::BTreeMap;
+    let mut by_pid: BTreeMap<u32, ProcessSample> = BTreeMap::new();
+    for &(pid, memory) in listed {
+        let p = by_pid.entry(pid).or_insert_with(|| ProcessSample {
+            pid,
+            sm_util_percent: samples.map(|_| 0),
+            ..Default::default()
+        });
+        p.memory_used_bytes = p.memory_used_bytes.or(memory);
+    }
+    let mut newest: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
+    for &(pid, at, sm) in samples.unwrap_or_default() {
+        let e = newest.entry(pid).or_insert((at, sm));
+        if at > e.0 {
+            *e = (at, sm);
+        }
+    }
+    for (pid, (_, sm)) in newest {
+        by_pid
+            .entry(pid)
+            .or_insert_with(|| ProcessSample {
+                pid,
+                ..Default::default()
+            })
+            .sm_util_percent = Some(sm.min(100));
+    }
+    by_pid.into_values().collect()
+}
+
+impl NvmlSource {
+    /// One GPU's figures, `None` when it is lost (see the module documentation).
+    fn sample_one(&mut self, dev: &Device<'_>, index: u32) -> Option<GpuSample> {
+        let uuid = dev.uuid().ok()?;
+        let uuid = crate::uuid::Uuid::parse(&uuid).ok()?.to_string();
+        let memory = match dev.memory_info() {
+            Ok(m) => Some(m),
+            Err(NvmlError::GpuLost) => return None,
+            Err(_) => None,
+        };
+        let model = dev
+            .name()
+            .ok()
+            .or_else(|| self.last.get(&index).map(|g| g.model.clone()))
+            .unwrap_or_default();
+        let utilization_percent = dev.utilization_rates().ok().map(|u| u.gpu.min(100));
+        let mig_on = matches!(dev.mig_mode(), Ok(m) if m.current == 1);
+        let (processes, mig) = if mig_on {
+            (Vec::new(), mig_samples(dev))
+        } else {
+            (self.processes(dev, &uuid), Vec::new())
+        };
+        Some(GpuSample {
+            uuid,
+            index,
+            model,
+            utilization_percent,
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            processes,
+            mig,
+        })
+    }
+
+    /// The processes of a GPU without MIG, and its last-seen sample time moved on.
+    fn processes(&mut self, dev: &Device<'_>, uuid: &str) -> Vec<ProcessSample> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let mut listed = Vec::new();
+        for list in [
+            dev.running_compute_processes(),
+            dev.mps_running_compute_processes(),
+        ] {
+            // A list NVML refuses contributes no PIDs (those with samples still appear).
+            for p in list.unwrap_or_default() {
+                let memory = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                listed.push((p.pid, memory));
+            }
+        }
+        let samples: Option<Vec<UtilSample>> =
+            match dev.process_utilization_stats(self.last_seen.get(uuid).copied()) {
+                Ok(s) => Some(
+                    s.into_iter()
+                        .map(|s| (s.pid, s.timestamp, s.sm_util))
+                        .collect(),
+                ),
+                Err(NvmlError::NotFound) => Some(Vec::new()),
+                Err(_) => None,
+            };
+        if let Some(newest) = samples.iter().flatten().map(|s| s.1).max() {
+            let seen = self.last_seen.entry(uuid.to_string()).or_insert(0);
+            *seen = (*seen).max(newest);
+        }
+        join_processes(&listed, samples.as_deref())
+    }
+}
+
+/// The MIG devices of a MIG-enabled GPU, memory only (empty and failing slots left out).
+fn mig_samples(dev: &Device<'_>) -> Vec<MigSample> {
+    let mut out = Vec::new();
+    for slot in 0..dev.mig_device_count().unwrap_or(0) {
+        let Ok(m) = dev.mig_device_by_index(slot) else {
+            continue;
+        };
+        let Some(uuid) = m
+            .uuid()
+            .ok()
+            .and_then(|u| crate::uuid::Uuid::parse(&u).ok())
+        else {
+            continue;
+        };
+        let memory = m.memory_info().ok();
+        out.push(MigSample {
+            uuid: uuid.to_string(),
+            utilization_percent: None,
+            memory_used_bytes: memory.as_ref().map(|x| x.used),
+            memory_total_bytes: memory.as_ref().map(|x| x.total),
+        });
+    }
+    out
+}
+
 /// NVML's topology level as slicelet's.
 fn path_level(level: TopologyLevel) -> PathLevel {
     match level {
@@ -460,6 +627,23 @@ impl GpuSource for NvmlSource {
 
     fn describe(&self) -> String {
         format!("NVML ({})", self.library)
+    }
+
+    fn sample(&mut self) -> Result<Vec<GpuSample>, InventoryError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| InventoryError::NvmlCount(e.to_string()))?;
+        let nvml = std::sync::Arc::clone(&self.nvml);
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            // A GPU that gives no handle is lost: left out.
+            let Ok(dev) = nvml.device_by_index(i) else {
+                continue;
+            };
+            out.extend(self.sample_one(&dev, i));
+        }
+        Ok(out)
     }
 
     fn watch_events(&mut self, sink: EventSink) {
@@ -805,6 +989,244 @@ mod tests {
                 assert!(Profile::parse(&m.profile).is_some(), "{}", m.profile);
                 assert!(m.memory_mib > 0 && m.memory_mib <= g.memory_mib);
                 assert!(m.gpu_slices >= 1 && m.compute_slices <= m.gpu_slices);
+            }
+        }
+    }
+
+    #[test]
+    fn process_lists_and_samples_join_by_pid() {
+        let p = |pid: u32, sm: Option<u32>, mem: Option<u64>| ProcessSample {
+            pid,
+            sm_util_percent: sm,
+            memory_used_bytes: mem,
+            ..Default::default()
+        };
+        type Case<'a> = (
+            &'a [(u32, Option<u64>)],
+            Option<&'a [UtilSample]>,
+            Vec<ProcessSample>,
+        );
+        let cases: Vec<Case> = vec![
+            // Two processes with their own SM %.
+            (
+                &[(20, Some(2)), (10, Some(1))],
+                Some(&[(10, 5, 30), (20, 5, 10)]),
+                vec![p(10, Some(30), Some(1)), p(20, Some(10), Some(2))],
+            ),
+            // Several samples of one PID: the newest counts, whatever the order.
+            (
+                &[(10, Some(1))],
+                Some(&[(10, 9, 70), (10, 12, 40), (10, 11, 90)]),
+                vec![p(10, Some(40), Some(1))],
+            ),
+            // Listed without a sample (or NOT_FOUND: no samples): idle.
+            (
+                &[(10, Some(1)), (20, None)],
+                Some(&[]),
+                vec![p(10, Some(0), Some(1)), p(20, Some(0), None)],
+            ),
+            // The utilisation query failed: unknown.
+            (&[(10, Some(1))], None, vec![p(10, None, Some(1))]),
+            // In both lists (compute and MPS): once, memory from the first that gives it.
+            (
+                &[(10, None), (10, Some(3)), (10, Some(4))],
+                Some(&[(10, 1, 5)]),
+                vec![p(10, Some(5), Some(3))],
+            ),
+            // Only in the samples: no memory figure. Over 100: capped.
+            (&[], Some(&[(30, 1, 250)]), vec![p(30, Some(100), None)]),
+            (&[], None, vec![]),
+        ];
+        for (listed, samples, want) in cases {
+            assert_eq!(
+                join_processes(listed, samples),
+                want,
+                "{listed:?} {samples:?}"
+            );
+        }
+    }
+
+    const FAKE_LIB: &str = "SLICELET_TEST_FAKE_NVML";
+
+    /// Runs [`fake_nvml_child`] in a child process (the fake NVML reads its inventory from the
+    /// environment at init, and its state is process-wide).
+    #[test]
+    fn sample_against_the_fake_nvml() {
+        let exe = std::env::current_exe().unwrap();
+        let lib = exe.parent().unwrap().join("libfake_nvml.so");
+        assert!(
+            lib.exists(),
+            "{} missing: fake-nvml is a dev-dependency",
+            lib.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let inv = dir.path().join("inventory.json");
+        std::fs::write(
+            &inv,
+            r#"{"gpus": [
+              {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+               "memoryMiB": 81559, "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0",
+               "utilization": {"gpu": 40, "memory": 12},
+               "processes": [{"pid": 4343, "smUtil": 10, "usedMemoryMiB": 2048, "mps": true},
+                             {"pid": 4242, "smUtil": 30, "usedMemoryMiB": 10240},
+                             {"pid": 4444, "usedMemoryMiB": 100}]},
+              {"uuid": "GPU-22222222-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+               "memoryMiB": 81559, "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:18:00.0",
+               "migMode": 1,
+               "migDevices": [{"uuid": "MIG-22222222-2222-3333-4444-000000000000", "profile": "3g.40gb",
+                               "memoryMiB": 40320, "giId": 1, "ciId": 0},
+                              null,
+                              {"uuid": "MIG-22222222-2222-3333-4444-000000000002", "profile": "1g.10gb",
+                               "memoryMiB": 9856, "giId": 9, "ciId": 0}]},
+              {"uuid": "GPU-33333333-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+               "memoryMiB": 81559, "minor": 2, "computeCapability": [9, 0], "pciBusId": "00000000:19:00.0",
+               "lost": true}
+            ]}"#,
+        )
+        .unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "inventory::nvml::tests::fake_nvml_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FAKE_NVML_INVENTORY", &inv)
+            .env(FAKE_LIB, &lib)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "{text}");
+    }
+
+    /// The body of [`sample_against_the_fake_nvml`]; does nothing outside it.
+    #[test]
+    #[ignore = "run by sample_against_the_fake_nvml in a child process"]
+    fn fake_nvml_child() {
+        let Some(lib) = std::env::var_os(FAKE_LIB) else {
+            return;
+        };
+        const MIB: u64 = 1024 * 1024;
+        let mut src = NvmlSource::new(Some(Path::new(&lib)), None).expect("fake NVML");
+        let first = src.sample().unwrap();
+        // The lost GPU is left out; the MIG GPU has MIG figures and no processes.
+        assert_eq!(first.len(), 2, "{first:#?}");
+        let g = &first[0];
+        assert_eq!(g.uuid, "GPU-11111111-2222-3333-4444-555555555555");
+        assert_eq!((g.index, g.model.as_str()), (0, "NVIDIA H100 80GB HBM3"));
+        assert_eq!(g.utilization_percent, Some(40));
+        assert_eq!(g.memory_used_bytes, Some((10240 + 2048 + 100) * MIB));
+        assert_eq!(g.memory_total_bytes, Some(81559 * MIB));
+        let procs = |s: &GpuSample| -> Vec<(u32, Option<u32>, Option<u64>)> {
+            s.processes
+                .iter()
+                .map(|p| (p.pid, p.sm_util_percent, p.memory_used_bytes))
+                .collect()
+        };
+        assert_eq!(
+            procs(g),
+            [
+                (4242, Some(30), Some(10240 * MIB)),
+                (4343, Some(10), Some(2048 * MIB)), // an MPS client
+                (4444, Some(0), Some(100 * MIB)),   // listed, no samples: idle
+            ]
+        );
+        assert_eq!(
+            src.last_seen.get(&g.uuid),
+            Some(&1_000_000),
+            "the newest sample's time is kept"
+        );
+        let m = &first[1];
+        assert_eq!(
+            m.utilization_percent, None,
+            "not in the inventory: NotSupported"
+        );
+        assert!(m.processes.is_empty());
+        let mig: Vec<(&str, Option<u64>, Option<u64>)> = m
+            .mig
+            .iter()
+            .map(|x| (x.uuid.as_str(), x.memory_used_bytes, x.memory_total_bytes))
+            .collect();
+        assert_eq!(
+            mig,
+            [
+                (
+                    "MIG-22222222-2222-3333-4444-000000000000",
+                    Some(0),
+                    Some(40320 * MIB)
+                ),
+                (
+                    "MIG-22222222-2222-3333-4444-000000000002",
+                    Some(0),
+                    Some(9856 * MIB)
+                ),
+            ]
+        );
+        // Asked with the newest time seen: NOT_FOUND, nothing new, every process idle.
+        let second = src.sample().unwrap();
+        assert_eq!(
+            procs(&second[0]),
+            [
+                (4242, Some(0), Some(10240 * MIB)),
+                (4343, Some(0), Some(2048 * MIB)),
+                (4444, Some(0), Some(100 * MIB)),
+            ]
+        );
+        assert_eq!(src.last_seen.get(&g.uuid), Some(&1_000_000));
+        // The fake's clock moved on: new samples since the kept time.
+        let third = src.sample().unwrap();
+        assert_eq!(procs(&third[0]), procs(g));
+        assert_eq!(src.last_seen.get(&g.uuid), Some(&2_000_000));
+    }
+
+    /// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "needs an NVIDIA driver"]
+    fn real_gpu_sample_is_consistent() {
+        let mut source = NvmlSource::new(None, None).expect("NVML");
+        let inv = source.discover().expect("discovery");
+        for round in 0..2 {
+            let samples = source.sample().expect("sample");
+            assert_eq!(samples.len(), inv.gpus.len(), "no GPU is lost");
+            for g in &samples {
+                eprintln!(
+                    "round {round} GPU {} {} util {:?}% mem {:?}/{:?} bytes, {} processes, {} MIG devices, last seen {:?}",
+                    g.index,
+                    g.uuid,
+                    g.utilization_percent,
+                    g.memory_used_bytes,
+                    g.memory_total_bytes,
+                    g.processes.len(),
+                    g.mig.len(),
+                    source.last_seen.get(&g.uuid)
+                );
+                assert_eq!(
+                    Some(g.uuid.as_str()),
+                    inv.by_index(g.index).map(|x| x.uuid.as_str())
+                );
+                assert!(g.utilization_percent.is_none_or(|u| u <= 100));
+                assert!(g.memory_total_bytes.is_some());
+                assert!(g.memory_used_bytes <= g.memory_total_bytes);
+                for p in &g.processes {
+                    eprintln!(
+                        "  PID {} SM {:?}% mem {:?}",
+                        p.pid, p.sm_util_percent, p.memory_used_bytes
+                    );
+                    assert!(p.sm_util_percent.is_none_or(|u| u <= 100));
+                }
+                for m in &g.mig {
+                    eprintln!(
+                        "  MIG {} mem {:?}/{:?}",
+                        m.uuid, m.memory_used_bytes, m.memory_total_bytes
+                    );
+                    assert!(m.memory_used_bytes <= m.memory_total_bytes);
+                }
             }
         }
     }

@@ -11,10 +11,17 @@
 //!     numaNode: 0                    # optional
 //!     health: Healthy                # optional: Healthy (default) or Unhealthy
 //!     xid: 79                        # optional: an Xid reported when this line appears
+//!     utilization: 40                # optional: GPU utilisation, percent (0-100)
+//!     memoryUsedMiB: 20480           # optional: memory in use; default the processes' sum
+//!     processes:                     # optional, only when count is 1 and MIG is off
+//!       - pid: 4242                  # host PID (> 0, once per GPU)
+//!         smUtil: 30                 # optional, default 0: SM utilisation, percent
+//!         memoryMiB: 10240           # optional, default 0: at most the GPU's memoryMiB
 //!     mig:                           # optional: present means MIG mode is on
 //!       devices:
 //!         - profile: 1g.10gb
 //!           count: 7
+//!           memoryUsedMiB: 512       # optional, default 0: in use on each of these devices
 //! links:                             # optional; pairs not listed are derived from numaNode
 //!   - gpus: [0, 1]                   # GPU indices
 //!     nvlinks: 4                     # NVLinks between them (at most 18)
@@ -38,6 +45,19 @@
 //! slices, as on every MIG-capable GPU. Use the profiles the model really offers (the tests check
 //! the shipped nodes against `fixtures/models/gpu-models.yaml`). `mig:` without devices is a
 //! MIG-enabled GPU on which no instance was created yet.
+//!
+//! # Use samples
+//!
+//! `utilization`, `memoryUsedMiB`, `processes` and a MIG device's `memoryUsedMiB` are what
+//! [`GpuSource::sample`] reports; the file is re-read at every sample, so editing it changes
+//! the next one (a file that became invalid makes the sample fail, and the supervisor keeps
+//! the last figures). As with NVML, a MIG-enabled GPU has no per-process figures (`processes`
+//! is refused there: NVIDIA's `nvmlDeviceGetProcessUtilization` is not supported with MIG on),
+//! only memory per MIG device; a GPU's memory in use is `memoryUsedMiB`, else the sum of its
+//! processes' (or of its MIG devices') memory. `processes` is refused with `count` above 1 (a
+//! PID runs on one GPU), as are a repeated PID, a percent above 100, memory above the GPU's,
+//! and more than [`MAX_PROCESSES`] processes, each error naming its path
+//! (`gpus[0].processes[2].smUtil`).
 
 use crate::health::Health;
 use std::path::{Path, PathBuf};
@@ -49,6 +69,7 @@ use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
 use crate::policy::Limits;
+use crate::usage::{GpuSample, MigSample, ProcessSample};
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
 pub const MAX_GPU_SLICES: u32 = 7;
@@ -59,6 +80,11 @@ pub const MAX_GPUS: u32 = 64;
 /// Most MIG devices one GPU has (NVIDIA: 7 on A100, A30 has 4, H100 and H200 7), and so the
 /// largest `count` of one MIG entry.
 pub const MAX_MIG_DEVICES: u32 = 7;
+/// Most `processes` one simulated GPU may list: 1024 (a real GPU runs a few dozen at most;
+/// MPS allows 48 clients per device on Volta and later).
+pub const MAX_PROCESSES: usize = 1024;
+/// Bytes in a MiB.
+const MIB: u64 = 1024 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -104,6 +130,21 @@ struct GpuEntry {
     health: Option<HealthValue>,
     xid: Option<u64>,
     mig: Option<MigEntry>,
+    utilization: Option<u32>,
+    #[serde(rename = "memoryUsedMiB")]
+    memory_used_mib: Option<u64>,
+    processes: Option<Vec<ProcessEntry>>,
+}
+
+/// `gpus[i].processes[k]`: one process on the GPU.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ProcessEntry {
+    pid: u32,
+    #[serde(default)]
+    sm_util: u32,
+    #[serde(rename = "memoryMiB", default)]
+    memory_mib: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -124,6 +165,8 @@ struct MigEntry {
 struct MigDeviceEntry {
     profile: String,
     count: Option<u32>,
+    #[serde(rename = "memoryUsedMiB")]
+    memory_used_mib: Option<u64>,
 }
 
 /// Reads GPUs from a simulated node file.
@@ -178,6 +221,13 @@ impl GpuSource for SimulatedSource {
         std::mem::take(&mut self.events)
     }
 
+    /// Re-reads the node file (bounded, as [`GpuSource::discover`] does) and reports its use
+    /// figures (see the module documentation).
+    fn sample(&mut self) -> Result<Vec<GpuSample>, InventoryError> {
+        let text = read(&self.path)?;
+        Ok(parse_all(&self.path, &text)?.samples)
+    }
+
     fn describe(&self) -> String {
         format!("simulated node {}", self.path.display())
     }
@@ -220,7 +270,7 @@ pub fn read(path: &Path) -> Result<String, InventoryError> {
 /// [`InventoryError::SimulatedInvalid`] with the field path (`gpus[1].uuid`) and, for syntax and
 /// type errors, line and column.
 pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
-    parse_with_xids(path, text).map(|(inv, _)| inv)
+    parse_all(path, text).map(|p| p.inventory)
 }
 
 /// [`parse`], plus the `xid:` lines as (GPU UUID, Xid).
@@ -228,7 +278,134 @@ fn parse_with_xids(
     path: &Path,
     text: &str,
 ) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
+    parse_all(path, text).map(|p| (p.inventory, p.xids))
+}
+
+/// Everything a node file says.
+struct Parsed {
+    inventory: Inventory,
+    /// The `xid:` lines as (GPU UUID, Xid).
+    xids: Vec<(String, u64)>,
+    /// The use figures, one per GPU in index order.
+    samples: Vec<GpuSample>,
+}
+
+/// The `utilization`, `memoryUsedMiB` and `processes` of the GPU entry `at`, checked (see the
+/// module documentation), as the entry's GPUs' processes and memory in use (MiB; `None`:
+/// from the MIG devices).
+fn usage_of(
+    path: &Path,
+    at: &str,
+    entry: &GpuEntry,
+    count: u32,
+) -> Result<(Vec<ProcessSample>, Option<u64>), InventoryError> {
+    if let Some(u) = entry.utilization {
+        if u > 100 {
+            return Err(invalid(
+                path,
+                &format!("{at}.utilization"),
+                format!("{u} is more than 100 (percent)"),
+            ));
+        }
+    }
+    if let Some(m) = entry.memory_used_mib {
+        if m > entry.memory_mib {
+            return Err(invalid(
+                path,
+                &format!("{at}.memoryUsedMiB"),
+                format!("{m} MiB is more than the GPU's {} MiB", entry.memory_mib),
+            ));
+        }
+    }
+    let Some(list) = &entry.processes else {
+        return Ok((
+            Vec::new(),
+            entry.memory_used_mib.or(entry.mig.is_none().then_some(0)),
+        ));
+    };
+    let pat = format!("{at}.processes");
+    if count > 1 {
+        return Err(invalid(
+            path,
+            &pat,
+            "only allowed when count is 1 (a PID runs on one GPU)",
+        ));
+    }
+    if entry.mig.is_some() {
+        return Err(invalid(
+            path,
+            &pat,
+            "not allowed on a MIG-enabled GPU (NVML has no per-process figures with MIG on); give mig.devices[].memoryUsedMiB instead",
+        ));
+    }
+    if list.len() > MAX_PROCESSES {
+        return Err(invalid(
+            path,
+            &pat,
+            format!(
+                "{} processes, more than the {MAX_PROCESSES} a simulated GPU may list",
+                list.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::BTreeMap::new();
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(list.len());
+    for (k, p) in list.iter().enumerate() {
+        let pk = format!("{pat}[{k}]");
+        if p.pid == 0 {
+            return Err(invalid(path, &format!("{pk}.pid"), "must be positive"));
+        }
+        if let Some(first) = seen.insert(p.pid, k) {
+            return Err(invalid(
+                path,
+                &format!("{pk}.pid"),
+                format!("PID {} is listed already at processes[{first}]", p.pid),
+            ));
+        }
+        if p.sm_util > 100 {
+            return Err(invalid(
+                path,
+                &format!("{pk}.smUtil"),
+                format!("{} is more than 100 (percent)", p.sm_util),
+            ));
+        }
+        if p.memory_mib > entry.memory_mib {
+            return Err(invalid(
+                path,
+                &format!("{pk}.memoryMiB"),
+                format!(
+                    "{} MiB is more than the GPU's {} MiB",
+                    p.memory_mib, entry.memory_mib
+                ),
+            ));
+        }
+        total = total.saturating_add(p.memory_mib);
+        out.push(ProcessSample {
+            pid: p.pid,
+            sm_util_percent: Some(p.sm_util),
+            memory_used_bytes: Some(p.memory_mib * MIB),
+            pod_uid: None,
+            container_id: None,
+        });
+    }
+    if entry.memory_used_mib.is_none() && total > entry.memory_mib {
+        return Err(invalid(
+            path,
+            &pat,
+            format!(
+                "the processes use {total} MiB, more than the GPU's {} MiB",
+                entry.memory_mib
+            ),
+        ));
+    }
+    Ok((out, Some(entry.memory_used_mib.unwrap_or(total))))
+}
+
+/// Parses a node file into its inventory, Xids and use figures.
+fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
     let mut xids = Vec::new();
+    let mut samples = Vec::new();
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     crate::policy::read::check_nesting(text, &Limits::default()).map_err(|e| {
         let line = match e {
@@ -313,6 +490,7 @@ fn parse_with_xids(
                     })?,
             ),
         };
+        let (processes, memory_used_mib) = usage_of(path, &at, entry, count)?;
         for _ in 0..count {
             let uuid = match &entry.uuid {
                 Some(u) => match crate::uuid::Uuid::parse(u) {
@@ -329,9 +507,31 @@ fn parse_with_xids(
                 None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
             };
             let mut mig_devices = Vec::new();
+            let mut mig_used = Vec::new();
             if let Some(m) = &entry.mig {
-                mig_devices = mig_layout(path, &at, m, &uuid)?;
+                (mig_devices, mig_used) = mig_layout(path, &at, m, &uuid)?.into_iter().unzip();
             }
+            let mig: Vec<MigSample> = mig_devices
+                .iter()
+                .zip(&mig_used)
+                .map(|(d, used)| MigSample {
+                    uuid: d.uuid.clone(),
+                    utilization_percent: None,
+                    memory_used_bytes: Some(used * MIB),
+                    memory_total_bytes: Some(d.memory_mib * MIB),
+                })
+                .collect();
+            let used_mib = memory_used_mib.unwrap_or_else(|| mig_used.iter().sum());
+            samples.push(GpuSample {
+                uuid: uuid.clone(),
+                index,
+                model: entry.model.clone(),
+                utilization_percent: entry.utilization,
+                memory_used_bytes: Some(used_mib.saturating_mul(MIB)),
+                memory_total_bytes: Some(entry.memory_mib.saturating_mul(MIB)),
+                processes: processes.clone(),
+                mig,
+            });
             gpus.push(Gpu {
                 index,
                 uuid,
@@ -361,7 +561,11 @@ fn parse_with_xids(
         }
     }
     let links = links(path, &file, &gpus)?;
-    Ok((Inventory::new(gpus).with_links(links), xids))
+    Ok(Parsed {
+        inventory: Inventory::new(gpus).with_links(links),
+        xids,
+        samples,
+    })
 }
 
 /// The `links:` and `nvswitch:` of a node file as a [`Topology`]: a pair not listed is
@@ -454,14 +658,15 @@ fn derive_uuid(kind: &str, seed: &str) -> String {
     )
 }
 
-/// The MIG devices of one GPU entry (see the module documentation for the numbering).
+/// The MIG devices of one GPU entry (see the module documentation for the numbering), each
+/// with its memory in use, MiB.
 fn mig_layout(
     path: &Path,
     at: &str,
     entry: &MigEntry,
     gpu_uuid: &str,
-) -> Result<Vec<MigDevice>, InventoryError> {
-    let mut out: Vec<MigDevice> = Vec::new();
+) -> Result<Vec<(MigDevice, u64)>, InventoryError> {
+    let mut out: Vec<(MigDevice, u64)> = Vec::new();
     let mut slices = 0u32;
     for (j, d) in entry.devices.iter().enumerate() {
         let p = Profile::parse(&d.profile).ok_or_else(|| {
@@ -482,6 +687,18 @@ fn mig_layout(
                 "must be at least 1",
             ));
         }
+        let used = d.memory_used_mib.unwrap_or(0);
+        if used > p.memory_gb * 1024 {
+            return Err(invalid(
+                path,
+                &format!("{at}.mig.devices[{j}].memoryUsedMiB"),
+                format!(
+                    "{used} MiB is more than the {} MiB of a {}",
+                    p.memory_gb * 1024,
+                    d.profile
+                ),
+            ));
+        }
         // Every profile uses at least one of the GPU's 7 slices, so the slice check below
         // stops the expansion by the 8th device whatever `count` says (MAX_MIG_DEVICES).
         for _ in 0..count {
@@ -495,7 +712,7 @@ fn mig_layout(
             }
             let m = out.len() as u32;
             let uuid = derive_uuid("MIG", &format!("{gpu_uuid}/{m}"));
-            out.push(MigDevice::laid_out(m, uuid, &d.profile, &p));
+            out.push((MigDevice::laid_out(m, uuid, &d.profile, &p), used));
         }
     }
     Ok(out)
@@ -671,6 +888,123 @@ mod tests {
             .discover()
             .unwrap();
         assert!(inv.gpus[0].mig_devices.iter().all(|m| m.caps.is_none()));
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    const H100: &str = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n";
+
+    fn samples(text: &str) -> Vec<GpuSample> {
+        parse_all(Path::new("n.yaml"), text).unwrap().samples
+    }
+
+    #[test]
+    fn use_figures_are_reported() {
+        let text = format!("{H100}    utilization: 40\n    processes:\n      - pid: 4242\n        smUtil: 30\n        memoryMiB: 10240\n      - pid: 4343\n        smUtil: 10\n        memoryMiB: 2048\n      - pid: 4444\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    count: 2\n    utilization: 5\n    memoryUsedMiB: 100\n");
+        let s = samples(&text);
+        assert_eq!(s.len(), 3);
+        let inv = parse(Path::new("n.yaml"), &text).unwrap();
+        assert_eq!(s[0].uuid, inv.gpus[0].uuid);
+        assert_eq!((s[0].index, s[0].utilization_percent), (0, Some(40)));
+        assert_eq!(
+            s[0].memory_used_bytes,
+            Some(12288 * MIB),
+            "the processes' sum"
+        );
+        assert_eq!(s[0].memory_total_bytes, Some(81559 * MIB));
+        let p: Vec<(u32, Option<u32>, Option<u64>)> = s[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.sm_util_percent, p.memory_used_bytes))
+            .collect();
+        assert_eq!(
+            p,
+            [
+                (4242, Some(30), Some(10240 * MIB)),
+                (4343, Some(10), Some(2048 * MIB)),
+                (4444, Some(0), Some(0)),
+            ]
+        );
+        for g in &s[1..] {
+            assert_eq!(g.utilization_percent, Some(5));
+            assert_eq!(g.memory_used_bytes, Some(100 * MIB));
+            assert!(g.processes.is_empty() && g.mig.is_empty());
+        }
+        assert_eq!(s[2].index, 2);
+        // Nothing said: no utilisation, nothing in use.
+        let s = samples(H100);
+        assert_eq!(
+            (s[0].utilization_percent, s[0].memory_used_bytes),
+            (None, Some(0))
+        );
+    }
+
+    #[test]
+    fn the_shipped_busy_node_has_the_demo_processes() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodes/h100-80gb-x8-busy.yaml");
+        let s = SimulatedSource::new(&path).sample().unwrap();
+        assert_eq!(s.len(), 8);
+        let sm: Vec<(u32, Option<u32>)> = s[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.sm_util_percent))
+            .collect();
+        assert_eq!(sm, [(4242, Some(30)), (4343, Some(10))]);
+        assert!(s[1..].iter().all(|g| g.processes.is_empty()));
+    }
+
+    #[test]
+    fn mig_devices_report_memory_only() {
+        let text = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 3g.40gb\n          memoryUsedMiB: 30000\n        - profile: 1g.10gb\n          count: 2\n          memoryUsedMiB: 512\n";
+        let s = samples(text);
+        let inv = parse(Path::new("n.yaml"), text).unwrap();
+        let m: Vec<(&str, Option<u64>, Option<u64>)> = s[0]
+            .mig
+            .iter()
+            .map(|m| (m.uuid.as_str(), m.memory_used_bytes, m.memory_total_bytes))
+            .collect();
+        let d = &inv.gpus[0].mig_devices;
+        assert_eq!(
+            m,
+            [
+                (d[0].uuid.as_str(), Some(30000 * MIB), Some(40 * 1024 * MIB)),
+                (d[1].uuid.as_str(), Some(512 * MIB), Some(10 * 1024 * MIB)),
+                (d[2].uuid.as_str(), Some(512 * MIB), Some(10 * 1024 * MIB)),
+            ]
+        );
+        assert!(s[0].mig.iter().all(|m| m.utilization_percent.is_none()));
+        assert_eq!(
+            s[0].memory_used_bytes,
+            Some(31024 * MIB),
+            "the MIG devices' sum"
+        );
+        assert!(s[0].processes.is_empty());
+    }
+
+    #[test]
+    fn a_live_edit_changes_the_next_sample_and_a_broken_file_fails_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("n.yaml");
+        let node =
+            |sm: u32| format!("{H100}    processes:\n      - pid: 7\n        smUtil: {sm}\n");
+        std::fs::write(&p, node(30)).unwrap();
+        let mut src = SimulatedSource::new(&p);
+        assert_eq!(
+            src.sample().unwrap()[0].processes[0].sm_util_percent,
+            Some(30)
+        );
+        std::fs::write(&p, node(0)).unwrap();
+        assert_eq!(
+            src.sample().unwrap()[0].processes[0].sm_util_percent,
+            Some(0)
+        );
+        std::fs::write(&p, node(101)).unwrap();
+        let e = src.sample().unwrap_err().to_string();
+        assert!(e.contains("gpus[0].processes[0].smUtil"), "{e}");
     }
 }
 

@@ -200,14 +200,7 @@ fn from_id(id: &str, inventory: &Inventory) -> Option<VirtualDevice> {
                 replica,
                 health: g.health.and(m.health),
                 numa_node: g.numa_node,
-                mig: Some(super::MigInfo {
-                    index: m.index,
-                    parent_uuid: g.uuid.clone(),
-                    profile: m.profile.clone(),
-                    gi_id: m.gi_id,
-                    ci_id: m.ci_id,
-                    caps: m.caps,
-                }),
+                mig: Some(super::MigInfo::of(g, m)),
             });
         }
     }

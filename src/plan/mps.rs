@@ -180,14 +180,7 @@ impl MpsTarget {
             uuid: m.uuid.clone(),
             memory_mib: m.memory_mib,
             health: g.health.and(m.health),
-            mig: Some(MigInfo {
-                index: m.index,
-                parent_uuid: g.uuid.clone(),
-                profile: m.profile.clone(),
-                gi_id: m.gi_id,
-                ci_id: m.ci_id,
-                caps: m.caps,
-            }),
+            mig: Some(MigInfo::of(g, m)),
             ..MpsTarget::gpu(g)
         }
     }

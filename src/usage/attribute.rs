@@ -1,1 +1,643 @@
-//! (to be written)
+//! Per-container GPU figures: one sample of the node ([`Samples`]) joined with the plan (which
+//! device ID is on which GPU) and what pod-resources says is held ([`InUse`]). Pure.
+//!
+//! The join, per GPU:
+//!
+//! 1. Every container holding a device of this GPU (per [`InUse`], through the plan's device
+//!    of that ID in that resource: its `gpu_uuid`, or for a MIG device its parent's UUID) gets
+//!    an entry, SM 0 % and 0 bytes, even with no process at the moment: dashboards must show
+//!    idle containers (that is the scale-to-zero signal).
+//! 2. Each process's pod UID (from its cgroup) → the checkpoint entries of that pod whose
+//!    device IDs are on this GPU → (container name, resource, device IDs) → the holder of one
+//!    of those IDs in [`InUse`] with that container name gives the namespace and pod. Its SM %
+//!    and memory are added to that container's entry.
+//! 3. A process whose pod is unknown (no pod UID, no checkpoint, no checkpoint entry on this
+//!    GPU, or pod-resources does not list the container yet) counts at GPU level only, in
+//!    [`GpuFigures::unattributed_processes`].
+//!
+//! Two containers of one pod with devices on one GPU: a process's cgroup names its container
+//! ID, which only the Pod API maps to a container name, so the process goes to the container
+//! whose checkpoint entry is first in container-name order.
+//!
+//! MIG: NVIDIA gives no per-process utilisation on MIG devices, so a MIG device's own figures
+//! (memory, and GPM SM use where the GPU supports it) go to the container holding that MIG
+//! device per [`InUse`] (no checkpoint needed). Under MIG with replicas (one MIG device shared
+//! by several containers) the figures go to the first holder in (namespace, pod, container)
+//! order.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::plan::{Plan, VirtualDevice};
+use crate::podres::{Holder, InUse};
+use crate::usage::{CheckpointEntry, Samples};
+
+/// Everything one sample says, attributed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Figures {
+    /// When the sample was taken, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// One entry per sampled GPU, in the sample's order (by index).
+    pub gpus: Vec<GpuFigures>,
+    /// Why the checkpoint could not be used ([`Samples::checkpoint_error`]): then no process
+    /// is attributed.
+    pub checkpoint_error: Option<String>,
+}
+
+impl Figures {
+    /// Processes counted at GPU level only, over every GPU.
+    pub fn unattributed_processes(&self) -> u64 {
+        self.gpus
+            .iter()
+            .map(|g| u64::from(g.unattributed_processes))
+            .sum()
+    }
+}
+
+/// One GPU's figures and the containers on it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuFigures {
+    /// The GPU's UUID (`GPU-…`).
+    pub uuid: String,
+    /// NVML index.
+    pub index: u32,
+    /// Product name.
+    pub model: String,
+    /// Utilisation, percent (0–100); `None` when NVML does not say.
+    pub utilization_percent: Option<u32>,
+    /// Framebuffer memory in use, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// Framebuffer memory in all, bytes.
+    pub memory_total_bytes: Option<u64>,
+    /// Processes on this GPU that could not be given to a container (see the module doc).
+    pub unattributed_processes: u32,
+    /// Its MIG devices' figures, in the sample's order.
+    pub mig: Vec<MigFigures>,
+    /// The containers holding devices on this GPU (or its MIG devices), ordered by
+    /// (unit UUID, resource, namespace, pod, container).
+    pub containers: Vec<ContainerFigures>,
+}
+
+/// One MIG device's figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MigFigures {
+    /// The MIG device's UUID (`MIG-…`).
+    pub uuid: String,
+    /// Its profile (`1g.10gb`) from the plan; `None` when no advertised device is on it.
+    pub profile: Option<String>,
+    /// GPM SM use, percent, where the GPU supports GPM.
+    pub utilization_percent: Option<u32>,
+    /// Memory in use, bytes.
+    pub memory_used_bytes: Option<u64>,
+    /// Memory in all, bytes.
+    pub memory_total_bytes: Option<u64>,
+}
+
+/// One container's use of one unit (a whole GPU or a MIG device) through one resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerFigures {
+    /// Who, as pod-resources names it.
+    pub holder: Holder,
+    /// The extended resource its devices are of.
+    pub resource: String,
+    /// The unit's UUID: the GPU's (`GPU-…`), or the MIG device's (`MIG-…`).
+    pub unit_uuid: String,
+    /// The device IDs it holds on this unit, in order.
+    pub device_ids: Vec<String>,
+    /// SM use, percent, summed over its processes on the unit (can exceed 100 only when NVML's
+    /// per-process samples overlap); for a MIG device its GPM SM use (0 when not supported).
+    pub sm_util_percent: u32,
+    /// GPU memory, bytes, summed over its processes; for a MIG device the device's memory in
+    /// use.
+    pub memory_used_bytes: u64,
+    /// Processes counted for it (0 for MIG devices: NVML has no per-process data there).
+    pub processes: u32,
+}
+
+/// The container's key inside one GPU: (unit UUID, resource, holder).
+type Key = (String, String, Holder);
+
+/// Attributes one sample; see the module doc for the rules.
+pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
+    // Physical GPU UUID → its containers, from what is held.
+    let mut held: HashMap<&str, BTreeMap<Key, Vec<String>>> = HashMap::new();
+    for (resource, id, holders) in in_use.iter() {
+        let Some(device) = device_of(plan, resource, id) else {
+            continue;
+        };
+        let containers = held.entry(physical(device)).or_default();
+        for h in holders {
+            containers
+                .entry((device.gpu_uuid.clone(), resource.to_string(), h.clone()))
+                .or_default()
+                .push(id.to_string());
+        }
+    }
+    // Pod UID → its checkpoint entries, in container-name order (the tie rule).
+    let mut by_pod: HashMap<&str, Vec<&CheckpointEntry>> = HashMap::new();
+    for e in samples.checkpoint.iter().flatten() {
+        by_pod.entry(e.pod_uid.as_str()).or_default().push(e);
+    }
+    for entries in by_pod.values_mut() {
+        entries.sort_by(|a, b| a.container.cmp(&b.container));
+    }
+
+    let gpus = samples
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut containers: BTreeMap<Key, ContainerFigures> = held
+                .get(g.uuid.as_str())
+                .into_iter()
+                .flatten()
+                .map(|(key, ids)| {
+                    let figures = ContainerFigures {
+                        holder: key.2.clone(),
+                        resource: key.1.clone(),
+                        unit_uuid: key.0.clone(),
+                        device_ids: ids.clone(),
+                        sm_util_percent: 0,
+                        memory_used_bytes: 0,
+                        processes: 0,
+                    };
+                    (key.clone(), figures)
+                })
+                .collect();
+            let mut unattributed = 0u32;
+            for p in &g.processes {
+                let key = p
+                    .pod_uid
+                    .as_deref()
+                    .and_then(|uid| by_pod.get(uid))
+                    .and_then(|entries| container_of(entries, &g.uuid, plan, in_use));
+                match key.and_then(|k| containers.get_mut(&k)) {
+                    Some(c) => {
+                        c.sm_util_percent = c
+                            .sm_util_percent
+                            .saturating_add(p.sm_util_percent.unwrap_or(0));
+                        c.memory_used_bytes = c
+                            .memory_used_bytes
+                            .saturating_add(p.memory_used_bytes.unwrap_or(0));
+                        c.processes += 1;
+                    }
+                    None => unattributed += 1,
+                }
+            }
+            let mut mig = Vec::with_capacity(g.mig.len());
+            for m in &g.mig {
+                // The first holder of a device on this MIG device (BTreeMap order).
+                if let Some(c) = containers.values_mut().find(|c| c.unit_uuid == m.uuid) {
+                    c.sm_util_percent = m.utilization_percent.unwrap_or(0);
+                    c.memory_used_bytes = m.memory_used_bytes.unwrap_or(0);
+                }
+                mig.push(MigFigures {
+                    uuid: m.uuid.clone(),
+                    profile: mig_profile(plan, &m.uuid),
+                    utilization_percent: m.utilization_percent,
+                    memory_used_bytes: m.memory_used_bytes,
+                    memory_total_bytes: m.memory_total_bytes,
+                });
+            }
+            GpuFigures {
+                uuid: g.uuid.clone(),
+                index: g.index,
+                model: g.model.clone(),
+                utilization_percent: g.utilization_percent,
+                memory_used_bytes: g.memory_used_bytes,
+                memory_total_bytes: g.memory_total_bytes,
+                unattributed_processes: unattributed,
+                mig,
+                containers: containers.into_values().collect(),
+            }
+        })
+        .collect();
+    Figures {
+        at_unix_ms: samples.at_unix_ms,
+        gpus,
+        checkpoint_error: samples.checkpoint_error.clone(),
+    }
+}
+
+/// The plan's device `id` of `resource`.
+fn device_of<'a>(plan: &'a Plan, resource: &str, id: &str) -> Option<&'a VirtualDevice> {
+    plan.resources.get(resource)?.device(id)
+}
+
+/// The physical GPU a device is on: its own UUID, or its MIG device's parent.
+pub(crate) fn physical(device: &VirtualDevice) -> &str {
+    device
+        .mig
+        .as_ref()
+        .map_or(device.gpu_uuid.as_str(), |m| m.parent_uuid.as_str())
+}
+
+/// The profile of the advertised device(s) on MIG device `uuid`.
+fn mig_profile(plan: &Plan, uuid: &str) -> Option<String> {
+    plan.resources
+        .values()
+        .flat_map(|r| r.devices.iter())
+        .find(|d| d.gpu_uuid == uuid)
+        .and_then(|d| d.mig.as_ref())
+        .map(|m| m.profile.clone())
+}
+
+/// The container a process of a pod with these checkpoint `entries` (container-name order) is
+/// given on GPU `gpu`: the first entry with a device ID on it whose holder pod-resources lists.
+fn container_of(
+    entries: &[&CheckpointEntry],
+    gpu: &str,
+    plan: &Plan,
+    in_use: &InUse,
+) -> Option<Key> {
+    entries.iter().find_map(|e| {
+        e.device_ids.iter().find_map(|id| {
+            let device = device_of(plan, &e.resource, id)?;
+            if physical(device) != gpu {
+                return None;
+            }
+            let holder = in_use
+                .holders(&e.resource, id)
+                .iter()
+                .find(|h| h.container == e.container)?;
+            Some((device.gpu_uuid.clone(), e.resource.clone(), holder.clone()))
+        })
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::health::Health;
+    use crate::plan::{MigInfo, ResourcePlan, Strategy};
+    use crate::policy::ResourceName;
+    use crate::usage::{GpuSample, MigSample, ProcessSample};
+    use std::sync::Arc;
+
+    pub(crate) const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+    pub(crate) const GPU1: &str = "GPU-11111111-1111-1111-1111-111111111111";
+    pub(crate) const MIG0: &str = "MIG-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
+    pub(crate) const MIB: u64 = 1024 * 1024;
+
+    pub(crate) fn replica(gpu: &str, index: u32, n: u32) -> VirtualDevice {
+        VirtualDevice {
+            id: crate::plan::replica_id(gpu, n),
+            gpu_index: index,
+            gpu_uuid: gpu.to_string(),
+            gpu_minor: None,
+            replica: Some(n),
+            health: Health::Healthy,
+            numa_node: None,
+            mig: None,
+        }
+    }
+
+    pub(crate) fn mig_device(parent: &str, index: u32, uuid: &str) -> VirtualDevice {
+        VirtualDevice {
+            id: uuid.to_string(),
+            gpu_index: index,
+            gpu_uuid: uuid.to_string(),
+            gpu_minor: None,
+            replica: None,
+            health: Health::Healthy,
+            numa_node: None,
+            mig: Some(MigInfo {
+                index: 0,
+                parent_uuid: parent.to_string(),
+                profile: "1g.10gb".to_string(),
+                gi_id: 7,
+                ci_id: 0,
+                caps: None,
+            }),
+        }
+    }
+
+    pub(crate) fn resource(
+        name: &str,
+        strategy: Strategy,
+        devices: Vec<VirtualDevice>,
+    ) -> Arc<ResourcePlan> {
+        Arc::new(ResourcePlan::new(
+            ResourceName::parse(name).unwrap(),
+            strategy,
+            1,
+            false,
+            false,
+            devices,
+        ))
+    }
+
+    /// `nvidia.com/gpu-shared`: GPU0 (index 0) and GPU1 (index 1), ×4 each; `nvidia.com/mig-1g.10gb`:
+    /// MIG0 on GPU1.
+    pub(crate) fn plan() -> Plan {
+        let mut devices: Vec<VirtualDevice> = (0..4).map(|n| replica(GPU0, 0, n)).collect();
+        devices.extend((0..4).map(|n| replica(GPU1, 1, n)));
+        let mut plan = Plan::default();
+        plan.resources.insert(
+            "nvidia.com/gpu-shared".into(),
+            resource("nvidia.com/gpu-shared", Strategy::TimeSlicing, devices),
+        );
+        plan.resources.insert(
+            "nvidia.com/mig-1g.10gb".into(),
+            resource(
+                "nvidia.com/mig-1g.10gb",
+                Strategy::None,
+                vec![mig_device(GPU1, 1, MIG0)],
+            ),
+        );
+        plan
+    }
+
+    pub(crate) fn holder(ns: &str, pod: &str, container: &str) -> Holder {
+        Holder {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: container.into(),
+        }
+    }
+
+    pub(crate) fn process(pid: u32, pod: Option<&str>, sm: u32, mib: u64) -> ProcessSample {
+        ProcessSample {
+            pid,
+            sm_util_percent: Some(sm),
+            memory_used_bytes: Some(mib * MIB),
+            pod_uid: pod.map(str::to_string),
+            container_id: None,
+        }
+    }
+
+    pub(crate) fn entry(
+        pod: &str,
+        container: &str,
+        resource: &str,
+        ids: &[&str],
+    ) -> CheckpointEntry {
+        CheckpointEntry {
+            pod_uid: pod.into(),
+            container: container.into(),
+            resource: resource.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    pub(crate) fn gpu(uuid: &str, index: u32, processes: Vec<ProcessSample>) -> GpuSample {
+        GpuSample {
+            uuid: uuid.into(),
+            index,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            utilization_percent: Some(40),
+            memory_used_bytes: Some(3 * 1024 * MIB),
+            memory_total_bytes: Some(80 * 1024 * MIB),
+            processes,
+            mig: Vec::new(),
+        }
+    }
+
+    const SHARED: &str = "nvidia.com/gpu-shared";
+    const MIG: &str = "nvidia.com/mig-1g.10gb";
+
+    /// Two pods on `GPU0::0` and `GPU0::1`, a pod UID → checkpoint; the case the issue's "done
+    /// when" names.
+    pub(crate) fn two_pods() -> (Samples, InUse) {
+        let r0 = crate::plan::replica_id(GPU0, 0);
+        let r1 = crate::plan::replica_id(GPU0, 1);
+        let mut in_use = InUse::default();
+        in_use.insert(SHARED, &r0, holder("ml", "a", "main"));
+        in_use.insert(SHARED, &r1, holder("ml", "b", "main"));
+        let samples = Samples {
+            at_unix_ms: 1_000_000,
+            gpus: vec![
+                gpu(
+                    GPU0,
+                    0,
+                    vec![
+                        process(100, Some("uid-a"), 30, 1024),
+                        process(200, Some("uid-b"), 10, 512),
+                    ],
+                ),
+                gpu(GPU1, 1, vec![]),
+            ],
+            checkpoint: Some(vec![
+                entry("uid-a", "main", SHARED, &[&r0]),
+                entry("uid-b", "main", SHARED, &[&r1]),
+            ]),
+            checkpoint_error: None,
+        };
+        (samples, in_use)
+    }
+
+    /// (namespace/pod/container, unit, SM %, MiB, processes) of each container on GPU `g`.
+    fn summary(f: &Figures, g: usize) -> Vec<(String, String, u32, u64, u32)> {
+        f.gpus[g]
+            .containers
+            .iter()
+            .map(|c| {
+                (
+                    format!(
+                        "{}/{}/{}",
+                        c.holder.namespace, c.holder.pod, c.holder.container
+                    ),
+                    c.unit_uuid.clone(),
+                    c.sm_util_percent,
+                    c.memory_used_bytes / MIB,
+                    c.processes,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cases() {
+        let plan = plan();
+        let r0 = crate::plan::replica_id(GPU0, 0);
+        let r1 = crate::plan::replica_id(GPU0, 1);
+        let r2 = crate::plan::replica_id(GPU0, 2);
+        struct Case {
+            name: &'static str,
+            samples: Samples,
+            in_use: InUse,
+            /// Per container on GPU0.
+            gpu0: Vec<(&'static str, &'static str, u32, u64, u32)>,
+            unattributed: u32,
+        }
+        let (two, two_in_use) = two_pods();
+        let mut stranger = two.clone();
+        // A process of no pod (a host process) and one of a pod the checkpoint does not know.
+        stranger.gpus[0].processes.push(process(300, None, 50, 100));
+        stranger.gpus[0]
+            .processes
+            .push(process(301, Some("uid-z"), 5, 100));
+        let mut no_checkpoint = two.clone();
+        no_checkpoint.checkpoint = None;
+        no_checkpoint.checkpoint_error = Some("missing".into());
+        // One pod, two containers on GPU0 (`sidecar` on ::2, `main` on ::0): the process goes
+        // to `main`, first in name order.
+        let mut one_pod = Samples {
+            gpus: vec![gpu(GPU0, 0, vec![process(100, Some("uid-a"), 20, 256)])],
+            checkpoint: Some(vec![
+                entry("uid-a", "sidecar", SHARED, &[&r2]),
+                entry("uid-a", "main", SHARED, &[&r0]),
+            ]),
+            ..Samples::default()
+        };
+        one_pod.at_unix_ms = 5;
+        let mut one_pod_in_use = InUse::default();
+        one_pod_in_use.insert(SHARED, &r0, holder("ml", "a", "main"));
+        one_pod_in_use.insert(SHARED, &r2, holder("ml", "a", "sidecar"));
+        // The checkpoint names a container pod-resources does not list yet: GPU level only.
+        let mut unlisted = two.clone();
+        let mut unlisted_in_use = InUse::default();
+        unlisted_in_use.insert(SHARED, &r1, holder("ml", "b", "main"));
+        unlisted.gpus[0].processes.truncate(1);
+        // The checkpoint's device of that pod is on GPU1, the process on GPU0: GPU level.
+        let mut elsewhere = two.clone();
+        elsewhere.checkpoint = Some(vec![entry(
+            "uid-a",
+            "main",
+            SHARED,
+            &[&crate::plan::replica_id(GPU1, 0)],
+        )]);
+        elsewhere.gpus[0].processes.truncate(1);
+        // One container with replicas on two GPUs (its checkpoint entry lists GPU1's first):
+        // the process on GPU0 counts for its GPU0 entry.
+        let g1r0 = crate::plan::replica_id(GPU1, 0);
+        let mut two_gpus = two.clone();
+        two_gpus.checkpoint = Some(vec![entry("uid-a", "main", SHARED, &[&g1r0, &r0])]);
+        two_gpus.gpus[0].processes.truncate(1);
+        let mut two_gpus_in_use = InUse::default();
+        two_gpus_in_use.insert(SHARED, &g1r0, holder("ml", "a", "main"));
+        two_gpus_in_use.insert(SHARED, &r0, holder("ml", "a", "main"));
+        let cases = vec![
+            Case {
+                name: "one container on two GPUs",
+                samples: two_gpus,
+                in_use: two_gpus_in_use,
+                gpu0: vec![("ml/a/main", GPU0, 30, 1024, 1)],
+                unattributed: 0,
+            },
+            Case {
+                name: "two pods on two replicas",
+                samples: two.clone(),
+                in_use: two_in_use.clone(),
+                gpu0: vec![
+                    ("ml/a/main", GPU0, 30, 1024, 1),
+                    ("ml/b/main", GPU0, 10, 512, 1),
+                ],
+                unattributed: 0,
+            },
+            Case {
+                name: "a process of no pod and one of an unknown pod",
+                samples: stranger,
+                in_use: two_in_use.clone(),
+                gpu0: vec![
+                    ("ml/a/main", GPU0, 30, 1024, 1),
+                    ("ml/b/main", GPU0, 10, 512, 1),
+                ],
+                unattributed: 2,
+            },
+            Case {
+                name: "no checkpoint: the containers stay, idle",
+                samples: no_checkpoint,
+                in_use: two_in_use.clone(),
+                gpu0: vec![("ml/a/main", GPU0, 0, 0, 0), ("ml/b/main", GPU0, 0, 0, 0)],
+                unattributed: 2,
+            },
+            Case {
+                name: "one pod, two containers: first in name order",
+                samples: one_pod,
+                in_use: one_pod_in_use,
+                gpu0: vec![
+                    ("ml/a/main", GPU0, 20, 256, 1),
+                    ("ml/a/sidecar", GPU0, 0, 0, 0),
+                ],
+                unattributed: 0,
+            },
+            Case {
+                name: "pod-resources does not list the container",
+                samples: unlisted,
+                in_use: unlisted_in_use,
+                gpu0: vec![("ml/b/main", GPU0, 0, 0, 0)],
+                unattributed: 1,
+            },
+            Case {
+                name: "the pod's device is on another GPU",
+                samples: elsewhere,
+                in_use: two_in_use.clone(),
+                gpu0: vec![("ml/a/main", GPU0, 0, 0, 0), ("ml/b/main", GPU0, 0, 0, 0)],
+                unattributed: 1,
+            },
+            Case {
+                name: "nothing held, nothing sampled on it",
+                samples: Samples {
+                    gpus: vec![gpu(GPU0, 0, vec![])],
+                    ..Samples::default()
+                },
+                in_use: InUse::default(),
+                gpu0: vec![],
+                unattributed: 0,
+            },
+        ];
+        for c in cases {
+            let f = attribute(&c.samples, &plan, &c.in_use);
+            let want: Vec<_> = c
+                .gpu0
+                .iter()
+                .map(|(h, u, sm, mib, n)| (h.to_string(), u.to_string(), *sm, *mib, *n))
+                .collect();
+            assert_eq!(summary(&f, 0), want, "{}", c.name);
+            assert_eq!(
+                f.gpus[0].unattributed_processes, c.unattributed,
+                "{}",
+                c.name
+            );
+            assert_eq!(f.at_unix_ms, c.samples.at_unix_ms, "{}", c.name);
+            assert_eq!(f.gpus[0].model, "NVIDIA H100 80GB HBM3", "{}", c.name);
+            assert_eq!(f.gpus[0].utilization_percent, Some(40), "{}", c.name);
+        }
+        // Device IDs and resource come from pod-resources.
+        let f = attribute(&two, &plan, &two_in_use);
+        assert_eq!(f.gpus[0].containers[0].device_ids, vec![r0.clone()]);
+        assert_eq!(f.gpus[0].containers[1].device_ids, vec![r1.clone()]);
+        assert_eq!(f.gpus[0].containers[0].resource, SHARED);
+        assert!(f.gpus[1].containers.is_empty());
+    }
+
+    #[test]
+    fn mig_devices_go_to_their_holder() {
+        let plan = plan();
+        let mut in_use = InUse::default();
+        in_use.insert(MIG, MIG0, holder("ml", "m", "main"));
+        let mut g1 = gpu(GPU1, 1, vec![]);
+        g1.mig = vec![MigSample {
+            uuid: MIG0.into(),
+            utilization_percent: Some(55),
+            memory_used_bytes: Some(2048 * MIB),
+            memory_total_bytes: Some(10 * 1024 * MIB),
+        }];
+        let samples = Samples {
+            at_unix_ms: 7,
+            gpus: vec![gpu(GPU0, 0, vec![]), g1.clone()],
+            // No checkpoint: MIG needs none.
+            checkpoint: None,
+            checkpoint_error: Some("missing".into()),
+        };
+        let f = attribute(&samples, &plan, &in_use);
+        assert!(f.gpus[0].containers.is_empty());
+        assert_eq!(
+            summary(&f, 1),
+            vec![("ml/m/main".to_string(), MIG0.to_string(), 55, 2048, 0)]
+        );
+        assert_eq!(f.gpus[1].mig[0].profile.as_deref(), Some("1g.10gb"));
+        assert_eq!(f.gpus[1].containers[0].resource, MIG);
+        // Without GPM: memory only.
+        let mut no_gpm = samples.clone();
+        no_gpm.gpus[1].mig[0].utilization_percent = None;
+        let f = attribute(&no_gpm, &plan, &in_use);
+        assert_eq!(
+            summary(&f, 1),
+            vec![("ml/m/main".to_string(), MIG0.to_string(), 0, 2048, 0)]
+        );
+        // Not held: the MIG device's figures stay at GPU level.
+        let f = attribute(&samples, &plan, &InUse::default());
+        assert!(f.gpus[1].containers.is_empty());
+        assert_eq!(f.gpus[1].mig[0].memory_used_bytes, Some(2048 * MIB));
+    }
+}

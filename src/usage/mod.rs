@@ -7,11 +7,15 @@
 //! what pod-resources says is held ([`crate::podres::InUse`]) into per-container figures
 //! ([`attribute`]) for `/metrics` and `/status`.
 //!
-//! Everything here but the sampler is pure.
+//! Everything here but the sampler ([`sampler`], on the hardware actor's thread) and the two
+//! small readers ([`cgroup::read`], [`checkpoint::read`]) is pure.
 
 pub mod attribute;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod report;
+pub mod sampler;
+pub mod view;
 
 /// One sample of the node: every GPU, taken at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,7 +74,8 @@ pub struct ProcessSample {
     /// Host PID (NVML reports PIDs in the host's namespace).
     pub pid: u32,
     /// SM utilisation over the last sample period, percent (`nvmlDeviceGetProcessUtilization`;
-    /// `None`: no sample for it since the last one).
+    /// `Some(0)` for a process without a sample since the last query, as NVML keeps samples only
+    /// of processes that used the GPU; `None`: unknown, the query failed or is not supported).
     pub sm_util_percent: Option<u32>,
     /// GPU memory it uses, bytes (`nvmlDeviceGetComputeRunningProcesses_v3`, MPS clients
     /// through the MPS variant); `None` when NVML does not say.

@@ -17,4 +17,5 @@ mod mps_gpu;
 mod node_label;
 mod restarts;
 mod status_truth;
+mod usage;
 mod usage_manifests;

@@ -112,3 +112,37 @@ fn counts_are_bounded_before_anything_is_expanded() {
         7
     );
 }
+
+#[test]
+fn use_figures_are_checked_with_their_paths() {
+    let gpu = "gpus:\n  - model: X\n    memoryMiB: 1000\n";
+    let procs = |list: &str| format!("{gpu}    processes:\n{list}");
+    let many: String = (1..=1025)
+        .map(|pid| format!("      - pid: {pid}\n"))
+        .collect();
+    let cases = [
+        (format!("{gpu}    utilization: 101\n"), "gpus[0].utilization: 101 is more than 100 (percent)"),
+        (format!("{gpu}    utilization: -1\n"), "gpus[0].utilization"),
+        (format!("{gpu}    memoryUsedMiB: 1001\n"), "gpus[0].memoryUsedMiB: 1001 MiB is more than the GPU's 1000 MiB"),
+        (procs("      - pid: 0\n"), "gpus[0].processes[0].pid: must be positive"),
+        (procs("      - pid: -4\n"), "gpus[0].processes[0].pid"),
+        (procs("      - pid: 1\n      - pid: 2\n      - pid: 1\n"), "gpus[0].processes[2].pid: PID 1 is listed already at processes[0]"),
+        (procs("      - pid: 1\n      - pid: 2\n        smUtil: 200\n"), "gpus[0].processes[1].smUtil: 200 is more than 100 (percent)"),
+        (procs("      - pid: 1\n        memoryMiB: 1001\n"), "gpus[0].processes[0].memoryMiB: 1001 MiB is more than the GPU's 1000 MiB"),
+        (procs("      - pid: 1\n        memoryMiB: 600\n      - pid: 2\n        memoryMiB: 600\n"), "gpus[0].processes: the processes use 1200 MiB, more than the GPU's 1000 MiB"),
+        (procs("      - pid: 1\n        sm: 3\n"), "gpus[0].processes[0].sm: unknown field `sm`"),
+        (procs(&many), "gpus[0].processes: 1025 processes, more than the 1024"),
+        (format!("{gpu}    count: 2\n    processes:\n      - pid: 1\n"), "gpus[0].processes: only allowed when count is 1 (a PID runs on one GPU)"),
+        (format!("{gpu}    mig:\n      devices: []\n    processes:\n      - pid: 1\n"), "gpus[0].processes: not allowed on a MIG-enabled GPU"),
+        ("gpus:\n  - model: X\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 1g.10gb\n          memoryUsedMiB: 10241\n".to_string(), "gpus[0].mig.devices[0].memoryUsedMiB: 10241 MiB is more than the 10240 MiB of a 1g.10gb"),
+    ];
+    for (text, want) in cases {
+        let e = err(&text);
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    // At the limit: accepted.
+    let at_limit: String = (1..=1024)
+        .map(|pid| format!("      - pid: {pid}\n"))
+        .collect();
+    assert!(parse(Path::new("n.yaml"), &procs(&at_limit)).is_ok());
+}

@@ -1,0 +1,206 @@
+//! GPU use per container through the whole daemon: a simulated node with processes, fake
+//! `/proc/<pid>/cgroup` files, the kubelet's device checkpoint and the emulated pod-resources
+//! API → `/metrics`, `/status` and `slicelet top --once` (the real binary).
+
+use std::path::Path;
+
+use kubelet_emulator::pod_resources::PodResources;
+
+use crate::common::*;
+use crate::live::get;
+
+const GPU: &str = "nvidia.com/gpu";
+const UID_A: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+const UID_B: &str = "11111111-2222-4333-8444-555555555555";
+
+fn ts4() -> String {
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n".to_string()
+}
+
+/// The busy node (GPU 0 runs PIDs 4242 at `a` % and 4343 at `b` %).
+fn write_node(path: &Path, a: u32, b: u32) {
+    let text = read(&node_file("h100-80gb-x8-busy.yaml"))
+        .replace("smUtil: 30", &format!("smUtil: {a}"))
+        .replace("smUtil: 10", &format!("smUtil: {b}"));
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// `<root>/proc/<pid>/cgroup` for a containerd container of pod `uid` (systemd driver,
+/// burstable) and for a cgroupfs Guaranteed pod, as the kubelet lays them out.
+fn write_proc(root: &Path) {
+    let id = "a".repeat(64);
+    for (pid, line) in [
+        (
+            4242,
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope\n",
+                UID_A.replace('-', "_")
+            ),
+        ),
+        (4343, format!("0::/kubepods/pod{UID_B}/{id}\n")),
+    ] {
+        let dir = root.join(format!("proc/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), line).unwrap();
+    }
+}
+
+fn write_checkpoint(path: &Path, gpu0: &str) {
+    let entry = |uid: &str, id: String| {
+        format!(
+            r#"{{"PodUID":"{uid}","ContainerName":"server","ResourceName":"{GPU}","DeviceIDs":{{"-1":["{id}"]}},"AllocResp":""}}"#
+        )
+    };
+    let text = format!(
+        r#"{{"Data":{{"PodDeviceEntries":[{},{}],"RegisteredDevices":{{}}}},"Checksum":1}}"#,
+        entry(UID_A, format!("{gpu0}::0")),
+        entry(UID_B, format!("{gpu0}::1"))
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+/// The value of the one series of `name` whose labels include every `k="v"` of `labels`.
+fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The issue's Done-when: 8× H100 time-sliced ×4, two pods on `::0` and `::1` of GPU 0 with
+/// processes at 30 % and 10 % SM → two different per-container values with their pod labels,
+/// `slicelet top --once` shows both under GPU 0, and at 0 % `last_active` stops advancing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_on_one_gpu_get_their_own_figures() {
+    let node = Node::new(&ts4());
+    let sim = node.tmp.path().join("node.yaml");
+    write_node(&sim, 30, 10);
+    let uuids = uuids(&sim);
+    let proc_root = node.tmp.path().join("host");
+    write_proc(&proc_root);
+    write_checkpoint(
+        &node.plugins().join("kubelet_internal_checkpoint"),
+        &uuids[0],
+    );
+    let pr = PodResources::start(&node.pod_resources()).await.unwrap();
+    pr.hold("ml", "llm-a", "server", GPU, &[&format!("{}::0", uuids[0])]);
+    pr.hold("ml", "llm-b", "server", GPU, &[&format!("{}::1", uuids[0])]);
+    let emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.proc_root = proc_root;
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    settings.sample_interval = Some(std::time::Duration::from_millis(200));
+    let mut d = Daemon::start(settings);
+    wait_lists(&emu, &[(GPU, 32)]).await;
+    let s = d.wait_status(|s| s.in_use == 2 && s.samples >= 1).await;
+    // A sample after pod-resources answered (the first may predate it).
+    let n = s.samples;
+    d.wait_status(|s| s.samples > n).await;
+    let addr = s.address.unwrap();
+    let (_, text) = get(addr, "/metrics").await;
+    let sm = |text: &str, pod: &str| {
+        series(
+            text,
+            "slicelet_container_gpu_sm_util_percent",
+            &[
+                ("pod", pod),
+                ("namespace", "ml"),
+                ("container", "server"),
+                ("UUID", &uuids[0]),
+                ("resource", GPU),
+            ],
+        )
+    };
+    assert_eq!(sm(&text, "llm-a"), Some(30.0), "{text}");
+    assert_eq!(sm(&text, "llm-b"), Some(10.0), "{text}");
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_allocation_info",
+            &[("pod", "llm-a"), ("device", &format!("{}::0", uuids[0]))]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_resource_allocated_devices",
+            &[("resource", GPU)]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_resource_free_devices",
+            &[("resource", GPU)]
+        ),
+        Some(30.0)
+    );
+
+    // slicelet top --once, the real binary, against the daemon's /status.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
+        .args(["top", "--once", "--address", &format!("http://{addr}")])
+        .output()
+        .await
+        .unwrap();
+    let top = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{top}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gpu0 = top
+        .find(&uuids[0])
+        .unwrap_or_else(|| panic!("no GPU 0 in\n{top}"));
+    let gpu1 = top
+        .find(&uuids[1])
+        .unwrap_or_else(|| panic!("no GPU 1 in\n{top}"));
+    for pod in ["ml/llm-a/server", "ml/llm-b/server"] {
+        let at = top
+            .find(pod)
+            .unwrap_or_else(|| panic!("{pod} not in\n{top}"));
+        assert!(at > gpu0 && at < gpu1, "{pod} not under GPU 0:\n{top}");
+    }
+
+    // 0 % on GPU 0: last_active stops advancing while samples go on.
+    let last = |text: &str, pod: &str| {
+        series(
+            text,
+            "slicelet_container_gpu_last_active_timestamp_seconds",
+            &[("pod", pod), ("UUID", &uuids[0])],
+        )
+        .unwrap_or_else(|| panic!("no last_active for {pod}:\n{text}"))
+    };
+    write_node(&sim, 0, 10);
+    let mut idle_since = None;
+    for _ in 0..3 {
+        let n = d.status.borrow().samples;
+        d.wait_status(|s| s.samples > n).await;
+        let (_, text) = get(addr, "/metrics").await;
+        if sm(&text, "llm-a") == Some(0.0) {
+            let t = last(&text, "llm-a");
+            if let Some(before) = idle_since {
+                assert_eq!(t, before, "last_active moved at 0 %");
+            }
+            idle_since = Some(t);
+        }
+    }
+    let before = idle_since.expect("the 0 % sample was never seen");
+    // Two more samples: still the same for llm-a, while llm-b (10 %) keeps advancing.
+    let (_, text) = get(addr, "/metrics").await;
+    let b0 = last(&text, "llm-b");
+    let n = d.status.borrow().samples;
+    d.wait_status(|s| s.samples >= n + 2).await;
+    let (_, text) = get(addr, "/metrics").await;
+    assert_eq!(last(&text, "llm-a"), before);
+    assert!(last(&text, "llm-b") > b0, "{text}");
+    d.stop().await;
+}
