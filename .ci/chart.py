@@ -44,6 +44,7 @@ DRA_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "list", "watch", "create", "update", "delete"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
 ]
 
 
@@ -125,7 +126,7 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     if dra["enabled"]:
         c.that(len(dra_roles) == 1 and len(dra_bindings) == 1, "dra: one ClusterRole and its binding")
         for r in dra_roles:
-            c.that(r["rules"] == DRA_RULES, f"dra ClusterRole: ResourceSlices and ResourceClaims get only, not {r['rules']}")
+            c.that(r["rules"] == DRA_RULES, f"dra ClusterRole: ResourceSlices, ResourceClaims get and nodes read only, not {r['rules']}")
         for b in dra_bindings:
             c.that(b["roleRef"]["name"] == f"{RELEASE}-dra"
                    and b["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": namespace}],
