@@ -1005,7 +1005,8 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
 fn check_dra_overlap(resources: &BTreeMap<String, Arc<ResourcePlan>>) -> Result<(), PlanError> {
     // (GPU index, parent GPU uuid) -> (the first DRA resource, the first device-plugin
     // resource); by index so the lowest GPU is named.
-    let mut by_gpu: BTreeMap<(u32, &str), (Option<&str>, Option<&str>)> = BTreeMap::new();
+    type Paths<'a> = (Option<&'a str>, Option<&'a str>);
+    let mut by_gpu: BTreeMap<(u32, &str), Paths<'_>> = BTreeMap::new();
     for r in resources.values() {
         for d in &r.devices {
             let gpu = d

@@ -104,8 +104,8 @@ pub enum PrepareError {
     /// The API has a claim of that name with another UID.
     #[error("claim {claim}: the API's claim of that name has UID {found}, not {want}")]
     UidMismatch {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// The UID found.
         found: String,
         /// The UID the kubelet named.
@@ -114,16 +114,16 @@ pub enum PrepareError {
     /// The claim has no devices of this driver allocated.
     #[error("claim {claim}: its allocation names no device of driver {driver}")]
     NotAllocated {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// This driver.
         driver: String,
     },
     /// A device of another pool (another node's).
     #[error("claim {claim}: device {device} is in pool {pool}, not this node's pool {node}")]
     OtherPool {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// The device.
         device: String,
         /// Its pool.
@@ -134,16 +134,16 @@ pub enum PrepareError {
     /// A device the plan does not publish.
     #[error("claim {claim}: device {device} is not a device of this node's DRA resources")]
     UnknownDevice {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// The device.
         device: String,
     },
     /// An Unhealthy device.
     #[error("claim {claim}: device {device} ({id}) is Unhealthy")]
     Unhealthy {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// The device.
         device: String,
         /// Its device ID.
@@ -152,8 +152,8 @@ pub enum PrepareError {
     /// A device another prepared claim holds.
     #[error("claim {claim}: device {device} is held by prepared claim {holder}")]
     Held {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// The device.
         device: String,
         /// The claim holding it.
@@ -162,8 +162,8 @@ pub enum PrepareError {
     /// Allocate refused the devices (MPS replicas of two GPUs, say).
     #[error("claim {claim}: {source}")]
     Allocate {
-        /// The claim.
-        claim: ClaimRef,
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
         /// Allocate's error.
         source: AllocateError,
     },
@@ -215,7 +215,7 @@ pub fn prepare(
     let found = claim.metadata.uid.clone().unwrap_or_default();
     if found != want.uid {
         return Err(PrepareError::UidMismatch {
-            claim: want.clone(),
+            claim: want.to_string(),
             found,
             want: want.uid.clone(),
         });
@@ -232,7 +232,7 @@ pub fn prepare(
         .collect();
     if results.is_empty() {
         return Err(PrepareError::NotAllocated {
-            claim: want.clone(),
+            claim: want.to_string(),
             driver: driver.to_string(),
         });
     }
@@ -250,7 +250,7 @@ pub fn prepare(
     for r in results {
         if r.pool != node {
             return Err(PrepareError::OtherPool {
-                claim: want.clone(),
+                claim: want.to_string(),
                 device: r.device.clone(),
                 pool: r.pool.clone(),
                 node: node.to_string(),
@@ -258,20 +258,20 @@ pub fn prepare(
         }
         let Some(&(res, d)) = by_name.get(&r.device) else {
             return Err(PrepareError::UnknownDevice {
-                claim: want.clone(),
+                claim: want.to_string(),
                 device: r.device.clone(),
             });
         };
         if d.health != Health::Healthy {
             return Err(PrepareError::Unhealthy {
-                claim: want.clone(),
+                claim: want.to_string(),
                 device: r.device.clone(),
                 id: d.id.clone(),
             });
         }
         if let Some(holder) = held.get(&r.device) {
             return Err(PrepareError::Held {
-                claim: want.clone(),
+                claim: want.to_string(),
                 device: r.device.clone(),
                 holder: holder.clone(),
             });
@@ -301,7 +301,7 @@ pub fn prepare(
     for (res, ids) in per_resource.values() {
         let a =
             allocate::allocate(res, ids, dev_root).map_err(|source| PrepareError::Allocate {
-                claim: want.clone(),
+                claim: want.to_string(),
                 source,
             })?;
         edits.merge(a);

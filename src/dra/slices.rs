@@ -169,7 +169,7 @@ pub fn architecture(cc: (u32, u32)) -> Option<&'static str> {
         (8, 0 | 6 | 7) => "Ampere",
         (8, 9) => "Ada Lovelace",
         (9, 0) => "Hopper",
-        (10 | 11 | 12, _) => "Blackwell",
+        (10..=12, _) => "Blackwell",
         _ => return None,
     })
 }

@@ -177,14 +177,15 @@ fn refusals_table() {
     let r1_of_g1 = device_name(&format!("{g1}::1"));
     let held = BTreeMap::from([(r0.clone(), "ns/other".to_string())]);
     let none = BTreeMap::new();
-    let cases: Vec<(
-        &str,
-        &str,
+    type Case<'a> = (
+        &'a str,
+        &'a str,
         ResourceClaim,
-        &Plan,
-        &BTreeMap<String, String>,
-        &str,
-    )> = vec![
+        &'a Plan,
+        &'a BTreeMap<String, String>,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
         (
             "bad uid",
             "../x",

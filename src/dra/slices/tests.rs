@@ -339,7 +339,9 @@ fn a_name_taken_twice_keeps_the_first_device() {
 #[test]
 fn one_policy_both_paths_table() {
     const TS_DRA_MIXED: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
-    let cases: [(&str, &str, Inventory, Result<(&[&str], &[&str]), u32>); 5] = [
+    /// (DRA resources, device-plugin resources), or the GPU of the overlap error.
+    type Want = Result<(&'static [&'static str], &'static [&'static str]), u32>;
+    let cases: [(&str, &str, Inventory, Want); 5] = [
         (
             "all device plugin",
             "version: v1\n",
