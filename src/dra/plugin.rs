@@ -192,13 +192,7 @@ impl Plugin {
     }
 
     async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        if !prepare::valid_uid(&c.uid) {
-            return Err(prepare::PrepareError::BadUid {
-                claim: format!("{}/{}", c.namespace, c.name),
-                uid: c.uid.chars().take(prepare::MAX_UID).collect(),
-            }
-            .to_string());
-        }
+        prepare::check_claim_ref(c).map_err(|e| e.to_string())?;
         if let Some(r) = self.already(&c.uid) {
             return r;
         }

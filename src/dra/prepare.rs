@@ -101,6 +101,15 @@ pub enum PrepareError {
         /// The UID, cut to 64 characters.
         uid: String,
     },
+    /// The namespace is not a DNS label or the name not a DNS subdomain (they go into the
+    /// API request's path: refused before any request).
+    #[error("claim {namespace:?}/{name:?}: not a Kubernetes namespace (DNS label) and name (DNS subdomain, at most 253 characters)")]
+    BadName {
+        /// The namespace, cut to 64 characters.
+        namespace: String,
+        /// The name, cut to 64 characters.
+        name: String,
+    },
     /// The API has a claim of that name with another UID.
     #[error("claim {claim}: the API's claim of that name has UID {found}, not {want}")]
     UidMismatch {
@@ -180,6 +189,33 @@ pub fn valid_uid(uid: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// Checks what the kubelet named before it is used in a path or an API request: the UID
+/// ([`valid_uid`]), the namespace (a DNS label) and the name (a DNS subdomain of at most 253
+/// characters).
+///
+/// # Errors
+/// [`PrepareError::BadUid`] or [`PrepareError::BadName`].
+pub fn check_claim_ref(c: &ClaimRef) -> Result<(), PrepareError> {
+    let cut = |s: &str| s.chars().take(MAX_UID).collect::<String>();
+    let namespace_ok = super::slices::is_dns_label(&c.namespace);
+    let name_ok = !c.name.is_empty()
+        && c.name.len() <= super::slices::MAX_OBJECT_NAME
+        && crate::policy::names::is_dns_subdomain(&c.name);
+    if !namespace_ok || !name_ok {
+        return Err(PrepareError::BadName {
+            namespace: cut(&c.namespace),
+            name: cut(&c.name),
+        });
+    }
+    if !valid_uid(&c.uid) {
+        return Err(PrepareError::BadUid {
+            claim: format!("{}/{}", c.namespace, c.name),
+            uid: cut(&c.uid),
+        });
+    }
+    Ok(())
+}
+
 /// The CDI kind of the claim specs: `<driver>/claim`.
 pub fn cdi_kind(driver: &str) -> String {
     format!("{driver}/claim")
@@ -206,12 +242,7 @@ pub fn prepare(
     held: &BTreeMap<String, String>,
     dev_root: &str,
 ) -> Result<PreparedClaim, PrepareError> {
-    if !valid_uid(&want.uid) {
-        return Err(PrepareError::BadUid {
-            claim: format!("{}/{}", want.namespace, want.name),
-            uid: want.uid.chars().take(MAX_UID).collect(),
-        });
-    }
+    check_claim_ref(want)?;
     let found = claim.metadata.uid.clone().unwrap_or_default();
     if found != want.uid {
         return Err(PrepareError::UidMismatch {

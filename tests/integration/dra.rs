@@ -465,6 +465,21 @@ async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
             assert!(r[*uid].devices.is_empty());
         }
     }
+    // A name that would leave the claims' API path: refused before any request.
+    let gets = d.api.counters().claim_gets;
+    let r = k
+        .prepare(
+            Version::V1,
+            &[("ns", "../../../api/v1/nodes/node-1", UID_B)],
+        )
+        .await
+        .unwrap();
+    assert!(
+        r[UID_B].error.contains("not a Kubernetes namespace"),
+        "{:?}",
+        r[UID_B]
+    );
+    assert_eq!(d.api.counters().claim_gets, gets);
     // A claim the API does not have, and one whose UID differs.
     let r = k
         .prepare(Version::V1, &[("ns", "missing", UID_B)])

@@ -263,6 +263,31 @@ fn refusals_table() {
 }
 
 #[test]
+fn claim_names_table() {
+    let ok = |namespace: &str, name: &str| {
+        check_claim_ref(&ClaimRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: UID.into(),
+        })
+        .is_ok()
+    };
+    for (namespace, name, want) in [
+        ("ns", "c", true),
+        ("kube-system", "my.claim-1", true),
+        ("ns", &"a".repeat(253), false),
+        ("", "c", false),
+        ("ns", "", false),
+        ("../x", "c", false),
+        ("ns", "../../secrets/x", false),
+        ("ns", "C", false),
+        ("n.s", "c", false),
+    ] {
+        assert_eq!(ok(namespace, name), want, "{namespace:?}/{name:?}");
+    }
+}
+
+#[test]
 fn uids_table() {
     for (uid, ok) in [
         (UID, true),
