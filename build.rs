@@ -1,4 +1,6 @@
-//! Compiles `proto/deviceplugin/v1beta1/api.proto` and `proto/podresources/v1/api.proto` with protox (a pure-Rust
+//! Compiles `proto/deviceplugin/v1beta1/api.proto`, `proto/podresources/v1/api.proto`, the
+//! kubelet's plugin registration API (`proto/pluginregistration/v1/api.proto`) and its DRA
+//! plugin API (`proto/dra/v1/api.proto`, `proto/dra/v1beta1/api.proto`) with protox (a pure-Rust
 //! protobuf compiler, so no system `protoc` is needed) and generates the tonic
 //! client and server bindings into `OUT_DIR`. Nothing generated is committed.
 //!
@@ -16,6 +18,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/deviceplugin/v1beta1/api.proto",
         "proto/podresources/v1/api.proto",
+        "proto/pluginregistration/v1/api.proto",
+        "proto/dra/v1/api.proto",
+        "proto/dra/v1beta1/api.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

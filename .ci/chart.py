@@ -13,7 +13,8 @@ the library accepts (helm-python-sdk is pinned in .ci/run).
 For the default values and every CHART_DIR/ci/*.yaml, and each KUBE_VERSION (1.34.0), it writes
 OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the rendering against the
 merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
-MPS root mounted only when MPS is on, hostPID only in-process, every volume mounted and every
+MPS root mounted only when MPS is on, DRA's DeviceClasses, RBAC (ResourceSlices, ResourceClaims get),
+admission policy, env and read-write mounts exactly with dra.enabled, hostPID only in-process, every volume mounted and every
 mount backed by a volume, no subPath, the NFD and CDI paths, the pod-resources directory
 (read-only) and the host's /proc (read-only, only with usage.perPodAttribution), each env
 variable once, the namespace and its Pod Security label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
@@ -37,7 +38,14 @@ os.environ["KUBECONFIG"] = os.devnull
 
 RELEASE = "slicelet"
 RELEASE_NAMESPACE = "default"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+DRA_RULES = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+]
 
 
 def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> str:
@@ -88,6 +96,8 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     namespace = v["namespace"]["name"] or RELEASE_NAMESPACE
     mps = v["mps"]["mode"]
     label_selection = bool(v["config"]["nodeLabel"]["enabled"])
+    dra = v["dra"]
+    needs_api = label_selection or dra["enabled"]
 
     for d in docs:
         ns = d["metadata"].get("namespace")
@@ -106,8 +116,54 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     else:
         c.that(not namespaces, "namespace.create false: no Namespace")
 
-    roles = by_kind.get("ClusterRole", []) + by_kind.get("Role", [])
-    bindings = by_kind.get("ClusterRoleBinding", []) + by_kind.get("RoleBinding", [])
+    all_roles = by_kind.get("ClusterRole", []) + by_kind.get("Role", [])
+    all_bindings = by_kind.get("ClusterRoleBinding", []) + by_kind.get("RoleBinding", [])
+    is_dra = lambda d: d["metadata"]["name"] == f"{RELEASE}-dra"
+    roles = [r for r in all_roles if not is_dra(r)]
+    bindings = [b for b in all_bindings if not is_dra(b)]
+    dra_roles = [r for r in all_roles if is_dra(r)]
+    dra_bindings = [b for b in all_bindings if is_dra(b)]
+    if dra["enabled"]:
+        c.that(len(dra_roles) == 1 and len(dra_bindings) == 1, "dra: one ClusterRole and its binding")
+        for r in dra_roles:
+            c.that(r["rules"] == DRA_RULES, f"dra ClusterRole: ResourceSlices, ResourceClaims get and nodes read only, not {r['rules']}")
+        for b in dra_bindings:
+            c.that(b["roleRef"]["name"] == f"{RELEASE}-dra"
+                   and b["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": namespace}],
+                   "dra binding: the role, to the ServiceAccount")
+        policies = by_kind.get("ValidatingAdmissionPolicy", [])
+        policy_bindings = by_kind.get("ValidatingAdmissionPolicyBinding", [])
+        c.that(len(policies) == 1 and len(policy_bindings) == 1, "dra: one ValidatingAdmissionPolicy and its binding")
+        for p in policies:
+            spec = p["spec"]
+            rules = spec["matchConstraints"]["resourceRules"]
+            c.that(rules == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                              "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}],
+                   f"dra policy: writes of resourceslices, not {rules}")
+            c.that(f"system:serviceaccount:{namespace}:{RELEASE}" in spec["matchConditions"][0]["expression"],
+                   "dra policy: applies to slicelet's ServiceAccount")
+            exprs = " ".join(x["expression"] for x in spec["variables"])
+            c.that("authentication.kubernetes.io/node-name" in exprs and "nodeName" in exprs,
+                   "dra policy: the token's node-name claim against the slice's spec.nodeName")
+            c.that(spec["failurePolicy"] == "Fail", "dra policy: fails closed")
+        for b in policy_bindings:
+            c.that(b["spec"]["policyName"] == policies[0]["metadata"]["name"] if policies else False,
+                   "dra policy binding names the policy")
+            c.that(b["spec"]["validationActions"] == ["Deny"], "dra policy binding denies")
+        classes = {d["metadata"]["name"]: d for d in by_kind.get("DeviceClass", [])}
+        driver = dra["driverName"]
+        want_classes = {driver, f"time-sliced.{driver}", f"mps.{driver}", f"mig.{driver}"} | {
+            f"mig-{p}.{driver}" for p in dra["migProfiles"]}
+        c.that(set(classes) == want_classes, f"DeviceClasses {sorted(classes)}, not {sorted(want_classes)}")
+        for name, dc in classes.items():
+            expr = dc["spec"]["selectors"][0]["cel"]["expression"]
+            c.that(expr.startswith(f'device.driver == "{driver}" && device.attributes["{driver}"].'),
+                   f"DeviceClass {name}: selects the driver's devices by attribute: {expr}")
+        c.that('.sharing == "time-slicing"' in classes.get(f"time-sliced.{driver}", {}).get("spec", {}).get("selectors", [{}])[0].get("cel", {}).get("expression", ""),
+               "time-sliced class selects sharing time-slicing")
+    else:
+        c.that(not dra_roles and not dra_bindings and not by_kind.get("DeviceClass")
+               and not by_kind.get("ValidatingAdmissionPolicy"), "no DRA objects without dra.enabled")
     if label_selection:
         c.that(len(roles) == 1 and len(bindings) == 1, "one ClusterRole and its binding")
         for r in roles:
@@ -155,13 +211,29 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                f"{what}: SLICELET_CONFIG_FALLBACK")
         c.that(env.get("SLICELET_CONFIG_DEFAULT") == (v["config"]["default"] or None),
                f"{what}: SLICELET_CONFIG_DEFAULT")
-        c.that((env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}) == label_selection,
-               f"{what}: NODE_NAME from spec.nodeName exactly with node-label selection")
+        is_mps_ds = ds_name.endswith("-mps")
+        c.that((env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}})
+               == (label_selection or (dra["enabled"] and not is_mps_ds)),
+               f"{what}: NODE_NAME from spec.nodeName exactly with node-label selection or DRA")
         c.that((env.get("SLICELET_CONFIG_LABEL") == v["config"]["nodeLabel"]["key"]) == label_selection,
                f"{what}: SLICELET_CONFIG_LABEL exactly with node-label selection")
-        c.that(spec["automountServiceAccountToken"] == label_selection,
-               f"{what}: a token exactly with node-label selection")
-        is_mps_ds = ds_name.endswith("-mps")
+        c.that(spec["automountServiceAccountToken"] == (label_selection or (dra["enabled"] and not is_mps_ds)),
+               f"{what}: a token exactly with node-label selection or DRA")
+        dra_env = {"SLICELET_DRA": "true", "SLICELET_DRA_DRIVER_NAME": dra["driverName"],
+                   "SLICELET_DRA_REGISTRY_DIR": dra["registryDir"],
+                   "SLICELET_DRA_PLUGINS_DIR": dra["pluginsDir"],
+                   "SLICELET_CDI_OUTPUT_DIR": dra["cdiOutputDir"]}
+        on = dra["enabled"] and not is_mps_ds
+        for k, want in dra_env.items():
+            c.that((env.get(k) == want) == on, f"{what}: {k}={want} exactly with dra.enabled")
+        for d in (dra["registryDir"], dra["pluginsDir"], dra["cdiOutputDir"]):
+            m = mounts.get(d)
+            if on:
+                c.that(m is not None and not m.get("readOnly")
+                       and volumes[m["name"]]["hostPath"]["path"] == d,
+                       f"{what}: DRA: host {d} mounted read-write")
+            elif d not in v["cdi"]["specDirs"]:
+                c.that(m is None, f"{what}: {d} mounted only with dra.enabled")
         c.that(container["args"] == (["mps"] if is_mps_ds else ["run"]), f"{what}: args")
         c.that((v["mps"]["root"] in mounts) == (mps != "none"),
                f"{what}: {v['mps']['root']} mounted exactly when MPS is on")
@@ -230,8 +302,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                 m = mounts.get(d)
                 c.that((m is not None) == cdi["enabled"], f"{what}: {d} mounted exactly with cdi.enabled")
                 if m is not None:
-                    c.that(m.get("readOnly") is True and volumes[m["name"]]["hostPath"]["path"] == d,
-                           f"{what}: host {d} read-only")
+                    shared = dra["enabled"] and d == dra["cdiOutputDir"]
+                    c.that(m.get("readOnly") is (not shared) and volumes[m["name"]]["hostPath"]["path"] == d,
+                           f"{what}: host {d} read-only (read-write where DRA writes claim specs)")
 
     monitors = by_kind.get("ServiceMonitor", [])
     if v["metrics"]["serviceMonitor"]["enabled"]:
@@ -257,6 +330,8 @@ REFUSED = [
     ({"config": {"name": "theirs", "map": {"a": "version: v1"}}}, "config.name and config.map"),
     ({"usage": {"sampleSeconds": -1}}, "sampleSeconds"),
     ({"usage": {"perPodAttribution": {"hostPID": True}}}, "hostPID"),
+    ({"dra": {"driverName": "Not_A_Driver"}}, "driverName"),
+    ({"dra": {"enable": True}}, "enable"),
 ]
 
 
@@ -281,6 +356,8 @@ FEATURES = {
         lambda v: v["usage"]["perPodAttribution"]["enabled"] and v["mig"]["enabled"],
     "usage.podResources.enabled false": lambda v: not v["usage"]["podResources"]["enabled"],
     "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
+    "dra.enabled": lambda v: v["dra"]["enabled"],
+    "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and v["cdi"]["enabled"],
 }
 
 

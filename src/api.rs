@@ -21,6 +21,51 @@ pub mod podresources {
     pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 }
 
+/// The kubelet's plugin registration API v1 (package `pluginregistration`, generated from
+/// `proto/pluginregistration/v1/api.proto`): how a DRA plugin announces itself through a
+/// socket in the kubelet's plugin registry directory (the kubelet dials it and calls
+/// `GetInfo`).
+pub mod pluginregistration {
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    mod generated {
+        tonic::include_proto!("pluginregistration");
+    }
+    pub use generated::*;
+
+    /// `PluginInfo.type` of a DRA kubelet plugin (k8s.io/kubelet `pluginregistration/v1`
+    /// `DRAPlugin`).
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
+    /// The kubelet's plugin registry directory on a node.
+    pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+}
+
+/// The kubelet's DRA plugin API (`k8s.io.kubelet.pkg.apis.dra.*`): `NodePrepareResources` and
+/// `NodeUnprepareResources`, in both versions the kubelet speaks (1.34 and newer call v1,
+/// older ones only v1beta1; the messages are the same).
+pub mod dra {
+    /// Version v1 (generated from `proto/dra/v1/api.proto`).
+    pub mod v1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+        }
+        pub use generated::*;
+    }
+    /// Version v1beta1 (generated from `proto/dra/v1beta1/api.proto`).
+    pub mod v1beta1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+        }
+        pub use generated::*;
+    }
+    /// `supported_versions` a DRA plugin answers in `GetInfo`: the gRPC service names the
+    /// kubelet may call (k8s.io/kubelet `pkg/apis/dra/{v1,v1beta1}` `DRAPluginService`).
+    pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+    /// Default directory the DRA plugins' own sockets live under (`<dir>/<driver>/dra.sock`).
+    pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+}
+
 /// API version sent in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
 /// Health value of a usable device in `Device.health`.

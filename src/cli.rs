@@ -257,6 +257,72 @@ pub struct RunArgs {
     /// What is in use, and GPU use per container.
     #[command(flatten)]
     pub usage: UsageArgs,
+    /// Dynamic Resource Allocation beside (or instead of) the device plugin.
+    #[command(flatten)]
+    pub dra: DraArgs,
+}
+
+/// DRA: the policy's DRA resources as ResourceSlices, prepared through the kubelet's DRA
+/// plugin API (README "DRA").
+#[derive(Debug, Clone, Args)]
+pub struct DraArgs {
+    /// Serve the policy's DRA resources (`dra.resources`, `dra: true`) through DRA: publish
+    /// this node's ResourceSlices (needs --node-name and the Kubernetes API) and serve the
+    /// kubelet's DRA plugin API.
+    #[arg(long = "dra", env = "SLICELET_DRA", requires = "node_name")]
+    pub enabled: bool,
+    /// The DRA driver name: the slices' `spec.driver`, the DeviceClasses' `device.driver`, and
+    /// the vendor of the claim specs' CDI kind (`<name>/claim`).
+    #[arg(long, env = "SLICELET_DRA_DRIVER_NAME", default_value = crate::dra::DEFAULT_DRIVER, value_parser = parse_dra_driver)]
+    pub dra_driver_name: String,
+    /// The kubelet's plugin registry directory (holds `<driver>-reg.sock`).
+    #[arg(long, env = "SLICELET_DRA_REGISTRY_DIR", default_value = crate::api::pluginregistration::DEFAULT_REGISTRY_DIR)]
+    pub dra_registry_dir: PathBuf,
+    /// The kubelet's plugins directory (slicelet uses `<dir>/<driver>/`: `dra.sock` and the
+    /// checkpoint of prepared claims).
+    #[arg(long, env = "SLICELET_DRA_PLUGINS_DIR", default_value = crate::api::dra::DEFAULT_PLUGINS_DIR)]
+    pub dra_plugins_dir: PathBuf,
+    /// Where the transient CDI spec of each prepared claim is written.
+    #[arg(long, env = "SLICELET_CDI_OUTPUT_DIR", default_value = crate::dra::DEFAULT_CDI_OUTPUT_DIR)]
+    pub cdi_output_dir: PathBuf,
+}
+
+/// A DRA driver name: a lowercase DNS subdomain of at most 63 characters that is also a CDI
+/// vendor (Kubernetes: `spec.driver`; CDI: `<vendor>/claim`).
+fn parse_dra_driver(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.contains('.')
+        && crate::policy::names::is_dns_subdomain(s)
+        && crate::cdi::parse_kind(&crate::dra::prepare::cdi_kind(s)).is_ok();
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "`{s}` is not a DRA driver name (a lowercase DNS subdomain with a dot, at most 63 characters, e.g. gpu.slicelet.io)"
+        ))
+    }
+}
+
+impl DraArgs {
+    fn apply(&self, label: &LabelArgs, dev_root: &str, s: &mut Settings) {
+        let node = label.node_name.clone().filter(|n| !n.is_empty());
+        s.dra = match (self.enabled, node) {
+            (true, Some(node)) => Some(crate::dra::DraSettings {
+                driver: self.dra_driver_name.clone(),
+                node,
+                registry_dir: self.dra_registry_dir.clone(),
+                plugins_dir: self.dra_plugins_dir.clone(),
+                cdi_dir: self.cdi_output_dir.clone(),
+                kubeconfig: label
+                    .kubeconfig
+                    .clone()
+                    .filter(|p| !p.as_os_str().is_empty()),
+                dev_root: dev_root.to_string(),
+            }),
+            _ => None,
+        };
+    }
 }
 
 /// What is in use (the kubelet's pod-resources API) and GPU use sampling.
@@ -447,6 +513,7 @@ impl RunArgs {
         s.nfd_features_file = self.nfd_features_file.clone();
         self.cdi.apply(&mut s);
         self.usage.apply(&mut s);
+        self.dra.apply(&self.label, &self.dev_root, &mut s);
         Ok(s)
     }
 }
@@ -479,6 +546,77 @@ mod tests {
                 want,
                 "{argv:?}"
             );
+        }
+    }
+
+    /// (extra arguments, the DRA settings' driver/registry/plugins/CDI dirs, or an error word)
+    #[test]
+    fn dra_flags_table() {
+        type Want =
+            Result<Option<(&'static str, &'static str, &'static str, &'static str)>, &'static str>;
+        let cases: [(&[&str], Want); 6] = [
+            (&[], Ok(None)),
+            (&["--node-name", "n1"], Ok(None)),
+            (
+                &["--dra", "--node-name", "n1"],
+                Ok(Some((
+                    "gpu.slicelet.io",
+                    "/var/lib/kubelet/plugins_registry",
+                    "/var/lib/kubelet/plugins",
+                    "/var/run/cdi",
+                ))),
+            ),
+            (
+                &[
+                    "--dra",
+                    "--node-name",
+                    "n1",
+                    "--dra-driver-name",
+                    "gpu.example.com",
+                    "--dra-registry-dir",
+                    "/r",
+                    "--dra-plugins-dir",
+                    "/p",
+                    "--cdi-output-dir",
+                    "/c",
+                ],
+                Ok(Some(("gpu.example.com", "/r", "/p", "/c"))),
+            ),
+            (&["--dra"], Err("--node-name")),
+            (
+                &[
+                    "--dra",
+                    "--node-name",
+                    "n1",
+                    "--dra-driver-name",
+                    "Bad_Name",
+                ],
+                Err("not a DRA driver name"),
+            ),
+        ];
+        for (args, want) in cases {
+            let mut argv = vec!["slicelet", "run", "--config", "/etc/slicelet"];
+            argv.extend(args.iter().copied());
+            match (super::Cli::try_parse_from(&argv), want) {
+                (Ok(cli), Ok(want)) => {
+                    let super::Command::Run(run) = cli.command else {
+                        panic!("not run")
+                    };
+                    let got = run.settings().unwrap().dra;
+                    let got = got.as_ref().map(|d| {
+                        assert_eq!(d.node, "n1");
+                        (
+                            d.driver.as_str(),
+                            d.registry_dir.to_str().unwrap(),
+                            d.plugins_dir.to_str().unwrap(),
+                            d.cdi_dir.to_str().unwrap(),
+                        )
+                    });
+                    assert_eq!(got, want, "{argv:?}");
+                }
+                (Err(e), Err(word)) => assert!(e.to_string().contains(word), "{argv:?}: {e}"),
+                (got, want) => panic!("{argv:?}: got {:?}, want {want:?}", got.map(|_| ())),
+            }
         }
     }
 

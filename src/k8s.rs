@@ -76,7 +76,12 @@ pub enum ClientError {
     Client(#[source] kube::Error),
 }
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientError> {
+/// Builds a client from `kubeconfig`, or (`None`) from kube's inference: `KUBECONFIG`,
+/// `~/.kube/config`, then the in-cluster service account.
+///
+/// # Errors
+/// [`ClientError`] naming the file or what was missing.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, ClientError> {
     let config = match kubeconfig {
         Some(path) => {
             // Through the policy's bounded reader: a regular file (a FIFO must not hang the

@@ -19,6 +19,7 @@ pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
+pub mod dra;
 pub mod errors;
 pub mod health;
 pub mod inventory;

@@ -132,6 +132,10 @@ pub struct ResourcePlan {
     pub strategy: Strategy,
     /// Replicas per device (1 for whole devices).
     pub replicas: u32,
+    /// Served through DRA only (the policy's `dra.resources` or the entry's `dra: true`): the
+    /// device plugin does not serve it, and DRA publishes only such resources. False from
+    /// [`ResourcePlan::new`].
+    pub dra: bool,
     /// Allocate refuses container requests for more than one replica.
     pub fail_requests_greater_than_one: bool,
     /// Allocate returns `/dev/nvidia*` device specs (`flags.plugin.passDeviceSpecs`).
@@ -376,6 +380,7 @@ impl ResourcePlan {
             name,
             strategy,
             replicas,
+            dra: false,
             fail_requests_greater_than_one,
             pass_device_specs,
             shared_allocation: SharedAllocation::default(),
@@ -405,6 +410,12 @@ impl ResourcePlan {
     /// The same resource with `flags.plugin.sharedDevicesAllocationPolicy` set to `policy`.
     pub fn with_shared_allocation(mut self, policy: SharedAllocation) -> Self {
         self.shared_allocation = policy;
+        self
+    }
+
+    /// The same resource served through DRA only (`dra`) or by the device plugin.
+    pub fn with_dra(mut self, dra: bool) -> Self {
+        self.dra = dra;
         self
     }
 
@@ -493,6 +504,7 @@ impl Plan {
                     name: r.name.to_string(),
                     strategy: r.strategy,
                     replicas: r.replicas,
+                    dra: r.dra,
                     mps: r.mps.as_ref().map(MpsResource::view),
                     devices: r
                         .devices
@@ -535,6 +547,9 @@ pub struct ResourceView {
     pub strategy: Strategy,
     /// Replicas per device.
     pub replicas: u32,
+    /// Served through DRA only (`"dra": true`; absent when the device plugin serves it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dra: bool,
     /// MPS resources: each control daemon and its per-client limits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mps: Option<Vec<MpsDaemonView>>,
@@ -631,6 +646,18 @@ pub enum PlanError {
         bytes: u64,
         /// The limit, bytes.
         limit: usize,
+    },
+    /// One physical GPU would be served by both DRA and the device plugin.
+    #[error("GPU {gpu} ({uuid}) would be in {dra}, which DRA serves, and in {plugin}, which the device plugin serves; a GPU is served by one of the two: list both in dra.resources (or set dra on both entries), or neither")]
+    DraOverlap {
+        /// GPU index.
+        gpu: u32,
+        /// GPU UUID (the parent's, for MIG devices).
+        uuid: String,
+        /// A DRA resource with devices of it.
+        dra: String,
+        /// A device-plugin resource with devices of it.
+        plugin: String,
     },
     /// An MPS entry's clients do not fit a GPU's memory.
     #[error("{entry}.pinnedDeviceMemoryLimit: {replicas} replicas × {limit_mib} MiB = {total_mib} MiB do not fit GPU {gpu} ({uuid}), which has {memory_mib} MiB; lower pinnedDeviceMemoryLimit or replicas")]
@@ -957,7 +984,9 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         fresh.set_links_from(inventory);
         fresh.shared_allocation = policy.shared_allocation;
         fresh.delivery.clone_from(&policy.delivery);
+        fresh.dra = policy.dra.contains(&fresh.name);
     }
+    check_dra_overlap(&resources)?;
     Ok(Built {
         plan: Plan {
             resources,
@@ -967,6 +996,39 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         mps_wanted: MpsWanted::default(),
         fallbacks: Vec::new(),
     })
+}
+
+/// One physical GPU in both a DRA resource and a device-plugin resource (a whole GPU, or MIG
+/// devices of one GPU split between the two) is [`PlanError::DraOverlap`]: each GPU is served
+/// by exactly one of the two paths, so neither can hand out what the other holds, and a GPU's
+/// health, drain and MPS daemon belong to one of them.
+fn check_dra_overlap(resources: &BTreeMap<String, Arc<ResourcePlan>>) -> Result<(), PlanError> {
+    // (GPU index, parent GPU uuid) -> (the first DRA resource, the first device-plugin
+    // resource); by index so the lowest GPU is named.
+    type Paths<'a> = (Option<&'a str>, Option<&'a str>);
+    let mut by_gpu: BTreeMap<(u32, &str), Paths<'_>> = BTreeMap::new();
+    for r in resources.values() {
+        for d in &r.devices {
+            let gpu = d
+                .mig
+                .as_ref()
+                .map_or(d.gpu_uuid.as_str(), |m| m.parent_uuid.as_str());
+            let e = by_gpu.entry((d.gpu_index, gpu)).or_insert((None, None));
+            let slot = if r.dra { &mut e.0 } else { &mut e.1 };
+            slot.get_or_insert(r.name.as_str());
+        }
+    }
+    for ((gpu, uuid), (dra, plugin)) in by_gpu {
+        if let (Some(dra), Some(plugin)) = (dra, plugin) {
+            return Err(PlanError::DraOverlap {
+                gpu,
+                uuid: uuid.to_string(),
+                dra: dra.to_string(),
+                plugin: plugin.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `GPU 3` or `GPUs 0,1,2` for a comma-separated list of indices.

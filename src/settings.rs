@@ -70,6 +70,8 @@ pub struct Settings {
     /// The kubelet's device checkpoint (`--kubelet-checkpoint`); `None`:
     /// `kubelet_internal_checkpoint` in [`Settings::device_plugin_path`].
     pub kubelet_checkpoint: Option<PathBuf>,
+    /// DRA (`--dra` and the `--dra-*` flags): where [`crate::dra::spawn`] runs; `None`: off.
+    pub dra: Option<crate::dra::DraSettings>,
 }
 
 impl Settings {
@@ -112,6 +114,7 @@ impl Settings {
             pod_resources_interval: Duration::from_secs(10),
             sample_interval: Some(Duration::from_secs(5)),
             kubelet_checkpoint: None,
+            dra: None,
         }
     }
 }

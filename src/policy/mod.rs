@@ -98,6 +98,8 @@ pub struct SharedResource {
     pub devices: DeviceSelector,
     /// Replicas per device (≥ 1).
     pub replicas: u32,
+    /// `dra: true`: the replicas are served through DRA only (slicelet extension).
+    pub dra: bool,
 }
 
 /// `sharing.timeSlicing` after validation.
@@ -140,6 +142,10 @@ pub struct Policy {
     pub health: HealthPolicy,
     /// `sharing.mps`.
     pub mps: Mps,
+    /// The resources (as advertised) served through DRA only, never by the device plugin:
+    /// `dra.resources` and the advertised name of every sharing entry with `dra: true`
+    /// (slicelet extension). Empty: DRA serves nothing, the device plugin everything.
+    pub dra: std::collections::BTreeSet<ResourceName>,
     /// `flags.mpsRoot` (default `/run/nvidia/mps`): each GPU under MPS gets
     /// `<mpsRoot>/<uuid>/{pipe,log}` and the shared `<mpsRoot>/shm`.
     pub mps_root: PathBuf,
@@ -161,6 +167,7 @@ impl Default for Policy {
             time_slicing: TimeSlicing::default(),
             health: HealthPolicy::default(),
             mps: Mps::default(),
+            dra: std::collections::BTreeSet::new(),
             mps_root: PathBuf::from(mps::DEFAULT_MPS_ROOT),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
@@ -366,6 +373,24 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             policy.mps = mps::validate_mps(m, &policy.time_slicing, &mut policy.notices)?;
         }
     }
+    if let Some(d) = &file.dra {
+        for (i, name) in d.resources.iter().flatten().enumerate() {
+            if !policy.dra.insert(name.clone()) {
+                return Err(err(
+                    format!("dra.resources[{i}]"),
+                    format!("{name} is listed twice"),
+                ));
+            }
+        }
+    }
+    let entries = policy
+        .time_slicing
+        .resources
+        .iter()
+        .chain(policy.mps.resources.iter().map(|m| &m.shared));
+    for e in entries.filter(|e| e.dra) {
+        policy.dra.insert(e.advertised.clone());
+    }
     policy.ignored_keys = ignored;
     Ok(policy)
 }
@@ -420,6 +445,7 @@ fn validate_replicated(
             advertised,
             devices,
             replicas: entry.replicas.0,
+            dra: entry.dra.unwrap_or(false),
         });
     }
     Ok(out)

@@ -79,6 +79,7 @@ pub(super) fn validate_mps(
             rename: e.rename,
             devices: e.devices,
             replicas: e.replicas,
+            dra: e.dra,
         });
     }
     let shared = validate_replicated(

@@ -30,6 +30,20 @@ pub struct ConfigFile {
     pub imex: Option<Imex>,
     /// slicelet extension: Xid classification and recovery.
     pub health: Option<Health>,
+    /// slicelet extension: resources served through Dynamic Resource Allocation instead of
+    /// the device plugin.
+    pub dra: Option<Dra>,
+}
+
+/// `dra` (slicelet extension): which resources DRA serves. A resource named here (or by a
+/// sharing entry's `dra: true`) is published as ResourceSlices only; the device plugin does
+/// not serve it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Dra {
+    /// Resource names as advertised (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`, a sharing
+    /// entry's rename), each once.
+    pub resources: Option<Vec<ResourceName>>,
 }
 
 /// `health` (slicelet extension): which Xids mark a GPU Unhealthy and when it recovers.
@@ -274,6 +288,8 @@ pub struct MpsResource {
     /// slicelet extension: each client's pinned device memory, a Kubernetes quantity such as
     /// `10Gi` (default: the GPU's memory / replicas, rounded down to MiB).
     pub pinned_device_memory_limit: Option<MemoryQuantity>,
+    /// slicelet extension: serve this entry's replicas through DRA only (default false).
+    pub dra: Option<bool>,
 }
 
 /// An integer percentage from 1 to 100, checked while parsing (so errors carry the line).
@@ -384,6 +400,9 @@ pub struct ReplicatedResource {
     pub devices: Option<DeviceSelector>,
     /// Replicas per device, an integer of at least 1.
     pub replicas: Replicas,
+    /// slicelet extension: serve this entry's replicas through DRA only, not the device
+    /// plugin (default false).
+    pub dra: Option<bool>,
 }
 
 /// `imex`. Recognised, not acted on.

@@ -634,3 +634,49 @@ fn a_huge_wrong_typed_scalar_is_quoted_short() {
         "the full message stays in the error value"
     );
 }
+
+/// (policy, the resources DRA serves, or the error's path)
+#[test]
+fn dra_key_table() {
+    let cases: [(&str, Result<&[&str], &str>); 7] = [
+        ("version: v1\n", Ok(&[])),
+        (
+            "version: v1\ndra:\n  resources: [nvidia.com/gpu, nvidia.com/mig-1g.10gb]\n",
+            Ok(&["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]),
+        ),
+        (
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 4\n        dra: true\n",
+            Ok(&["nvidia.com/gpu-shared"]),
+        ),
+        (
+            "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n",
+            Ok(&["nvidia.com/gpu"]),
+        ),
+        (
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: false\n",
+            Ok(&[]),
+        ),
+        (
+            "version: v1\ndra:\n  resources: [nvidia.com/gpu, nvidia.com/gpu]\n",
+            Err("dra.resources[1]"),
+        ),
+        (
+            "version: v1\ndra:\n  resource: [nvidia.com/gpu]\n",
+            Err("dra.resource"),
+        ),
+    ];
+    for (text, want) in cases {
+        match (parse(text), want) {
+            (Ok(p), Ok(names)) => {
+                let got: Vec<&str> = p.dra.iter().map(ResourceName::as_str).collect();
+                assert_eq!(got, names, "{text}");
+            }
+            (Err(e), Err(path)) => assert_eq!(e.path, path, "{text}: {e}"),
+            (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+        }
+    }
+    // Strict: `dra` must be a bool, with its path.
+    let e = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: yes-please\n").unwrap_err();
+    assert_eq!(e.path, "sharing.timeSlicing.resources[0].dra", "{e}");
+    assert!(e.location.is_some());
+}

@@ -5,6 +5,7 @@ mod binary;
 mod cdi;
 mod common;
 mod daemon;
+mod dra;
 mod drain;
 mod fixtures;
 mod hostile;

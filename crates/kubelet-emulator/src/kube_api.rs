@@ -4,6 +4,13 @@
 //! header asks for it as the API server serves it), over HTTP on a loopback port, reached through a
 //! kubeconfig file. One node; tests change its labels, end every open watch, or make the API
 //! answer 500 and back. For the integration tests and the benchmark (the Node watch's RSS).
+//!
+//! For DRA it also serves `resource.k8s.io/v1` ResourceSlices (cluster-scoped: create, get,
+//! replace with a resourceVersion check (409 on a stale one), delete, list with the field
+//! selectors `spec.nodeName` and `spec.driver`) and ResourceClaims (get by namespace and
+//! name); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
+//! them, read the slices ([`KubeApi::slices`]) and wait for slice changes
+//! ([`KubeApi::wait_slices`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -34,6 +41,10 @@ struct Inner {
     watchers: Vec<(mpsc::UnboundedSender<Result<String, std::io::Error>>, bool)>,
     /// Every request's `fieldSelector` (empty when none), in order.
     selectors: Vec<String>,
+    /// ResourceSlices by name (JSON as stored, with `metadata.resourceVersion`).
+    slices: BTreeMap<String, Value>,
+    /// ResourceClaims by (namespace, name).
+    claims: BTreeMap<(String, String), Value>,
 }
 
 /// What tests can wait on.
@@ -47,6 +58,12 @@ pub struct Counters {
     pub full_objects: u32,
     /// Requests answered 500 (kube's client retries 503 itself, 15 times).
     pub refused: u32,
+    /// ResourceSlice creates, replaces and deletes that succeeded.
+    pub slice_writes: u32,
+    /// ResourceSlice lists answered.
+    pub slice_lists: u32,
+    /// ResourceClaim gets answered (found or not).
+    pub claim_gets: u32,
 }
 
 #[derive(Clone)]
@@ -149,6 +166,235 @@ async fn nodes(
     ([("content-type", "application/json")], list.to_string()).into_response()
 }
 
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    (
+        code,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn ok_json(v: &Value) -> Response {
+    ([("content-type", "application/json")], v.to_string()).into_response()
+}
+
+/// `spec.nodeName=a,spec.driver=b` → pairs; an unsupported field is an error (as the API
+/// server answers 400 for a field it does not index).
+fn slice_selector(selector: &str) -> Result<Vec<(&'static str, String)>, String> {
+    let mut out = Vec::new();
+    for part in selector.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("unsupported selector {part}"))?;
+        let v = v.trim_start_matches('=');
+        let key = match k {
+            "spec.nodeName" => "nodeName",
+            "spec.driver" => "driver",
+            other => return Err(format!("field label not supported: {other}")),
+        };
+        out.push((key, v.to_string()));
+    }
+    Ok(out)
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    #[serde(rename = "fieldSelector", default)]
+    field_selector: String,
+}
+
+fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
+    if inner.unavailable {
+        s.counters.send_modify(|c| c.refused += 1);
+        return Some((StatusCode::INTERNAL_SERVER_ERROR, "emulated outage").into_response());
+    }
+    None
+}
+
+async fn list_slices(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let mut inner = s.inner.lock().unwrap();
+    inner.selectors.push(q.field_selector.clone());
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    let sel = match slice_selector(&q.field_selector) {
+        Ok(sel) => sel,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+    };
+    let items: Vec<Value> = inner
+        .slices
+        .values()
+        .filter(|v| {
+            sel.iter()
+                .all(|(k, want)| v["spec"][*k].as_str() == Some(want.as_str()))
+        })
+        .cloned()
+        .collect();
+    let list = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSliceList",
+        "metadata": {"resourceVersion": inner.resource_version.to_string()},
+        "items": items,
+    });
+    drop(inner);
+    s.counters.send_modify(|c| c.slice_lists += 1);
+    ok_json(&list)
+}
+
+fn stamp(inner: &mut Inner, mut v: Value) -> Value {
+    inner.resource_version += 1;
+    v["apiVersion"] = json!("resource.k8s.io/v1");
+    v["kind"] = json!("ResourceSlice");
+    v["metadata"]["resourceVersion"] = json!(inner.resource_version.to_string());
+    v
+}
+
+async fn create_slice(State(s): State<Shared>, body: String) -> Response {
+    let Ok(v) = serde_json::from_str::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    let mut inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    let Some(name) = v["metadata"]["name"].as_str().map(str::to_string) else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "metadata.name: Required value".into(),
+        );
+    };
+    if inner.slices.contains_key(&name) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("resourceslices \"{name}\" already exists"),
+        );
+    }
+    let v = stamp(&mut inner, v);
+    inner.slices.insert(name, v.clone());
+    drop(inner);
+    s.counters.send_modify(|c| c.slice_writes += 1);
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+async fn get_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
+    let inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    match inner.slices.get(&name) {
+        Some(v) => ok_json(v),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceslices \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn replace_slice(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+    body: String,
+) -> Response {
+    let Ok(v) = serde_json::from_str::<Value>(&body) else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
+    };
+    let mut inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    let Some(old) = inner.slices.get(&name) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceslices \"{name}\" not found"),
+        );
+    };
+    let sent = v["metadata"]["resourceVersion"].as_str();
+    if sent.is_some() && sent != old["metadata"]["resourceVersion"].as_str() {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Operation cannot be fulfilled on resourceslices \"{name}\": the object has been modified"),
+        );
+    }
+    let v = stamp(&mut inner, v);
+    inner.slices.insert(name, v.clone());
+    drop(inner);
+    s.counters.send_modify(|c| c.slice_writes += 1);
+    ok_json(&v)
+}
+
+async fn delete_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> Response {
+    let mut inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    match inner.slices.remove(&name) {
+        Some(v) => {
+            inner.resource_version += 1;
+            drop(inner);
+            s.counters.send_modify(|c| c.slice_writes += 1);
+            ok_json(&v)
+        }
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceslices \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn get_claim(
+    State(s): State<Shared>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+) -> Response {
+    let inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    let found = inner.claims.get(&(namespace, name.clone())).cloned();
+    drop(inner);
+    s.counters.send_modify(|c| c.claim_gets += 1);
+    match found {
+        Some(v) => ok_json(&v),
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceclaims.resource.k8s.io \"{name}\" not found"),
+        ),
+    }
+}
+
+/// One allocated device of a claim, as `status.allocation.devices.results[]` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// The request's name in the claim (`gpu`, or `gpu/sub` for a subrequest).
+    pub request: String,
+    /// The driver (`gpu.slicelet.io`).
+    pub driver: String,
+    /// The pool (the node's name for slicelet).
+    pub pool: String,
+    /// The device's name in the pool.
+    pub device: String,
+}
+
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -177,6 +423,18 @@ impl KubeApi {
         };
         let app = Router::new()
             .route("/api/v1/nodes", get(nodes))
+            .route(
+                "/apis/resource.k8s.io/v1/resourceslices",
+                get(list_slices).post(create_slice),
+            )
+            .route(
+                "/apis/resource.k8s.io/v1/resourceslices/{name}",
+                get(get_slice).put(replace_slice).delete(delete_slice),
+            )
+            .route(
+                "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+                get(get_claim),
+            )
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -233,6 +491,111 @@ impl KubeApi {
         if unavailable {
             inner.watchers.clear();
         }
+    }
+
+    /// Every ResourceSlice stored, by name order (JSON as the API holds it).
+    pub fn slices(&self) -> Vec<Value> {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .slices
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Deletes every ResourceSlice of `node` (as a starting kubelet does).
+    pub fn delete_node_slices(&self, node: &str) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner
+            .slices
+            .retain(|_, v| v["spec"]["nodeName"].as_str() != Some(node));
+        inner.resource_version += 1;
+        drop(inner);
+        self.shared.counters.send_modify(|c| c.slice_writes += 1);
+    }
+
+    /// Stores a ResourceSlice as another writer would (say, a predecessor's leftover).
+    pub fn put_slice(&self, slice: Value) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        let name = slice["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let v = stamp(&mut inner, slice);
+        inner.slices.insert(name, v);
+        drop(inner);
+        self.shared.counters.send_modify(|c| c.slice_writes += 1);
+    }
+
+    /// Waits until the stored slices satisfy `pred` (checked now and after every slice
+    /// write), and returns them.
+    ///
+    /// # Panics
+    /// After [`WAIT`].
+    pub async fn wait_slices(&self, mut pred: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+        let mut rx = self.shared.counters.subscribe();
+        let wait = async {
+            loop {
+                let now = self.slices();
+                if pred(&now) {
+                    return now;
+                }
+                rx.changed().await.expect("emulator gone");
+            }
+        };
+        tokio::time::timeout(WAIT, wait)
+            .await
+            .expect("timed out waiting for the emulator's ResourceSlices")
+    }
+
+    /// Stores (or replaces) the ResourceClaim `namespace/name` with `uid`, allocated `devices`
+    /// on `node` (`status.allocation.devices.results`; no allocation when `devices` is empty).
+    pub fn set_claim(&self, namespace: &str, name: &str, uid: &str, devices: &[AllocatedDevice]) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|d| {
+                json!({
+                    "request": d.request,
+                    "driver": d.driver,
+                    "pool": d.pool,
+                    "device": d.device,
+                })
+            })
+            .collect();
+        let requests: std::collections::BTreeSet<&str> = devices
+            .iter()
+            .map(|d| d.request.split('/').next().unwrap_or_default())
+            .collect();
+        let mut claim = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"},
+            "spec": {"devices": {"requests": requests.iter().map(|r| json!({
+                "name": r,
+                "exactly": {"deviceClassName": "gpu.slicelet.io"},
+            })).collect::<Vec<_>>()}},
+        });
+        if !devices.is_empty() {
+            claim["status"] = json!({"allocation": {"devices": {"results": results}}});
+        }
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .claims
+            .insert((namespace.to_string(), name.to_string()), claim);
+    }
+
+    /// Deletes the ResourceClaim `namespace/name`.
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .claims
+            .remove(&(namespace.to_string(), name.to_string()));
     }
 
     /// Every request's field selector so far.

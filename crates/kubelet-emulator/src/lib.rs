@@ -17,6 +17,7 @@
 //! on the latest state) or [`KubeletEmulator::wait_for_sequence`] (lists matching predicates in
 //! order); both await the recorder's change notification under a timeout, never a sleep loop.
 
+pub mod dra;
 pub mod kube_api;
 pub mod pod_resources;
 

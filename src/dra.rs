@@ -1,0 +1,226 @@
+//! Dynamic Resource Allocation (`resource.k8s.io/v1`, GA in Kubernetes 1.34): the same plan the
+//! device plugin serves, published as ResourceSlices and prepared through the kubelet's DRA
+//! plugin API, beside the device plugin or alone.
+//!
+//! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices.
+//! - [`publish`]: reconciles those slices through the Kubernetes API.
+//! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
+//! - [`checkpoint`]: the prepared claims, on disk.
+//! - [`plugin`]: the kubelet plugin (registration and the DRA service, v1 and v1beta1).
+//!
+//! One policy, both paths: a resource is served by DRA exactly when the policy says so
+//! (`dra.resources`, or a sharing entry's `dra: true`; [`crate::plan::ResourcePlan::dra`]); the
+//! device plugin serves the others; a GPU in both is a plan error
+//! ([`crate::plan::PlanError::DraOverlap`]). So no device is handed out by both.
+//!
+//! [`spawn`] runs it all for the daemon.
+
+pub mod checkpoint;
+pub mod plugin;
+pub mod prepare;
+pub mod publish;
+pub mod slices;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::inventory::Inventory;
+use crate::plan::Plan;
+
+/// The default DRA driver name (`--dra-driver-name`).
+pub const DEFAULT_DRIVER: &str = "gpu.slicelet.io";
+/// The default CDI spec directory for claim specs (`--cdi-output-dir`).
+pub const DEFAULT_CDI_OUTPUT_DIR: &str = "/var/run/cdi";
+
+/// What DRA needs of each plan: the plan, the inventory it was built from, the NVIDIA driver
+/// version when known.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DraInput {
+    /// The plan the device plugin serves too (DRA takes its `dra` resources).
+    pub plan: Arc<Plan>,
+    /// The inventory (models, memory, compute capabilities for the slices' attributes).
+    pub inventory: Arc<Inventory>,
+    /// The NVIDIA driver version (`550.54.15`), when known.
+    pub driver_version: Option<String>,
+}
+
+/// Where DRA runs (the `--dra-*` flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraSettings {
+    /// `--dra-driver-name` (default `gpu.slicelet.io`).
+    pub driver: String,
+    /// `--node-name`: the slices' `spec.nodeName` and the pool's name.
+    pub node: String,
+    /// `--dra-registry-dir` (default `/var/lib/kubelet/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// `--dra-plugins-dir` (default `/var/lib/kubelet/plugins`).
+    pub plugins_dir: PathBuf,
+    /// `--cdi-output-dir` (default `/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// `--kubeconfig`; `None`: in-cluster or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The host's `/dev` root for device nodes (as for Allocate; `/` on a node).
+    pub dev_root: String,
+}
+
+/// DRA could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    /// The Kubernetes API client could not be built.
+    #[error("DRA needs the Kubernetes API")]
+    Client(#[source] crate::k8s::ClientError),
+    /// The driver name cannot qualify a CDI kind.
+    #[error("--dra-driver-name {driver}: not usable as a CDI vendor")]
+    Driver {
+        /// The name.
+        driver: String,
+        /// Why.
+        #[source]
+        source: crate::cdi::NameError,
+    },
+    /// A socket could not be bound.
+    #[error("binding {}: {message}", path.display())]
+    Bind {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The checkpoint could not be read.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// A gRPC server stopped with an error.
+    #[error("serving {}", path.display())]
+    Serve {
+        /// The socket.
+        path: PathBuf,
+        /// tonic's error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A running DRA component.
+pub struct DraHandle {
+    /// Ends when `shutdown` is cancelled (sockets removed), or with the error that stopped it.
+    pub task: JoinHandle<Result<(), DraError>>,
+    /// The publisher's progress.
+    pub status: watch::Receiver<publish::PublishStatus>,
+}
+
+/// Starts DRA on the current runtime: the publisher, the DRA service and then the
+/// registration socket. `inputs` carries each new plan (`None` until the first); the
+/// component stops, removing its sockets, when `shutdown` is cancelled.
+pub fn spawn(
+    settings: DraSettings,
+    inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    shutdown: CancellationToken,
+) -> DraHandle {
+    let (status_tx, status) = watch::channel(publish::PublishStatus::default());
+    let task = tokio::spawn(run(settings, inputs, status_tx, shutdown));
+    DraHandle { task, status }
+}
+
+async fn run(
+    settings: DraSettings,
+    inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    status: watch::Sender<publish::PublishStatus>,
+    shutdown: CancellationToken,
+) -> Result<(), DraError> {
+    crate::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
+        DraError::Driver {
+            driver: settings.driver.clone(),
+            source,
+        }
+    })?;
+    let client = crate::k8s::client(settings.kubeconfig.as_deref())
+        .await
+        .map_err(DraError::Client)?;
+    let plugin = Arc::new(plugin::Plugin::new(
+        settings.clone(),
+        client.clone(),
+        inputs.clone(),
+    )?);
+    let (dra_listener, dra_bound) = plugin::bind(&plugin::dra_socket(&settings))?;
+    let (reg_listener, reg_bound) = plugin::bind(&plugin::registration_socket(&settings))?;
+    let (reg_tx, reg_rx) = watch::channel(0u64);
+    let params = slices::SliceParams {
+        node: settings.node.clone(),
+        driver: settings.driver.clone(),
+        generation: 0,
+        driver_version: None,
+    };
+    let mut publisher = tokio::spawn(publish::run(
+        client,
+        params,
+        inputs,
+        reg_rx,
+        status,
+        shutdown.child_token(),
+    ));
+    let service = plugin::Service(plugin);
+    let dra_path = dra_bound.path.clone();
+    let stop = shutdown.clone();
+    let dra_listener = UnixListenerStream::new(dra_listener);
+    let mut dra_server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(
+                crate::api::dra::v1::dra_plugin_server::DraPluginServer::new(service.clone()),
+            )
+            .add_service(crate::api::dra::v1beta1::dra_plugin_server::DraPluginServer::new(service))
+            .serve_with_incoming_shutdown(dra_listener, stop.cancelled_owned())
+            .await
+    });
+    let registrar = plugin::Registrar {
+        driver: settings.driver.clone(),
+        endpoint: dra_path.clone(),
+        registrations: reg_tx,
+    };
+    let reg_path = reg_bound.path.clone();
+    let stop = shutdown.clone();
+    let reg_listener = UnixListenerStream::new(reg_listener);
+    let mut reg_server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(
+                crate::api::pluginregistration::registration_server::RegistrationServer::new(
+                    registrar,
+                ),
+            )
+            .serve_with_incoming_shutdown(reg_listener, stop.cancelled_owned())
+            .await
+    });
+    tracing::info!(driver = %settings.driver, registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA: kubelet plugin serving");
+    let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+                  path: &PathBuf| match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(DraError::Serve {
+            path: path.clone(),
+            source,
+        }),
+        Err(_) => Ok(()),
+    };
+    // Which task ended first (a finished JoinHandle must not be awaited again).
+    let (result, ended) = tokio::select! {
+        r = &mut dra_server => (served(r, &dra_path), 0),
+        r = &mut reg_server => (served(r, &reg_path), 1),
+        _ = &mut publisher => (Ok(()), 2),
+    };
+    shutdown.cancel();
+    if ended != 0 {
+        let _ = dra_server.await;
+    }
+    if ended != 1 {
+        let _ = reg_server.await;
+    }
+    if ended != 2 {
+        let _ = publisher.await;
+    }
+    reg_bound.remove();
+    dra_bound.remove();
+    result
+}

@@ -1,0 +1,221 @@
+//! The prepared claims, kept in a JSON file so that a restarted daemon answers the kubelet's
+//! repeated `NodePrepareResources` (it calls again after its own restart) and
+//! `NodeUnprepareResources` as before, and keeps refusing devices another claim holds.
+//!
+//! The file (`<--dra-plugins-dir>/<driver>/checkpoint.json`) is written atomically: a
+//! temporary file in the same directory, fsynced, then renamed over the old one (a crash
+//! leaves the old or the new file, never half of one). It is read through
+//! [`crate::policy::read_bounded`] (a regular file, at most [`MAX_CHECKPOINT_BYTES`]); a file
+//! of another version or that does not parse is an error naming it, and the daemon refuses to
+//! start DRA rather than forget what it prepared.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::prepare::PreparedClaim;
+
+/// The checkpoint file's version.
+pub const VERSION: u32 = 1;
+/// The checkpoint file's name inside the driver's plugin directory.
+pub const FILE: &str = "checkpoint.json";
+/// The largest checkpoint read, bytes (a claim takes about 1 KiB).
+pub const MAX_CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The prepared claims by UID.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    /// [`VERSION`].
+    pub version: u32,
+    /// Prepared claims by UID.
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+/// Reading or writing the checkpoint failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The file was refused or could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::policy::ReadError),
+    /// The file is not a checkpoint of this version.
+    #[error("checkpoint {}: {message}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// Writing the new file failed.
+    #[error("writing checkpoint {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Checkpoint {
+    /// An empty checkpoint.
+    pub fn new() -> Self {
+        Checkpoint {
+            version: VERSION,
+            claims: BTreeMap::new(),
+        }
+    }
+
+    /// Device name → the claim (`namespace/name`) holding it, for every claim but `except`
+    /// (a UID).
+    pub fn held(&self, except: &str) -> BTreeMap<String, String> {
+        self.claims
+            .iter()
+            .filter(|(uid, _)| uid.as_str() != except)
+            .flat_map(|(_, c)| {
+                let holder = format!("{}/{}", c.claim.namespace, c.claim.name);
+                c.devices
+                    .iter()
+                    .map(move |d| (d.device.clone(), holder.clone()))
+            })
+            .collect()
+    }
+}
+
+/// Reads the checkpoint at `path`; a missing file is an empty checkpoint.
+///
+/// # Errors
+/// [`CheckpointError`] naming the file.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    if !path.exists() {
+        return Ok(Checkpoint::new());
+    }
+    let limits = crate::policy::Limits {
+        max_bytes: MAX_CHECKPOINT_BYTES,
+        ..crate::policy::Limits::default()
+    };
+    let text = crate::policy::read_bounded(path, &limits)?;
+    let invalid = |message: String| CheckpointError::Invalid {
+        path: path.to_path_buf(),
+        message,
+    };
+    let c: Checkpoint = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    if c.version != VERSION {
+        return Err(invalid(format!(
+            "version {} (this slicelet reads version {VERSION})",
+            c.version
+        )));
+    }
+    Ok(c)
+}
+
+/// Writes `text` to `path` atomically: a temporary file beside it, fsynced, renamed over it,
+/// the directory fsynced.
+///
+/// # Errors
+/// The I/O error.
+pub fn write_atomic(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Writes the checkpoint to `path` atomically.
+///
+/// # Errors
+/// [`CheckpointError::Write`] naming the file.
+pub fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
+    let text = serde_json::to_vec_pretty(c).map_err(|e| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    write_atomic(path, &text).map_err(|source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dra::prepare::{ClaimRef, PreparedDevice};
+
+    fn claim(uid: &str, device: &str) -> PreparedClaim {
+        PreparedClaim {
+            claim: ClaimRef {
+                namespace: "ns".into(),
+                name: format!("c-{uid}"),
+                uid: uid.into(),
+            },
+            devices: vec![PreparedDevice {
+                requests: vec!["gpu".into()],
+                pool: "node".into(),
+                device: device.into(),
+                cdi_ids: vec![format!("gpu.slicelet.io/claim={uid}")],
+                resource: "nvidia.com/gpu".into(),
+                id: "GPU-x".into(),
+            }],
+            spec_file: format!("gpu.slicelet.io-claim_{uid}.json"),
+            spec: serde_json::json!({"kind": "gpu.slicelet.io/claim"}),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_missing_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        assert_eq!(load(&path).unwrap(), Checkpoint::new());
+        let mut c = Checkpoint::new();
+        c.claims.insert("u1".into(), claim("u1", "gpu-a"));
+        c.claims.insert("u2".into(), claim("u2", "gpu-b"));
+        save(&path, &c).unwrap();
+        assert_eq!(load(&path).unwrap(), c);
+        // No temporary file left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE)]);
+        assert_eq!(
+            c.held("u1"),
+            BTreeMap::from([("gpu-b".to_string(), "ns/c-u2".to_string())])
+        );
+    }
+
+    #[test]
+    fn bad_files_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        for (text, want) in [
+            ("{", "EOF"),
+            (r#"{"version": 2, "claims": {}}"#, "version 2"),
+            (
+                r#"{"version": 1, "claims": {}, "extra": 1}"#,
+                "unknown field",
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = load(&path).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains(FILE), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! The DRA kubelet plugin: the registration socket the kubelet's plugin watcher finds, and
+//! the DRA service the kubelet calls to prepare and unprepare claims.
+//!
+//! - `<--dra-registry-dir>/<driver>-reg.sock` serves `pluginregistration.Registration`:
+//!   `GetInfo` answers type `DRAPlugin`, the driver name, the endpoint
+//!   `<--dra-plugins-dir>/<driver>/dra.sock` and `supported_versions`
+//!   [`crate::api::dra::SUPPORTED_VERSIONS`] (kubelets before 1.34 call only v1beta1).
+//!   Every `GetInfo` and every `NotifyRegistrationStatus` that says registered counts as a
+//!   registration: the publisher republishes (the kubelet deletes the node's slices when it
+//!   starts and when a driver deregisters).
+//! - The endpoint serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and `.v1beta1.DRAPlugin`
+//!   (the same messages) from one [`Plugin`]. The DRA socket is bound before the
+//!   registration socket, so the kubelet never finds a plugin that does not answer yet.
+//! - `NodePrepareResources`: per claim, an already prepared claim (by UID) gets its
+//!   checkpointed answer again (its CDI spec rewritten if it went missing: `/var/run/cdi` is
+//!   a tmpfs); otherwise the claim is fetched from the API (`get` on `resourceclaims`),
+//!   checked and turned into a CDI spec by [`super::prepare::prepare`], the spec written
+//!   atomically to `--cdi-output-dir`, and the claim added to the checkpoint. A failure is
+//!   that claim's `error`; the call itself never fails.
+//! - `NodeUnprepareResources`: removes the claim's spec and checkpoint entry; an unknown
+//!   claim (never prepared, or unprepared already, or deleted from the API) is fine.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Api, Client};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::checkpoint::{self, Checkpoint};
+use super::prepare::{self, ClaimRef, PreparedDevice};
+use super::{DraError, DraInput, DraSettings};
+use crate::api;
+
+/// The file name of the DRA service socket inside `<plugins dir>/<driver>/`.
+pub const DRA_SOCKET: &str = "dra.sock";
+
+/// The registration socket's path: `<registry>/<driver>-reg.sock`.
+pub fn registration_socket(settings: &DraSettings) -> PathBuf {
+    settings
+        .registry_dir
+        .join(format!("{}-reg.sock", settings.driver))
+}
+
+/// The driver's own directory: `<plugins dir>/<driver>` (DRA socket and checkpoint).
+pub fn driver_dir(settings: &DraSettings) -> PathBuf {
+    settings.plugins_dir.join(&settings.driver)
+}
+
+/// The DRA service socket's path: `<plugins dir>/<driver>/dra.sock`.
+pub fn dra_socket(settings: &DraSettings) -> PathBuf {
+    driver_dir(settings).join(DRA_SOCKET)
+}
+
+/// Longest socket path that fits `sockaddr_un.sun_path` (108 bytes with the NUL), bytes.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A bound socket file and its identity (only that file is removed at the end, not a newer
+/// socket another process bound at the same path).
+#[derive(Debug)]
+pub struct Bound {
+    /// The socket file.
+    pub path: PathBuf,
+    id: (u64, u64),
+}
+
+impl Bound {
+    /// Removes the socket file if it is still ours.
+    pub fn remove(&self) {
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
+            if (meta.dev(), meta.ino()) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Binds `path`, creating its directory; a stale socket (nobody accepts) is replaced, a live
+/// one or a file that is not a socket is an error.
+///
+/// # Errors
+/// [`DraError::Bind`] naming the path.
+pub fn bind(path: &Path) -> Result<(UnixListener, Bound), DraError> {
+    let err = |message: String| DraError::Bind {
+        path: path.to_path_buf(),
+        message,
+    };
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(err(format!(
+            "over the {MAX_SOCKET_PATH}-byte unix socket path limit"
+        )));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(err("served by another live process".to_string()));
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => return Err(err("exists and is not a socket".to_string())),
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| err(e.to_string()))?;
+    Ok((
+        listener,
+        Bound {
+            path: path.to_path_buf(),
+            id: (meta.dev(), meta.ino()),
+        },
+    ))
+}
+
+/// The plugin's state: the checkpoint, and where things go.
+pub struct Plugin {
+    settings: DraSettings,
+    client: Client,
+    inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    checkpoint_path: PathBuf,
+    /// The one owner of the prepared claims; never held across an `.await`.
+    state: Mutex<Checkpoint>,
+}
+
+impl Plugin {
+    /// Loads the checkpoint from `<plugins dir>/<driver>/checkpoint.json`.
+    ///
+    /// # Errors
+    /// [`DraError::Checkpoint`] when it cannot be read or parsed.
+    pub fn new(
+        settings: DraSettings,
+        client: Client,
+        inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    ) -> Result<Self, DraError> {
+        let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
+        let state = checkpoint::load(&checkpoint_path)?;
+        if !state.claims.is_empty() {
+            tracing::info!(claims = state.claims.len(), path = %checkpoint_path.display(), "DRA: prepared claims reloaded from the checkpoint");
+        }
+        Ok(Plugin {
+            settings,
+            client,
+            inputs,
+            checkpoint_path,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn spec_path(&self, file: &str) -> PathBuf {
+        self.settings.cdi_dir.join(file)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The checkpointed answer for `uid`, its spec rewritten when missing.
+    fn already(&self, uid: &str) -> Option<Result<Vec<PreparedDevice>, String>> {
+        let state = self.lock();
+        let c = state.claims.get(uid)?;
+        let path = self.spec_path(&c.spec_file);
+        if !path.exists() {
+            if let Err(e) = write_spec(&path, &c.spec) {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(c.devices.clone()))
+    }
+
+    /// Prepares each claim; the answer per UID.
+    pub async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+        let mut out = BTreeMap::new();
+        for c in claims {
+            let r = self.prepare_one(&c).await;
+            if let Err(e) = &r {
+                tracing::warn!(claim = %c, error = %e, "DRA: NodePrepareResources refused a claim");
+            }
+            out.insert(c.uid.clone(), r);
+        }
+        out
+    }
+
+    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        prepare::check_claim_ref(c).map_err(|e| e.to_string())?;
+        if let Some(r) = self.already(&c.uid) {
+            return r;
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        let claim = api.get(&c.name).await.map_err(|e| {
+            format!(
+                "claim {c}: getting it from the API: {}",
+                crate::errors::chain(&e)
+            )
+        })?;
+        let input = self
+            .inputs
+            .borrow()
+            .clone()
+            .ok_or_else(|| format!("claim {c}: no plan yet; the kubelet retries"))?;
+        let mut state = self.lock();
+        // Prepared meanwhile by a concurrent call: the same answer.
+        if let Some(p) = state.claims.get(&c.uid) {
+            return Ok(p.devices.clone());
+        }
+        let held = state.held(&c.uid);
+        let prepared = prepare::prepare(
+            &claim,
+            c,
+            &input.plan,
+            &self.settings.node,
+            &self.settings.driver,
+            &held,
+            &self.settings.dev_root,
+        )
+        .map_err(|e| e.to_string())?;
+        let path = self.spec_path(&prepared.spec_file);
+        write_spec(&path, &prepared.spec)?;
+        let devices = prepared.devices.clone();
+        state.claims.insert(c.uid.clone(), prepared);
+        if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
+            state.claims.remove(&c.uid);
+            let _ = std::fs::remove_file(&path);
+            return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
+        }
+        tracing::info!(claim = %c, devices = devices.len(), spec = %path.display(), "DRA: claim prepared");
+        Ok(devices)
+    }
+
+    /// Unprepares each claim; the answer per UID.
+    pub fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+        let mut out = BTreeMap::new();
+        for c in claims {
+            out.insert(c.uid.clone(), self.unprepare_one(&c));
+        }
+        out
+    }
+
+    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+        if !prepare::valid_uid(&c.uid) {
+            // Never prepared: nothing to undo.
+            return Ok(());
+        }
+        let mut state = self.lock();
+        let file = state.claims.get(&c.uid).map_or_else(
+            || prepare::spec_file(&self.settings.driver, &c.uid),
+            |p| p.spec_file.clone(),
+        );
+        let path = self.spec_path(&file);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("claim {c}: removing {}: {e}", path.display())),
+        }
+        if let Some(old) = state.claims.remove(&c.uid) {
+            if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
+                state.claims.insert(c.uid.clone(), old);
+                return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
+            }
+            tracing::info!(claim = %c, "DRA: claim unprepared");
+        }
+        Ok(())
+    }
+
+    /// The UIDs of the prepared claims.
+    pub fn prepared(&self) -> Vec<String> {
+        self.lock().claims.keys().cloned().collect()
+    }
+}
+
+fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_vec_pretty(spec).map_err(|e| e.to_string())?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    checkpoint::write_atomic(path, &text).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// The gRPC face of a [`Plugin`], for both API versions.
+#[derive(Clone)]
+pub struct Service(pub Arc<Plugin>);
+
+macro_rules! dra_version {
+    ($v:ident) => {
+        #[tonic::async_trait]
+        impl api::dra::$v::dra_plugin_server::DraPlugin for Service {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<api::dra::$v::NodePrepareResourcesRequest>,
+            ) -> Result<Response<api::dra::$v::NodePrepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let answers = self.0.prepare(claims).await;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let resp = match r {
+                            Ok(devices) => api::dra::$v::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|d| api::dra::$v::Device {
+                                        request_names: d.requests,
+                                        pool_name: d.pool,
+                                        device_name: d.device,
+                                        cdi_device_ids: d.cdi_ids,
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => api::dra::$v::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, resp)
+                    })
+                    .collect();
+                Ok(Response::new(api::dra::$v::NodePrepareResourcesResponse {
+                    claims,
+                }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<api::dra::$v::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<api::dra::$v::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare(claims)
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        (
+                            uid,
+                            api::dra::$v::NodeUnprepareResourceResponse {
+                                error: r.err().unwrap_or_default(),
+                            },
+                        )
+                    })
+                    .collect();
+                Ok(Response::new(
+                    api::dra::$v::NodeUnprepareResourcesResponse { claims },
+                ))
+            }
+        }
+    };
+}
+
+dra_version!(v1);
+dra_version!(v1beta1);
+
+/// `pluginregistration.Registration` for the driver.
+pub struct Registrar {
+    /// The driver name.
+    pub driver: String,
+    /// The DRA socket's path (the `endpoint` answered).
+    pub endpoint: PathBuf,
+    /// Bumped on every registration (GetInfo, or NotifyRegistrationStatus registered).
+    pub registrations: watch::Sender<u64>,
+}
+
+#[tonic::async_trait]
+impl api::pluginregistration::registration_server::Registration for Registrar {
+    async fn get_info(
+        &self,
+        _request: Request<api::pluginregistration::InfoRequest>,
+    ) -> Result<Response<api::pluginregistration::PluginInfo>, Status> {
+        self.registrations.send_modify(|n| *n += 1);
+        Ok(Response::new(api::pluginregistration::PluginInfo {
+            r#type: api::pluginregistration::DRA_PLUGIN.to_string(),
+            name: self.driver.clone(),
+            endpoint: self.endpoint.to_string_lossy().into_owned(),
+            supported_versions: api::dra::SUPPORTED_VERSIONS
+                .iter()
+                .map(|v| (*v).to_string())
+                .collect(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<api::pluginregistration::RegistrationStatus>,
+    ) -> Result<Response<api::pluginregistration::RegistrationStatusResponse>, Status> {
+        let s = request.into_inner();
+        if s.plugin_registered {
+            tracing::info!(driver = %self.driver, "DRA: registered with the kubelet");
+            self.registrations.send_modify(|n| *n += 1);
+        } else {
+            tracing::error!(driver = %self.driver, error = %s.error, "DRA: the kubelet refused the registration");
+        }
+        Ok(Response::new(
+            api::pluginregistration::RegistrationStatusResponse {},
+        ))
+    }
+}

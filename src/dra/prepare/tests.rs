@@ -1,0 +1,304 @@
+use super::*;
+use crate::dra::slices::device_name;
+use crate::inventory::test_node;
+use crate::plan;
+use crate::policy::parse;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,
+};
+
+const NODE: &str = "node-1";
+const DRIVER: &str = "gpu.slicelet.io";
+
+fn claim(uid: &str, results: &[(&str, &str, &str, &str)]) -> ResourceClaim {
+    let mut c = ResourceClaim::default();
+    c.metadata.uid = Some(uid.to_string());
+    c.metadata.name = Some("c".to_string());
+    c.metadata.namespace = Some("ns".to_string());
+    c.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(
+                    results
+                        .iter()
+                        .map(
+                            |(request, driver, pool, device)| DeviceRequestAllocationResult {
+                                request: request.to_string(),
+                                driver: driver.to_string(),
+                                pool: pool.to_string(),
+                                device: device.to_string(),
+                                ..Default::default()
+                            },
+                        )
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    c
+}
+
+fn want(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: uid.into(),
+    }
+}
+
+fn plan_of(policy: &str, n: u32, unhealthy: Option<u32>) -> (Plan, crate::inventory::Inventory) {
+    let mut inv = test_node(n);
+    if let Some(u) = unhealthy {
+        inv.gpus[u as usize].health = Health::Unhealthy;
+    }
+    (
+        plan::build(&parse(policy).unwrap(), &inv).unwrap().plan,
+        inv,
+    )
+}
+
+const TS: &str = "version: v1\ndra:\n  resources: [nvidia.com/gpu]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n";
+const UID: &str = "11111111-2222-3333-4444-555555555555";
+
+fn env(p: &PreparedClaim) -> Vec<String> {
+    p.spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn two_replicas_of_gpu_0_name_its_uuid_once() {
+    let (plan, inv) = plan_of(TS, 2, None);
+    let g0 = &inv.gpus[0].uuid;
+    let r0 = device_name(&format!("{g0}::0"));
+    let r1 = device_name(&format!("{g0}::1"));
+    let c = claim(
+        UID,
+        &[("gpu", DRIVER, NODE, &r0), ("gpu", DRIVER, NODE, &r1)],
+    );
+    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    assert_eq!(p.devices.len(), 2);
+    assert_eq!(
+        p.devices[0].cdi_ids,
+        vec![format!("gpu.slicelet.io/claim={UID}")]
+    );
+    assert!(p.devices[1].cdi_ids.is_empty(), "one CDI ID per request");
+    assert_eq!(p.devices[0].device, r0);
+    assert_eq!(p.devices[1].requests, vec!["gpu".to_string()]);
+    assert_eq!(
+        env(&p),
+        vec![
+            format!("CUDA_VISIBLE_DEVICES={g0}"),
+            format!("NVIDIA_VISIBLE_DEVICES={g0}"),
+        ]
+    );
+    assert_eq!(p.spec["kind"], "gpu.slicelet.io/claim");
+    assert_eq!(p.spec["cdiVersion"], CDI_VERSION);
+    assert_eq!(p.spec["devices"][0]["name"], UID);
+    assert_eq!(p.spec_file, format!("gpu.slicelet.io-claim_{UID}.json"));
+    // The spec is one the CDI parser accepts.
+    let spec =
+        crate::cdi::parse_spec(std::path::Path::new(&p.spec_file), &p.spec.to_string()).unwrap();
+    assert_eq!(spec.devices, vec![UID.to_string()]);
+}
+
+#[test]
+fn two_requests_each_get_the_claim_id_and_both_gpus_are_listed() {
+    let (plan, inv) = plan_of(TS, 2, None);
+    let (g0, g1) = (&inv.gpus[0].uuid, &inv.gpus[1].uuid);
+    let a = device_name(&format!("{g0}::0"));
+    let b = device_name(&format!("{g1}::3"));
+    let c = claim(UID, &[("a", DRIVER, NODE, &a), ("b", DRIVER, NODE, &b)]);
+    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    assert!(p.devices.iter().all(|d| d.cdi_ids.len() == 1));
+    assert!(env(&p).contains(&format!("NVIDIA_VISIBLE_DEVICES={g0},{g1}")));
+}
+
+#[test]
+fn mps_claims_get_the_pipe_directory_shm_and_limits() {
+    let policy = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n";
+    let (plan, inv) = plan_of(policy, 1, None);
+    let g0 = &inv.gpus[0].uuid;
+    let c = claim(
+        UID,
+        &[("gpu", DRIVER, NODE, &device_name(&format!("{g0}::1")))],
+    );
+    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    let e = env(&p);
+    assert!(
+        e.contains(&format!(
+            "CUDA_MPS_PIPE_DIRECTORY={}",
+            plan::container_pipe_dir(g0)
+        )),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|v| v.starts_with("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|v| v.starts_with("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=")),
+        "{e:?}"
+    );
+    assert!(
+        !e.iter().any(|v| v.starts_with("CUDA_VISIBLE_DEVICES=")),
+        "{e:?}"
+    );
+    let mounts = p.spec["devices"][0]["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap();
+    let paths: Vec<&str> = mounts
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"/dev/shm"), "{paths:?}");
+    assert!(
+        paths.contains(&plan::container_pipe_dir(g0).as_str()),
+        "{paths:?}"
+    );
+}
+
+/// (case, claim UID asked, claim, plan's unhealthy GPU, held, the error's start)
+#[test]
+fn refusals_table() {
+    let (plan, inv) = plan_of(TS, 2, None);
+    let (uplan, _) = plan_of(TS, 2, Some(1));
+    let g0 = &inv.gpus[0].uuid;
+    let g1 = &inv.gpus[1].uuid;
+    let r0 = device_name(&format!("{g0}::0"));
+    let r1_of_g1 = device_name(&format!("{g1}::1"));
+    let held = BTreeMap::from([(r0.clone(), "ns/other".to_string())]);
+    let none = BTreeMap::new();
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        ResourceClaim,
+        &'a Plan,
+        &'a BTreeMap<String, String>,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "bad uid",
+            "../x",
+            claim("../x", &[("gpu", DRIVER, NODE, &r0)]),
+            &plan,
+            &none,
+            "claim ns/c: UID",
+        ),
+        (
+            "uid mismatch",
+            UID,
+            claim("other-uid", &[("gpu", DRIVER, NODE, &r0)]),
+            &plan,
+            &none,
+            "the API's claim of that name has UID other-uid",
+        ),
+        (
+            "not allocated",
+            UID,
+            claim(UID, &[]),
+            &plan,
+            &none,
+            "its allocation names no device of driver",
+        ),
+        (
+            "other driver only",
+            UID,
+            claim(UID, &[("gpu", "other.example.com", NODE, &r0)]),
+            &plan,
+            &none,
+            "its allocation names no device",
+        ),
+        (
+            "another node's pool",
+            UID,
+            claim(UID, &[("gpu", DRIVER, "node-2", &r0)]),
+            &plan,
+            &none,
+            "is in pool node-2, not this node's pool node-1",
+        ),
+        (
+            "unknown device",
+            UID,
+            claim(UID, &[("gpu", DRIVER, NODE, "gpu-nope")]),
+            &plan,
+            &none,
+            "device gpu-nope is not a device",
+        ),
+        (
+            "unhealthy device",
+            UID,
+            claim(UID, &[("gpu", DRIVER, NODE, &r1_of_g1)]),
+            &uplan,
+            &none,
+            "is Unhealthy",
+        ),
+        (
+            "held by another claim",
+            UID,
+            claim(UID, &[("gpu", DRIVER, NODE, &r0)]),
+            &plan,
+            &held,
+            "is held by prepared claim ns/other",
+        ),
+    ];
+    for (name, uid, c, plan, held, msg) in cases {
+        let e = prepare(&c, &want(uid), plan, NODE, DRIVER, held, "/").unwrap_err();
+        assert!(e.to_string().contains(msg), "{name}: {e}");
+    }
+    // A device-plugin resource's device is not DRA's.
+    let (dp_plan, _) = plan_of("version: v1\n", 1, None);
+    let c = claim(UID, &[("gpu", DRIVER, NODE, &device_name(g0))]);
+    let e = prepare(&c, &want(UID), &dp_plan, NODE, DRIVER, &none, "/").unwrap_err();
+    assert!(matches!(e, PrepareError::UnknownDevice { .. }), "{e}");
+}
+
+#[test]
+fn claim_names_table() {
+    let ok = |namespace: &str, name: &str| {
+        check_claim_ref(&ClaimRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: UID.into(),
+        })
+        .is_ok()
+    };
+    for (namespace, name, want) in [
+        ("ns", "c", true),
+        ("kube-system", "my.claim-1", true),
+        ("ns", &"a".repeat(253), false),
+        ("", "c", false),
+        ("ns", "", false),
+        ("../x", "c", false),
+        ("ns", "../../secrets/x", false),
+        ("ns", "C", false),
+        ("n.s", "c", false),
+    ] {
+        assert_eq!(ok(namespace, name), want, "{namespace:?}/{name:?}");
+    }
+}
+
+#[test]
+fn uids_table() {
+    for (uid, ok) in [
+        (UID, true),
+        ("a", true),
+        ("", false),
+        ("-a", false),
+        ("A", false),
+        ("a/b", false),
+        ("..", false),
+        (&"a".repeat(65), false),
+    ] {
+        assert_eq!(valid_uid(uid), ok, "{uid:?}");
+    }
+}

@@ -1,0 +1,255 @@
+//! Publishing this node's ResourceSlices through the Kubernetes API: a reconcile loop.
+//!
+//! On every new [`DraInput`] (the plan changed), on every (re)registration with the kubelet
+//! (the kubelet deletes a node's slices when it starts and when a driver deregisters, so a
+//! registration means "publish again"), and after an API error (retried with exponential
+//! backoff, 0.5 s doubling to 30 s, forever), the loop:
+//! 1. lists the slices with field selector `spec.nodeName=<node>,spec.driver=<driver>` (the
+//!    only slices it ever touches);
+//! 2. builds the wanted slices ([`super::slices::build`] of the plan's DRA resources). The
+//!    pool generation is bumped whenever the devices differ from what this loop published
+//!    last, and always starts above every generation listed (so a restarted daemon's slices
+//!    win over a predecessor's leftovers);
+//! 3. creates the missing slices, replaces the changed ones (with the listed
+//!    `resourceVersion`, so a concurrent writer is a conflict, retried), and then deletes the
+//!    extra ones (newest generation first in, old one out: the scheduler ignores a pool's
+//!    older generation meanwhile).
+//!
+//! RBAC needed: `list`, `watch`, `create`, `update`, `delete` on `resourceslices`
+//! (`resource.k8s.io`); the manifests limit writes to this node's slices with a
+//! ValidatingAdmissionPolicy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::BackoffBuilder as _;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::slices::{self, SliceParams};
+use super::DraInput;
+
+/// The first retry delay after an API error.
+pub const RETRY_MIN: Duration = Duration::from_millis(500);
+/// The longest retry delay after API errors.
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A reconcile that failed; the loop retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Listing this node's slices failed.
+    #[error("listing the ResourceSlices of node {node}, driver {driver}")]
+    List {
+        /// The node.
+        node: String,
+        /// The driver.
+        driver: String,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating, replacing or deleting one slice failed.
+    #[error("{op} ResourceSlice {name}")]
+    Write {
+        /// `creating`, `replacing` or `deleting`.
+        op: &'static str,
+        /// The slice's name.
+        name: String,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What the publisher has done, for `/status` and the tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishStatus {
+    /// Reconciles that succeeded.
+    pub reconciles: u64,
+    /// The pool generation last published (0 before the first).
+    pub generation: i64,
+    /// How many devices the pool has.
+    pub devices: usize,
+    /// The last error, cleared by the next success.
+    pub error: Option<String>,
+}
+
+/// The publisher's memory between reconciles.
+#[derive(Debug, Default)]
+struct State {
+    generation: i64,
+    /// The device lists last published, per slice (generation not included).
+    published: Option<Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>>>,
+}
+
+fn devices_of(s: &slices::Slices) -> Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>> {
+    s.slices.iter().map(|x| x.spec.devices.clone()).collect()
+}
+
+/// Reconciles once: lists, creates, replaces, deletes.
+async fn reconcile(
+    api: &Api<ResourceSlice>,
+    params: &SliceParams,
+    input: &DraInput,
+    state: &mut State,
+) -> Result<(i64, usize), PublishError> {
+    let selector = format!(
+        "spec.nodeName={},spec.driver={}",
+        params.node, params.driver
+    );
+    let listed = api
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .map_err(|source| PublishError::List {
+            node: params.node.clone(),
+            driver: params.driver.clone(),
+            source,
+        })?;
+    let listed_max = listed
+        .items
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    let resources = slices::dra_resources(&input.plan);
+    let mut p = params.clone();
+    p.generation = state.generation.max(1);
+    p.driver_version.clone_from(&input.driver_version);
+    let mut wanted = slices::build(resources, &input.inventory, &p);
+    let devices = devices_of(&wanted);
+    if state.published.as_ref() != Some(&devices) || listed_max > state.generation {
+        let generation = state.generation.max(listed_max) + 1;
+        for s in &mut wanted.slices {
+            s.spec.pool.generation = generation;
+        }
+        p.generation = generation;
+    }
+    for skipped in &wanted.skipped {
+        tracing::warn!(device = %skipped, "DRA: a device of this name is published already; skipped");
+    }
+    let mut existing: std::collections::BTreeMap<String, ResourceSlice> = listed
+        .items
+        .into_iter()
+        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+        .collect();
+    let count = wanted
+        .slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    for mut slice in wanted.slices {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        match existing.remove(&name) {
+            Some(old) if same_spec(&old.spec, &slice.spec) => {}
+            Some(old) => {
+                slice.metadata.resource_version = old.metadata.resource_version;
+                api.replace(&name, &PostParams::default(), &slice)
+                    .await
+                    .map_err(|source| PublishError::Write {
+                        op: "replacing",
+                        name: name.clone(),
+                        source,
+                    })?;
+            }
+            None => {
+                api.create(&PostParams::default(), &slice)
+                    .await
+                    .map_err(|source| PublishError::Write {
+                        op: "creating",
+                        name: name.clone(),
+                        source,
+                    })?;
+            }
+        }
+    }
+    for name in existing.into_keys() {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            // Gone already (the kubelet wipes slices too): as good as deleted.
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(PublishError::Write {
+                    op: "deleting",
+                    name,
+                    source,
+                })
+            }
+        }
+    }
+    state.generation = p.generation;
+    state.published = Some(devices);
+    Ok((p.generation, count))
+}
+
+/// Whether the API's copy says what we want (fields we do not set may be defaulted by the
+/// API server: compare only ours).
+fn same_spec(have: &ResourceSliceSpec, want: &ResourceSliceSpec) -> bool {
+    have.driver == want.driver
+        && have.node_name == want.node_name
+        && have.pool == want.pool
+        && have.devices.as_deref().unwrap_or_default()
+            == want.devices.as_deref().unwrap_or_default()
+}
+
+/// Runs the reconcile loop until `shutdown`: on every change of `inputs` (`None` until the
+/// first plan), of `registrations` (bumped on each registration with the kubelet), and
+/// retried with backoff after errors. Progress goes to `status`.
+pub async fn run(
+    client: Client,
+    params: SliceParams,
+    mut inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    mut registrations: watch::Receiver<u64>,
+    status: watch::Sender<PublishStatus>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<ResourceSlice> = Api::all(client);
+    let mut state = State::default();
+    let new_backoff = || {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(RETRY_MIN)
+            .with_max_delay(RETRY_MAX)
+            .without_max_times()
+            .build()
+    };
+    let mut backoff = new_backoff();
+    loop {
+        let input = inputs.borrow_and_update().clone();
+        registrations.borrow_and_update();
+        let mut retry = None;
+        if let Some(input) = input {
+            match reconcile(&api, &params, &input, &mut state).await {
+                Ok((generation, devices)) => {
+                    backoff = new_backoff();
+                    status.send_modify(|s| {
+                        s.reconciles += 1;
+                        s.generation = generation;
+                        s.devices = devices;
+                        s.error = None;
+                    });
+                    tracing::debug!(generation, devices, "DRA: ResourceSlices published");
+                }
+                Err(e) => {
+                    let error = crate::errors::chain(&e);
+                    tracing::warn!(error = %error, "DRA: publishing ResourceSlices failed; retrying with backoff");
+                    status.send_modify(|s| s.error = Some(error));
+                    retry = backoff.next();
+                }
+            }
+        }
+        let wait_retry = async {
+            match retry {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = inputs.changed() => if r.is_err() { return },
+            r = registrations.changed() => if r.is_err() { return },
+            () = wait_retry => {}
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The pure core of DRA publishing: a plan's DRA resources and the node's [`Inventory`] →
+//! the node's `resource.k8s.io/v1` ResourceSlices. No I/O, no async.
+//!
+//! Rules (Kubernetes `resource.k8s.io/v1` validation, the kubelet's DRA plugin helper, and
+//! NVIDIA's DRA driver for the attribute vocabulary):
+//! - One pool per node, named after the node; `pool.generation` comes from the caller, who
+//!   bumps it on every plan change (the scheduler uses only the slices of a pool's highest
+//!   generation, so a stale slice is ignored the moment a newer one exists).
+//! - At most [`MAX_DEVICES_PER_SLICE`] (128, the API server's limit) devices per slice; every
+//!   slice of the pool carries `pool.resourceSliceCount` = how many there are, so the
+//!   scheduler knows when it has seen the whole pool. A pool without devices is one empty
+//!   slice (the pool still exists, with nothing to allocate).
+//! - One device per advertised unit: a whole GPU, a MIG device, and each time-sliced or MPS
+//!   replica. Unhealthy devices (and devices the drain rules hold Unhealthy) are withdrawn:
+//!   left out of the slices, so nothing new is allocated on them.
+//! - Device names are DNS labels derived from the device ID alone ([`device_name`]), so the
+//!   same ID always gives the same name whatever else changes (GPU indices may move across
+//!   reboots; UUIDs do not). A name already used in the pool (only possible while the drain
+//!   rules keep a unit in two resources) keeps its first device; the later one is skipped and
+//!   reported in [`Slices::skipped`].
+//! - Attributes (unqualified, so in the driver's domain: CEL reads them as
+//!   `device.attributes["<driver>"].<name>`): `type` (`gpu` for a whole GPU or a replica of
+//!   one, `mig` for a MIG device or a replica of one, as NVIDIA's DRA driver), `uuid`, `parentUUID` (MIG), `index` (the GPU's
+//!   NVML index), `productName`, `architecture`, `cudaComputeCapability` (a semantic version,
+//!   `9.0.0`), `driverVersion` (a semantic version, when known), `sharing` (`none`,
+//!   `time-slicing` or `mps`), `replica` (int, replicas only), `resource` (the device-plugin
+//!   resource name this device mirrors), `profile` (MIG). Capacity `memory`: the unit's memory
+//!   as a quantity in MiB (`81559Mi`); for an MPS replica the client's pinned-memory limit,
+//!   which the daemon enforces. A time-sliced replica shows its unit's whole memory: replicas
+//!   share it with no isolation.
+//! - String attributes are at most [`MAX_STRING_ATTRIBUTE`] (64) characters and versions must
+//!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
+//!   is written `535.104.5` (semver forbids leading zeros), one it cannot read is left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::health::Health;
+use crate::inventory::Inventory;
+use crate::plan::{physical_uuid, Plan, ResourcePlan, Strategy, VirtualDevice};
+
+/// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The longest string attribute value the API server accepts, characters.
+pub const MAX_STRING_ATTRIBUTE: usize = 64;
+/// The longest DNS label (a device name), characters.
+pub const MAX_DNS_LABEL: usize = 63;
+/// The longest object name (a DNS subdomain: a slice's name), characters.
+pub const MAX_OBJECT_NAME: usize = 253;
+
+/// What the slices are for: which node, which driver, which pool generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceParams {
+    /// The node (`spec.nodeName`, and the pool's name).
+    pub node: String,
+    /// The DRA driver name (`spec.driver`), e.g. `gpu.slicelet.io`.
+    pub driver: String,
+    /// `pool.generation`: bumped by the caller on every plan change.
+    pub generation: i64,
+    /// The NVIDIA driver version (`550.54.15`), when known: the `driverVersion` attribute.
+    pub driver_version: Option<String>,
+}
+
+/// The node's slices, and the devices left out because their name was taken.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Slices {
+    /// The slices, named `<node>-<driver>-<n>` (see [`slice_name`]), n = 0.. in order.
+    pub slices: Vec<ResourceSlice>,
+    /// Device IDs skipped because another device of the pool has the same name
+    /// (`resource/id`).
+    pub skipped: Vec<String>,
+}
+
+/// One published device and where it came from (what the kubelet plugin checks a claim
+/// against).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedDevice {
+    /// The device name in the pool.
+    pub name: String,
+    /// The device-plugin resource it mirrors.
+    pub resource: String,
+    /// The device ID in that resource (`<uuid>` or `<uuid>::<n>`).
+    pub id: String,
+}
+
+/// The DNS label a device ID is published under: `gpu-<uuid>` for a `GPU-<uuid>` unit,
+/// `mig-<uuid>` for a `MIG-<uuid>` one, the UUID part lowercased, and `-r<n>` appended for
+/// replica `n` (`<uuid>::<n>`). An ID that does not give a DNS label that way (other
+/// characters, over 63 characters) is named `dev-<32 hex digits of SHA-256 of the ID>`.
+/// Deterministic: the same ID always gives the same name.
+pub fn device_name(id: &str) -> String {
+    let uuid = physical_uuid(id);
+    let replica = id.split_once("::").map(|(_, n)| n);
+    let lower = uuid.to_ascii_lowercase();
+    let base = if let Some(rest) = lower.strip_prefix("gpu-") {
+        format!("gpu-{rest}")
+    } else if let Some(rest) = lower.strip_prefix("mig-") {
+        format!("mig-{rest}")
+    } else {
+        lower
+    };
+    let name = match replica {
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{base}-r{n}")
+        }
+        Some(_) => String::new(),
+        None => base,
+    };
+    if is_dns_label(&name) {
+        name
+    } else {
+        format!("dev-{}", hex_digest(id, 16))
+    }
+}
+
+/// Whether `s` is a DNS label: 1–63 characters of `[a-z0-9-]`, alphanumeric at both ends
+/// (RFC 1123, what Kubernetes checks device names against).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_DNS_LABEL
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn hex_digest(text: &str, bytes: usize) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(bytes * 2);
+    for b in &digest[..bytes] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The name of slice `n` of the pool: `<node>-<driver>-<n>`, the driver's dots turned into
+/// `-` (`node-1-gpu-slicelet-io-0`); over 253 characters, `<first 200 of that>-<16 hex digits
+/// of SHA-256 of node and driver>-<n>`. Deterministic, so a reconcile replaces slices by name.
+pub fn slice_name(node: &str, driver: &str, n: usize) -> String {
+    let stem = format!("{node}-{}", driver.replace(['.', '/'], "-")).to_ascii_lowercase();
+    let name = format!("{stem}-{n}");
+    if name.len() <= MAX_OBJECT_NAME {
+        return name;
+    }
+    let cut: String = stem.chars().take(200).collect();
+    format!(
+        "{}-{}-{n}",
+        cut.trim_end_matches(['-', '.']),
+        hex_digest(&format!("{node}\0{driver}"), 8)
+    )
+}
+
+/// The GPU architecture of a CUDA compute capability, as NVIDIA names it (CUDA programming
+/// guide, "Compute capabilities"); `None` for one not listed.
+pub fn architecture(cc: (u32, u32)) -> Option<&'static str> {
+    Some(match cc {
+        (3, _) => "Kepler",
+        (5, _) => "Maxwell",
+        (6, _) => "Pascal",
+        (7, 0 | 2) => "Volta",
+        (7, 5) => "Turing",
+        (8, 0 | 6 | 7) => "Ampere",
+        (8, 9) => "Ada Lovelace",
+        (9, 0) => "Hopper",
+        (10..=12, _) => "Blackwell",
+        _ => return None,
+    })
+}
+
+/// A version string as a semantic version `major.minor.patch`: each of up to three
+/// dot-separated numbers read as an integer (dropping leading zeros), missing ones 0;
+/// `None` when a part is not a number or there are more than three.
+pub fn semver(text: &str) -> Option<String> {
+    let parts: Vec<&str> = text.trim().split('.').collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return None;
+    }
+    let mut nums = [0u64; 3];
+    for (i, p) in parts.iter().enumerate() {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        nums[i] = p.parse().ok()?;
+    }
+    Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
+}
+
+fn string(v: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(v.chars().take(MAX_STRING_ATTRIBUTE).collect()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn version(v: String) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(v),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// The `sharing` attribute of a strategy: `none`, `time-slicing` or `mps`.
+pub fn sharing(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::None => "none",
+        Strategy::TimeSlicing => "time-slicing",
+        Strategy::Mps => "mps",
+    }
+}
+
+/// The unit's memory, MiB: the MIG device's, or the GPU's; for an MPS replica the client's
+/// pinned-memory limit.
+fn memory_mib(res: &ResourcePlan, d: &VirtualDevice, inventory: &Inventory) -> Option<u64> {
+    if let Some(daemon) = res.mps.as_ref().and_then(|m| m.daemons.get(&d.gpu_uuid)) {
+        return Some(daemon.limits.pinned_memory_mib);
+    }
+    let gpu = inventory.by_index(d.gpu_index)?;
+    match &d.mig {
+        None => Some(gpu.memory_mib),
+        Some(m) => gpu
+            .mig_devices
+            .iter()
+            .find(|x| x.uuid == d.gpu_uuid || x.index == m.index)
+            .map(|x| x.memory_mib),
+    }
+}
+
+fn device(
+    res: &ResourcePlan,
+    d: &VirtualDevice,
+    inventory: &Inventory,
+    driver_version: Option<&str>,
+    name: String,
+) -> Device {
+    let gpu = inventory.by_index(d.gpu_index);
+    let mut attrs = BTreeMap::new();
+    attrs.insert(
+        "type".to_string(),
+        string(if d.mig.is_some() { "mig" } else { "gpu" }),
+    );
+    attrs.insert("uuid".to_string(), string(&d.gpu_uuid));
+    attrs.insert("index".to_string(), int(i64::from(d.gpu_index)));
+    attrs.insert("sharing".to_string(), string(sharing(res.strategy)));
+    attrs.insert("resource".to_string(), string(res.name.as_str()));
+    if let Some(m) = &d.mig {
+        attrs.insert("parentUUID".to_string(), string(&m.parent_uuid));
+        attrs.insert("profile".to_string(), string(&m.profile));
+    }
+    let replica = d.replica.or(match res.strategy {
+        // An MPS or time-sliced unit with one replica is replica 0 of its unit.
+        Strategy::None => None,
+        _ => Some(0),
+    });
+    if let Some(n) = replica {
+        attrs.insert("replica".to_string(), int(i64::from(n)));
+    }
+    if let Some(g) = gpu {
+        attrs.insert("productName".to_string(), string(&g.model));
+        if let Some(cc) = g.compute_capability {
+            attrs.insert(
+                "cudaComputeCapability".to_string(),
+                version(format!("{}.{}.0", cc.0, cc.1)),
+            );
+            if let Some(a) = architecture(cc) {
+                attrs.insert("architecture".to_string(), string(a));
+            }
+        }
+    }
+    if let Some(v) = driver_version.and_then(semver) {
+        attrs.insert("driverVersion".to_string(), version(v));
+    }
+    let capacity = memory_mib(res, d, inventory).map(|mib| {
+        BTreeMap::from([(
+            "memory".to_string(),
+            DeviceCapacity {
+                value: Quantity(format!("{mib}Mi")),
+                ..DeviceCapacity::default()
+            },
+        )])
+    });
+    Device {
+        name,
+        attributes: Some(attrs),
+        capacity,
+        ..Device::default()
+    }
+}
+
+/// The healthy devices of `resources` as they are published, in order (resources as given,
+/// each in its own device order), each name used once.
+pub fn published<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+) -> (
+    Vec<(PublishedDevice, &'a ResourcePlan, &'a VirtualDevice)>,
+    Vec<String>,
+) {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for res in resources {
+        for d in res.devices.iter().filter(|d| d.health == Health::Healthy) {
+            let name = device_name(&d.id);
+            if !seen.insert(name.clone()) {
+                skipped.push(format!("{}/{}", res.name, d.id));
+                continue;
+            }
+            out.push((
+                PublishedDevice {
+                    name,
+                    resource: res.name.to_string(),
+                    id: d.id.clone(),
+                },
+                res,
+                d,
+            ));
+        }
+    }
+    (out, skipped)
+}
+
+/// The resources of `plan` DRA serves (`dra: true`), in plan order: what [`build`] publishes.
+pub fn dra_resources(plan: &Plan) -> impl Iterator<Item = &ResourcePlan> {
+    plan.resources.values().map(|r| &**r).filter(|r| r.dra)
+}
+
+/// Builds the node's slices for `resources` (the plan's DRA resources, in plan order).
+pub fn build<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+    inventory: &Inventory,
+    params: &SliceParams,
+) -> Slices {
+    let (devices, skipped) = published(resources);
+    let devices: Vec<Device> = devices
+        .into_iter()
+        .map(|(p, res, d)| device(res, d, inventory, params.driver_version.as_deref(), p.name))
+        .collect();
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+        vec![Vec::new()]
+    } else {
+        devices
+            .chunks(MAX_DEVICES_PER_SLICE)
+            .map(<[Device]>::to_vec)
+            .collect()
+    };
+    let count = chunks.len() as i64;
+    let slices = chunks
+        .into_iter()
+        .enumerate()
+        .map(|(n, devices)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&params.node, &params.driver, n)),
+                ..ObjectMeta::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: params.driver.clone(),
+                node_name: Some(params.node.clone()),
+                pool: ResourcePool {
+                    name: params.node.clone(),
+                    generation: params.generation,
+                    resource_slice_count: count,
+                },
+                devices: if devices.is_empty() {
+                    None
+                } else {
+                    Some(devices)
+                },
+                ..ResourceSliceSpec::default()
+            },
+        })
+        .collect();
+    Slices { slices, skipped }
+}
+
+#[cfg(test)]
+mod tests;

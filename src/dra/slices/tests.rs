@@ -1,0 +1,424 @@
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::inventory::{simulated, test_node};
+use crate::plan::{self, Plan};
+use crate::policy::parse;
+
+fn params(generation: i64) -> SliceParams {
+    SliceParams {
+        node: "node-1".to_string(),
+        driver: "gpu.slicelet.io".to_string(),
+        generation,
+        driver_version: Some("550.54.15".to_string()),
+    }
+}
+
+fn plan_of(policy: &str, inv: &Inventory) -> Plan {
+    plan::build(&parse(policy).unwrap(), inv).unwrap().plan
+}
+
+fn h100_ts_mig() -> Inventory {
+    simulated::parse(
+        std::path::Path::new("h100-ts-mig"),
+        include_str!("../../../config/nodes/h100-80gb-x8-ts-mig-mixed.yaml"),
+    )
+    .unwrap()
+}
+
+fn all_devices(s: &Slices) -> Vec<&Device> {
+    s.slices
+        .iter()
+        .flat_map(|x| x.spec.devices.iter().flatten())
+        .collect()
+}
+
+fn attr<'a>(d: &'a Device, key: &str) -> Option<&'a DeviceAttribute> {
+    d.attributes.as_ref()?.get(key)
+}
+
+fn str_attr<'a>(d: &'a Device, key: &str) -> Option<&'a str> {
+    attr(d, key)?.string.as_deref()
+}
+
+/// (policy, node, devices, slices, sharing values seen)
+#[test]
+fn table_of_nodes() {
+    const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+    const MPS2: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
+    const MIXED_TS: &str = "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+    let cases: [(&str, &str, Inventory, usize, &[&str]); 4] = [
+        ("whole", "version: v1\n", test_node(8), 8, &["none"]),
+        ("time-sliced", TS4, test_node(8), 32, &["time-slicing"]),
+        ("mps", MPS2, test_node(2), 4, &["mps"]),
+        (
+            "mig-mixed",
+            MIXED_TS,
+            h100_ts_mig(),
+            16 + 16,
+            &["none", "time-slicing"],
+        ),
+    ];
+    for (name, policy, inv, devices, sharings) in cases {
+        let plan = plan_of(policy, &inv);
+        let s = build(plan.resources.values().map(|r| &**r), &inv, &params(3));
+        let devs = all_devices(&s);
+        assert_eq!(devs.len(), devices, "{name}");
+        assert_eq!(s.slices.len(), 1, "{name}");
+        let seen: BTreeSet<&str> = devs.iter().filter_map(|d| str_attr(d, "sharing")).collect();
+        assert_eq!(seen, sharings.iter().copied().collect(), "{name}");
+        for sl in &s.slices {
+            assert_eq!(sl.spec.node_name.as_deref(), Some("node-1"), "{name}");
+            assert_eq!(sl.spec.driver, "gpu.slicelet.io", "{name}");
+            assert_eq!(sl.spec.pool.name, "node-1", "{name}");
+            assert_eq!(sl.spec.pool.generation, 3, "{name}");
+            assert_eq!(sl.spec.pool.resource_slice_count, 1, "{name}");
+        }
+        // One to one with the plan: every device ID's name, in plan order.
+        let want: Vec<String> = plan
+            .resources
+            .values()
+            .flat_map(|r| r.devices.iter().map(|d| device_name(&d.id)))
+            .collect();
+        let got: Vec<String> = devs.iter().map(|d| d.name.clone()).collect();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn attributes_of_whole_replica_mps_and_mig_devices() {
+    let inv = h100_ts_mig();
+    let plan = plan_of(
+        "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n",
+        &inv,
+    );
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let devs = all_devices(&s);
+    let gpu0 = &inv.gpus[0];
+    let r1 = devs
+        .iter()
+        .find(|d| d.name == device_name(&format!("{}::1", gpu0.uuid)))
+        .unwrap();
+    assert_eq!(str_attr(r1, "uuid"), Some(gpu0.uuid.as_str()));
+    assert_eq!(str_attr(r1, "type"), Some("gpu"));
+    assert_eq!(str_attr(r1, "sharing"), Some("time-slicing"));
+    assert_eq!(str_attr(r1, "resource"), Some("nvidia.com/gpu"));
+    assert_eq!(str_attr(r1, "productName"), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(str_attr(r1, "architecture"), Some("Hopper"));
+    assert_eq!(attr(r1, "replica").unwrap().int, Some(1));
+    assert_eq!(
+        attr(r1, "cudaComputeCapability")
+            .unwrap()
+            .version
+            .as_deref(),
+        Some("9.0.0")
+    );
+    assert_eq!(
+        attr(r1, "driverVersion").unwrap().version.as_deref(),
+        Some("550.54.15")
+    );
+    assert!(attr(r1, "parentUUID").is_none());
+    let mem = |d: &Device| d.capacity.as_ref().unwrap()["memory"].value.0.clone();
+    assert_eq!(mem(r1), "81559Mi");
+
+    let g4 = &inv.gpus[4];
+    let mig = &g4.mig_devices[0];
+    let m = devs
+        .iter()
+        .find(|d| d.name == device_name(&mig.uuid))
+        .unwrap();
+    assert_eq!(str_attr(m, "uuid"), Some(mig.uuid.as_str()));
+    assert_eq!(str_attr(m, "parentUUID"), Some(g4.uuid.as_str()));
+    assert_eq!(str_attr(m, "profile"), Some("3g.40gb"));
+    assert_eq!(str_attr(m, "type"), Some("mig"));
+    assert_eq!(str_attr(m, "sharing"), Some("none"));
+    assert_eq!(str_attr(m, "resource"), Some("nvidia.com/mig-3g.40gb"));
+    assert!(attr(m, "replica").is_none());
+    assert_eq!(mem(m), format!("{}Mi", mig.memory_mib));
+    assert!(d_count_within_limit(m));
+
+    // MPS: the client's pinned-memory limit is its memory.
+    let inv = test_node(1);
+    let plan = plan_of(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n",
+        &inv,
+    );
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let devs = all_devices(&s);
+    assert_eq!(devs.len(), 2);
+    assert_eq!(mem(devs[0]), format!("{}Mi", 81559 / 2));
+    assert_eq!(str_attr(devs[0], "sharing"), Some("mps"));
+    assert_eq!(attr(devs[1], "replica").unwrap().int, Some(1));
+}
+
+/// Attributes and capacities together: at most 32 per device (the API server's limit).
+fn d_count_within_limit(d: &Device) -> bool {
+    d.attributes.as_ref().map_or(0, |a| a.len()) + d.capacity.as_ref().map_or(0, |c| c.len()) <= 32
+}
+
+#[test]
+fn many_devices_are_split_into_slices_of_128() {
+    let inv = test_node(8);
+    // 8 GPUs × 336 replicas = 2,688 devices → 21 slices of 128.
+    let plan = plan_of(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 336\n",
+        &inv,
+    );
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(7));
+    assert_eq!(s.slices.len(), 21);
+    let names: BTreeSet<String> = s
+        .slices
+        .iter()
+        .map(|x| x.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names.len(), 21);
+    for sl in &s.slices {
+        assert_eq!(sl.spec.devices.as_ref().unwrap().len(), 128);
+        assert_eq!(sl.spec.pool.resource_slice_count, 21);
+        assert_eq!(sl.spec.pool.generation, 7);
+    }
+    let devs = all_devices(&s);
+    assert_eq!(devs.len(), 2688);
+    let unique: BTreeSet<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(unique.len(), 2688, "names unique within the pool");
+    for d in &devs {
+        assert!(is_dns_label(&d.name), "{}", d.name);
+        assert!(d_count_within_limit(d));
+    }
+    // 129 devices: 2 slices.
+    let plan = plan_of(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        devices: [0]\n        rename: nvidia.com/gpu-shared\n        replicas: 122\n",
+        &inv,
+    );
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    assert_eq!(all_devices(&s).len(), 129);
+    assert_eq!(s.slices.len(), 2);
+    assert_eq!(s.slices[1].spec.devices.as_ref().unwrap().len(), 1);
+}
+
+#[test]
+fn unhealthy_devices_are_withdrawn() {
+    let mut inv = test_node(4);
+    inv.gpus[2].health = Health::Unhealthy;
+    let plan = plan_of(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n",
+        &inv,
+    );
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let devs = all_devices(&s);
+    assert_eq!(devs.len(), 6);
+    assert!(devs
+        .iter()
+        .all(|d| str_attr(d, "uuid") != Some(inv.gpus[2].uuid.as_str())));
+    // Every GPU unhealthy: one empty slice, the pool still there.
+    for g in &mut inv.gpus {
+        g.health = Health::Unhealthy;
+    }
+    let plan = plan_of("version: v1\n", &inv);
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(2));
+    assert_eq!(s.slices.len(), 1);
+    assert!(s.slices[0].spec.devices.is_none());
+    assert_eq!(s.slices[0].spec.pool.resource_slice_count, 1);
+}
+
+#[test]
+fn device_names_table() {
+    let cases = [
+        (
+            "GPU-DF942CA2-b7c5-e6fa-29b0-3e2134fef416",
+            "gpu-df942ca2-b7c5-e6fa-29b0-3e2134fef416",
+        ),
+        (
+            "GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416::12",
+            "gpu-df942ca2-b7c5-e6fa-29b0-3e2134fef416-r12",
+        ),
+        (
+            "MIG-a165959f-c8d1-18d4-a5be-52d841eb82f9",
+            "mig-a165959f-c8d1-18d4-a5be-52d841eb82f9",
+        ),
+        (
+            "MIG-a165959f-c8d1-18d4-a5be-52d841eb82f9::0",
+            "mig-a165959f-c8d1-18d4-a5be-52d841eb82f9-r0",
+        ),
+    ];
+    for (id, want) in cases {
+        assert_eq!(device_name(id), want, "{id}");
+        assert_eq!(device_name(id), device_name(id), "stable");
+    }
+    // Not expressible as a label: a digest, still a label, still stable, distinct.
+    let odd = [
+        "GPU-x/y",
+        "GPU-a::x",
+        "GPU-0000000000000000000000000000000000000000000000000000000000000000",
+        "-lead",
+    ];
+    let names: BTreeSet<String> = odd.iter().map(|id| device_name(id)).collect();
+    assert_eq!(names.len(), odd.len());
+    for n in &names {
+        assert!(n.starts_with("dev-") && is_dns_label(n), "{n}");
+    }
+}
+
+#[test]
+fn dns_labels_table() {
+    for (s, ok) in [
+        ("gpu-0", true),
+        ("a", true),
+        ("", false),
+        ("-a", false),
+        ("a-", false),
+        ("A", false),
+        ("a.b", false),
+        (&"a".repeat(63), true),
+        (&"a".repeat(64), false),
+    ] {
+        assert_eq!(is_dns_label(s), ok, "{s:?}");
+    }
+}
+
+#[test]
+fn architectures_and_versions_table() {
+    for (cc, arch) in [
+        ((7, 0), Some("Volta")),
+        ((7, 5), Some("Turing")),
+        ((8, 0), Some("Ampere")),
+        ((8, 6), Some("Ampere")),
+        ((8, 7), Some("Ampere")),
+        ((8, 9), Some("Ada Lovelace")),
+        ((9, 0), Some("Hopper")),
+        ((10, 0), Some("Blackwell")),
+        ((12, 0), Some("Blackwell")),
+        ((8, 8), None),
+        ((99, 0), None),
+    ] {
+        assert_eq!(architecture(cc), arch, "{cc:?}");
+    }
+    for (text, want) in [
+        ("550.54.15", Some("550.54.15")),
+        ("535.104.05", Some("535.104.5")),
+        ("560", Some("560.0.0")),
+        ("1.2.3.4", None),
+        ("abc", None),
+        ("1..2", None),
+        ("", None),
+    ] {
+        assert_eq!(semver(text).as_deref(), want, "{text:?}");
+    }
+}
+
+#[test]
+fn slice_names_are_deterministic_subdomains() {
+    assert_eq!(
+        slice_name("node-1", "gpu.slicelet.io", 0),
+        "node-1-gpu-slicelet-io-0"
+    );
+    let long = "n".repeat(250);
+    let a = slice_name(&long, "gpu.slicelet.io", 3);
+    assert!(a.len() <= MAX_OBJECT_NAME, "{}", a.len());
+    assert!(a.ends_with("-3"));
+    assert_eq!(a, slice_name(&long, "gpu.slicelet.io", 3));
+    assert_ne!(a, slice_name(&"m".repeat(250), "gpu.slicelet.io", 3));
+}
+
+#[test]
+fn a_name_taken_twice_keeps_the_first_device() {
+    let inv = test_node(1);
+    let plan = plan_of("version: v1\n", &inv);
+    let res = &**plan.resources.values().next().unwrap();
+    // The same resource twice (as a drain can keep one unit in two resources).
+    let s = build([res, res], &inv, &params(1));
+    assert_eq!(all_devices(&s).len(), 1);
+    assert_eq!(
+        s.skipped,
+        vec![format!("nvidia.com/gpu/{}", inv.gpus[0].uuid)]
+    );
+}
+
+/// One policy, both paths: (policy, node, DRA resources, device-plugin resources) or the
+/// overlap error's GPU.
+#[test]
+fn one_policy_both_paths_table() {
+    const TS_DRA_MIXED: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
+    /// (DRA resources, device-plugin resources), or the GPU of the overlap error.
+    type Want = Result<(&'static [&'static str], &'static [&'static str]), u32>;
+    let cases: [(&str, &str, Inventory, Want); 5] = [
+        (
+            "all device plugin",
+            "version: v1\n",
+            test_node(2),
+            Ok((&[], &["nvidia.com/gpu"])),
+        ),
+        (
+            "shared GPU 0 through DRA, the rest whole through the device plugin",
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: true\n",
+            test_node(2),
+            Ok((&["nvidia.com/gpu-shared"], &["nvidia.com/gpu"])),
+        ),
+        (
+            "MIG through DRA, time-sliced whole GPUs through the device plugin",
+            TS_DRA_MIXED,
+            h100_ts_mig(),
+            Ok((
+                &[
+                    "nvidia.com/mig-1g.10gb",
+                    "nvidia.com/mig-2g.20gb",
+                    "nvidia.com/mig-3g.40gb",
+                ],
+                &["nvidia.com/gpu"],
+            )),
+        ),
+        (
+            "one GPU's MIG devices split between the paths",
+            "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb]\n",
+            h100_ts_mig(),
+            Err(4),
+        ),
+        (
+            "MPS through DRA",
+            "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n",
+            test_node(2),
+            Ok((&["nvidia.com/gpu"], &[])),
+        ),
+    ];
+    for (name, policy, inv, want) in cases {
+        let built = plan::build(&parse(policy).unwrap(), &inv);
+        match (built, want) {
+            (Ok(b), Ok((dra, plugin))) => {
+                let got_dra: Vec<&str> = dra_resources(&b.plan).map(|r| r.name.as_str()).collect();
+                let got_plugin: Vec<&str> = b
+                    .plan
+                    .resources
+                    .values()
+                    .filter(|r| !r.dra)
+                    .map(|r| r.name.as_str())
+                    .collect();
+                assert_eq!(
+                    (got_dra.as_slice(), got_plugin.as_slice()),
+                    (dra, plugin),
+                    "{name}"
+                );
+                // No physical unit in both.
+                let units = |want_dra: bool| -> BTreeSet<String> {
+                    b.plan
+                        .resources
+                        .values()
+                        .filter(|r| r.dra == want_dra)
+                        .flat_map(|r| r.devices.iter().map(|d| d.gpu_uuid.clone()))
+                        .collect()
+                };
+                assert!(units(true).is_disjoint(&units(false)), "{name}");
+            }
+            (
+                Err(plan::PlanError::DraOverlap {
+                    gpu, dra, plugin, ..
+                }),
+                Err(want_gpu),
+            ) => {
+                assert_eq!(gpu, want_gpu, "{name}");
+                assert_eq!(dra, "nvidia.com/mig-1g.10gb", "{name}");
+                assert!(plugin.starts_with("nvidia.com/mig-"), "{name}");
+            }
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! DRA through real sockets and the real `kube` client: `dra::spawn` against the Kubernetes
+//! API emulator (ResourceSlices, ResourceClaims) and the DRA kubelet emulator (registration,
+//! NodePrepareResources / NodeUnprepareResources in v1 and v1beta1).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kubelet_emulator::dra::{Answer, DraKubelet, Version};
+use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
+use serde_json::Value;
+use slicelet::dra::slices::device_name;
+use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
+use slicelet::inventory::{simulated, Inventory};
+use slicelet::plan;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{node_file, WAIT};
+
+const NODE: &str = "node-1";
+const DRIVER: &str = "gpu.slicelet.io";
+
+/// The done-when policy: GPUs 0-3 time-sliced x4 and every MIG profile, all through DRA.
+const DONE_WHEN: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n";
+
+fn inventory(node: &str) -> Inventory {
+    let path = node_file(node);
+    simulated::parse(&path, &crate::common::read(&path)).unwrap()
+}
+
+fn input_of(policy: &str, inv: &Inventory) -> Arc<DraInput> {
+    let policy = slicelet::policy::parse(policy).unwrap();
+    let built = plan::build(&policy, inv).unwrap();
+    Arc::new(DraInput {
+        plan: Arc::new(built.plan),
+        inventory: Arc::new(inv.clone()),
+        driver_version: Some("550.54.15".to_string()),
+    })
+}
+
+struct Dra {
+    dir: tempfile::TempDir,
+    api: KubeApi,
+    inputs: watch::Sender<Option<Arc<DraInput>>>,
+    stop: CancellationToken,
+    handle: Option<DraHandle>,
+}
+
+impl Dra {
+    async fn start(input: Arc<DraInput>) -> Dra {
+        let dir = tempfile::tempdir().unwrap();
+        let api = KubeApi::start(NODE, &[]).await;
+        let (inputs, _) = watch::channel(Some(input));
+        let mut d = Dra {
+            dir,
+            api,
+            inputs,
+            stop: CancellationToken::new(),
+            handle: None,
+        };
+        d.spawn().await;
+        d
+    }
+
+    fn settings(&self) -> DraSettings {
+        DraSettings {
+            driver: DRIVER.to_string(),
+            node: NODE.to_string(),
+            registry_dir: self.dir.path().join("plugins_registry"),
+            plugins_dir: self.dir.path().join("plugins"),
+            cdi_dir: self.dir.path().join("cdi"),
+            kubeconfig: Some(self.api.kubeconfig(self.dir.path())),
+            dev_root: "/".to_string(),
+        }
+    }
+
+    /// Starts the component and waits for its first publish (its sockets are bound then).
+    async fn spawn(&mut self) {
+        self.stop = CancellationToken::new();
+        let h = dra::spawn(self.settings(), self.inputs.subscribe(), self.stop.clone());
+        let mut status = h.status.clone();
+        tokio::time::timeout(WAIT, status.wait_for(|s| s.reconciles >= 1))
+            .await
+            .expect("DRA never published")
+            .unwrap();
+        self.handle = Some(h);
+    }
+
+    async fn restart(&mut self) {
+        self.stop.cancel();
+        let h = self.handle.take().unwrap();
+        tokio::time::timeout(WAIT, h.task)
+            .await
+            .expect("DRA did not stop")
+            .unwrap()
+            .unwrap();
+        assert!(!self
+            .settings()
+            .registry_dir
+            .join("gpu.slicelet.io-reg.sock")
+            .exists());
+        self.spawn().await;
+    }
+
+    async fn kubelet(&self) -> DraKubelet {
+        DraKubelet::register(&self.settings().registry_dir)
+            .await
+            .unwrap()
+    }
+
+    fn cdi_dir(&self) -> PathBuf {
+        self.settings().cdi_dir
+    }
+
+    /// Waits until the API holds slices of generation `gen` (or newer) with `devices` devices.
+    async fn wait_slices(&self, min_gen: i64, devices: usize) -> Vec<ResourceSlice> {
+        let v = self
+            .api
+            .wait_slices(|s| {
+                let slices = parse(s);
+                !slices.is_empty()
+                    && slices.iter().all(|x| x.spec.pool.generation >= min_gen)
+                    && count(&slices) == devices
+            })
+            .await;
+        parse(&v)
+    }
+}
+
+impl Drop for Dra {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn parse(v: &[Value]) -> Vec<ResourceSlice> {
+    v.iter()
+        .map(|x| serde_json::from_value(x.clone()).unwrap())
+        .collect()
+}
+
+fn count(slices: &[ResourceSlice]) -> usize {
+    slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+fn names(slices: &[ResourceSlice]) -> Vec<String> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+        .collect()
+}
+
+fn check_shape(slices: &[ResourceSlice]) {
+    let n = slices.len() as i64;
+    let gens: std::collections::BTreeSet<i64> =
+        slices.iter().map(|s| s.spec.pool.generation).collect();
+    assert_eq!(gens.len(), 1, "one generation: {gens:?}");
+    for s in slices {
+        assert_eq!(s.spec.node_name.as_deref(), Some(NODE));
+        assert_eq!(s.spec.driver, DRIVER);
+        assert_eq!(s.spec.pool.name, NODE);
+        assert_eq!(s.spec.pool.resource_slice_count, n);
+        assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= 128);
+    }
+}
+
+fn alloc(request: &str, pool: &str, device: &str) -> AllocatedDevice {
+    AllocatedDevice {
+        request: request.to_string(),
+        driver: DRIVER.to_string(),
+        pool: pool.to_string(),
+        device: device.to_string(),
+    }
+}
+
+const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n";
+
+/// (case, policy, node file, devices, slices)
+#[tokio::test]
+async fn slices_for_whole_time_sliced_mps_and_mig_nodes() {
+    let cases: [(&str, &str, &str, usize, usize); 5] = [
+        ("whole", "version: v1\ndra:\n  resources: [nvidia.com/gpu]\n", "h100-80gb-x8.yaml", 8, 1),
+        ("time-sliced", TS4, "h100-80gb-x8.yaml", 32, 1),
+        ("time-sliced x20", &TS4.replace("replicas: 4", "replicas: 20"), "h100-80gb-x8.yaml", 160, 2),
+        ("mps", "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n", "h100-80gb-x8.yaml", 32, 1),
+        ("mig mixed", DONE_WHEN, "h100-80gb-x8-ts-mig-mixed.yaml", 16 + 16, 1),
+    ];
+    for (name, policy, node, devices, want_slices) in cases {
+        let inv = inventory(node);
+        let d = Dra::start(input_of(policy, &inv)).await;
+        let slices = d.wait_slices(1, devices).await;
+        check_shape(&slices);
+        assert_eq!(slices.len(), want_slices, "{name}");
+        let selectors = d.api.selectors();
+        assert!(
+            selectors.contains(&format!("spec.nodeName={NODE},spec.driver={DRIVER}")),
+            "{name}: {selectors:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_policy_change_bumps_the_generation_and_withdraws_unhealthy_devices() {
+    let mut inv = inventory("h100-80gb-x8.yaml");
+    let d = Dra::start(input_of(TS4, &inv)).await;
+    let first = d.wait_slices(1, 32).await;
+    let g1 = first[0].spec.pool.generation;
+    // The same plan again: reconciled, nothing rewritten, same generation.
+    let writes = d.api.counters().slice_writes;
+    let mut status = d.handle.as_ref().unwrap().status.clone();
+    let done = status.borrow_and_update().reconciles;
+    d.inputs.send_replace(Some(input_of(TS4, &inv)));
+    let s = tokio::time::timeout(WAIT, status.wait_for(|s| s.reconciles > done))
+        .await
+        .unwrap()
+        .unwrap()
+        .clone();
+    assert_eq!(s.generation, g1);
+    assert_eq!(s.devices, 32);
+    assert_eq!(d.api.counters().slice_writes, writes, "nothing rewritten");
+    // A policy change: replicas 2 → a newer generation, 16 devices.
+    d.inputs.send_replace(Some(input_of(
+        &TS4.replace("replicas: 4", "replicas: 2"),
+        &inv,
+    )));
+    let second = d.wait_slices(g1 + 1, 16).await;
+    check_shape(&second);
+    // GPU 3 Unhealthy: its two replicas withdrawn, generation bumped again.
+    inv.gpus[3].health = slicelet::health::Health::Unhealthy;
+    d.inputs.send_replace(Some(input_of(
+        &TS4.replace("replicas: 4", "replicas: 2"),
+        &inv,
+    )));
+    let third = d.wait_slices(second[0].spec.pool.generation + 1, 14).await;
+    let u3 = &inv.gpus[3].uuid;
+    assert!(!names(&third).contains(&device_name(&format!("{u3}::0"))));
+    // Growing over 128 devices adds a slice; shrinking deletes it again.
+    d.inputs.send_replace(Some(input_of(
+        &TS4.replace("replicas: 4", "replicas: 20"),
+        &inv,
+    )));
+    let big = d.wait_slices(1, 140).await;
+    assert_eq!(big.len(), 2);
+    check_shape(&big);
+    d.inputs.send_replace(Some(input_of(TS4, &inv)));
+    let small = d.wait_slices(1, 28).await;
+    assert_eq!(small.len(), 1, "the extra slice is deleted");
+    check_shape(&small);
+}
+
+#[tokio::test]
+async fn republishes_after_the_kubelet_wipes_slices_and_after_api_errors() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let d = Dra::start(input_of(TS4, &inv)).await;
+    d.wait_slices(1, 32).await;
+    // A leftover of a predecessor with a newer generation: the next publish (on the next
+    // registration) goes above it and deletes it.
+    let mut leftover = d.api.slices()[0].clone();
+    leftover["metadata"]["name"] = "node-1-gpu-slicelet-io-9".into();
+    leftover["spec"]["pool"]["generation"] = 7.into();
+    d.api.put_slice(leftover);
+    let _k = d.kubelet().await;
+    let above = d
+        .api
+        .wait_slices(|s| {
+            let s = parse(s);
+            s.len() == 1 && s[0].spec.pool.generation == 8
+        })
+        .await;
+    check_shape(&parse(&above));
+    // The kubelet starts: wipes the node's slices, then registers the plugin again.
+    d.api.delete_node_slices(NODE);
+    assert!(d.api.slices().is_empty());
+    let _k = d.kubelet().await;
+    let back = d.wait_slices(8, 32).await;
+    check_shape(&back);
+    // The API down while the plan changes: retried with backoff until it answers.
+    d.api.set_unavailable(true);
+    d.inputs.send_replace(Some(input_of(
+        &TS4.replace("replicas: 4", "replicas: 3"),
+        &inv,
+    )));
+    d.api.wait(|c| c.refused >= 1).await;
+    d.api.set_unavailable(false);
+    let after = d.wait_slices(1, 24).await;
+    check_shape(&after);
+}
+
+fn spec_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+
+#[tokio::test]
+async fn done_when_slices_match_the_plan_and_two_replicas_prepare_gpu_0_once() {
+    let inv = inventory("h100-80gb-x8-ts-mig-mixed.yaml");
+    let mut d = Dra::start(input_of(DONE_WHEN, &inv)).await;
+    let slices = d.wait_slices(1, 32).await;
+    check_shape(&slices);
+    // One to one with `slicelet plan`: every device of the plan, by its name, in order.
+    let policy = d.dir.path().join("policy.yaml");
+    std::fs::write(&policy, DONE_WHEN).unwrap();
+    let out = crate::binary::output(&[
+        "plan",
+        "--config",
+        policy.to_str().unwrap(),
+        "--simulate",
+        node_file("h100-80gb-x8-ts-mig-mixed.yaml")
+            .to_str()
+            .unwrap(),
+        "--output",
+        "json",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", crate::binary::text(&out.stderr));
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut want: Vec<(String, String, String)> = Vec::new();
+    for r in view["resources"].as_array().unwrap() {
+        assert_eq!(r["dra"], true, "every resource is DRA's here: {r}");
+        for dev in r["devices"].as_array().unwrap() {
+            let id = dev["id"].as_str().unwrap();
+            want.push((
+                device_name(id),
+                r["name"].as_str().unwrap().to_string(),
+                dev["gpu"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    let got: Vec<(String, String, String)> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|dev| {
+            let a = dev.attributes.as_ref().unwrap();
+            (
+                dev.name.clone(),
+                a["resource"].string.clone().unwrap(),
+                a["uuid"].string.clone().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    // A claim allocated two replicas of GPU 0.
+    let g0 = inv.gpus[0].uuid.clone();
+    let r0 = device_name(&format!("{g0}::0"));
+    let r1 = device_name(&format!("{g0}::1"));
+    d.api.set_claim(
+        "ns",
+        "two",
+        UID_A,
+        &[alloc("gpu", NODE, &r0), alloc("gpu", NODE, &r1)],
+    );
+    let k = d.kubelet().await;
+    assert_eq!(k.info.name, DRIVER);
+    assert_eq!(
+        k.info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    assert_eq!(
+        k.info.endpoint,
+        d.settings()
+            .plugins_dir
+            .join(DRIVER)
+            .join("dra.sock")
+            .to_string_lossy()
+    );
+    let claim = [("ns", "two", UID_A)];
+    let first = k.prepare(Version::V1, &claim).await.unwrap();
+    let a = &first[UID_A];
+    assert_eq!(a.error, "");
+    let names: Vec<&str> = a.devices.iter().map(|x| x.device.as_str()).collect();
+    assert_eq!(names, [r0.as_str(), r1.as_str()]);
+    assert_eq!(
+        a.devices[0].cdi_ids,
+        [format!("gpu.slicelet.io/claim={UID_A}")]
+    );
+    assert!(a
+        .devices
+        .iter()
+        .all(|x| x.pool == NODE && x.requests == ["gpu"]));
+    // The CDI spec names GPU 0 once per variable, and no other GPU.
+    let file = d
+        .cdi_dir()
+        .join(format!("gpu.slicelet.io-claim_{UID_A}.json"));
+    let spec: Value = serde_json::from_str(&crate::common::read(&file)).unwrap();
+    assert_eq!(spec["kind"], "gpu.slicelet.io/claim");
+    assert_eq!(spec["devices"][0]["name"], UID_A);
+    let env: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        env,
+        [
+            format!("CUDA_VISIBLE_DEVICES={g0}"),
+            format!("NVIDIA_VISIBLE_DEVICES={g0}")
+        ]
+    );
+    // Repeated, in both versions: the same answers.
+    assert_eq!(k.prepare(Version::V1, &claim).await.unwrap(), first);
+    assert_eq!(k.prepare(Version::V1beta1, &claim).await.unwrap(), first);
+    // Across a restart of the DRA component: the checkpoint answers the kubelet's repeat.
+    d.restart().await;
+    let k = d.kubelet().await;
+    assert_eq!(k.prepare(Version::V1beta1, &claim).await.unwrap(), first);
+    // Unprepare removes the spec; twice is fine.
+    for v in [Version::V1, Version::V1beta1] {
+        let un = k.unprepare(v, &claim).await.unwrap();
+        assert_eq!(un[UID_A], "", "{v:?}");
+        assert!(!file.exists());
+    }
+    assert!(spec_files(&d.cdi_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
+    let mut inv = inventory("h100-80gb-x8.yaml");
+    inv.gpus[1].health = slicelet::health::Health::Unhealthy;
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.wait_slices(1, 28).await;
+    let (g0, g1) = (inv.gpus[0].uuid.clone(), inv.gpus[1].uuid.clone());
+    let r0 = device_name(&format!("{g0}::0"));
+    let cases = [
+        (
+            "other-pool",
+            "cccccccc-0000-0000-0000-000000000001",
+            alloc("gpu", "node-2", &r0),
+            "is in pool node-2, not this node's pool node-1",
+        ),
+        (
+            "unknown",
+            "cccccccc-0000-0000-0000-000000000002",
+            alloc("gpu", NODE, "gpu-nope"),
+            "device gpu-nope is not a device",
+        ),
+        (
+            "unhealthy",
+            "cccccccc-0000-0000-0000-000000000003",
+            alloc("gpu", NODE, &device_name(&format!("{g1}::2"))),
+            "is Unhealthy",
+        ),
+    ];
+    let k = d.kubelet().await;
+    for (name, uid, dev, msg) in &cases {
+        d.api.set_claim("ns", name, uid, std::slice::from_ref(dev));
+        for v in [Version::V1, Version::V1beta1] {
+            let r = k.prepare(v, &[("ns", name, uid)]).await.unwrap();
+            assert!(r[*uid].error.contains(msg), "{name} {v:?}: {:?}", r[*uid]);
+            assert!(r[*uid].devices.is_empty());
+        }
+    }
+    // A name that would leave the claims' API path: refused before any request.
+    let gets = d.api.counters().claim_gets;
+    let r = k
+        .prepare(
+            Version::V1,
+            &[("ns", "../../../api/v1/nodes/node-1", UID_B)],
+        )
+        .await
+        .unwrap();
+    assert!(
+        r[UID_B].error.contains("not a Kubernetes namespace"),
+        "{:?}",
+        r[UID_B]
+    );
+    assert_eq!(d.api.counters().claim_gets, gets);
+    // A claim the API does not have, and one whose UID differs.
+    let r = k
+        .prepare(Version::V1, &[("ns", "missing", UID_B)])
+        .await
+        .unwrap();
+    assert!(r[UID_B].error.contains("not found"), "{:?}", r[UID_B]);
+    d.api.set_claim(
+        "ns",
+        "recreated",
+        "dddddddd-0000-0000-0000-000000000009",
+        &[alloc("gpu", NODE, &r0)],
+    );
+    let r = k
+        .prepare(Version::V1, &[("ns", "recreated", UID_B)])
+        .await
+        .unwrap();
+    assert!(
+        r[UID_B].error.contains("has UID dddddddd"),
+        "{:?}",
+        r[UID_B]
+    );
+
+    // Held: A prepares replica 0; B asks for it too (and for replica 1) and is refused.
+    d.api
+        .set_claim("ns", "a", UID_A, &[alloc("gpu", NODE, &r0)]);
+    d.api.set_claim(
+        "ns",
+        "b",
+        UID_B,
+        &[
+            alloc("gpu", NODE, &device_name(&format!("{g0}::1"))),
+            alloc("gpu", NODE, &r0),
+        ],
+    );
+    let both = k
+        .prepare(Version::V1, &[("ns", "a", UID_A), ("ns", "b", UID_B)])
+        .await
+        .unwrap();
+    assert_eq!(both[UID_A].error, "");
+    assert!(
+        both[UID_B].error.contains("is held by prepared claim ns/a"),
+        "{:?}",
+        both[UID_B]
+    );
+    // Still held after a restart (the checkpoint).
+    d.restart().await;
+    let k = d.kubelet().await;
+    let r = k
+        .prepare(Version::V1beta1, &[("ns", "b", UID_B)])
+        .await
+        .unwrap();
+    assert!(
+        r[UID_B].error.contains("is held by prepared claim ns/a"),
+        "{:?}",
+        r[UID_B]
+    );
+    // A is deleted from the API; unprepare still succeeds and frees the device for B.
+    d.api.delete_claim("ns", "a");
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+    let r = k.prepare(Version::V1, &[("ns", "b", UID_B)]).await.unwrap();
+    assert_eq!(r[UID_B].error, "", "{:?}", r[UID_B]);
+    let b_devices: Vec<&str> = r[UID_B].devices.iter().map(|x| x.device.as_str()).collect();
+    assert_eq!(b_devices.len(), 2);
+    // Only B's spec is left.
+    assert_eq!(
+        spec_files(&d.cdi_dir()),
+        [format!("gpu.slicelet.io-claim_{UID_B}.json")]
+    );
+    let _: &Answer = &r[UID_B];
+}
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = crate::common::read(path);
+    text.split("\n---")
+        .filter_map(|d| yaml_serde::from_str::<Value>(d).ok())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The overlay's DeviceClasses select what slicelet publishes: the driver, the `type` and
+/// `sharing` values the slices carry, one class per MIG profile the chart lists too.
+#[test]
+fn device_classes_select_published_attributes() {
+    use slicelet::dra::slices::sharing;
+    use slicelet::plan::Strategy;
+    let docs = yaml_docs(&crate::common::repo().join("manifests/overlays/dra/deviceclasses.yaml"));
+    let sharings: Vec<&str> = [Strategy::None, Strategy::TimeSlicing, Strategy::Mps]
+        .into_iter()
+        .map(sharing)
+        .collect();
+    let mut profiles = Vec::new();
+    for d in &docs {
+        assert_eq!(d["kind"], "DeviceClass");
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let expr = d["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(
+            expr.starts_with(&format!("device.driver == \"{DRIVER}\"")),
+            "{name}: {expr}"
+        );
+        for (key, allowed) in [("sharing", sharings.clone()), ("type", vec!["gpu", "mig"])] {
+            let pat = format!("device.attributes[\"{DRIVER}\"].{key} == \"");
+            for part in expr.split(&pat).skip(1) {
+                let value = part.split('"').next().unwrap();
+                assert!(allowed.contains(&value), "{name}: {key} {value}");
+            }
+        }
+        if let Some(p) = name
+            .strip_prefix("mig-")
+            .and_then(|n| n.strip_suffix(&format!(".{DRIVER}")))
+        {
+            slicelet::inventory::mig::Profile::parse(p).unwrap();
+            assert!(
+                expr.ends_with(&format!(".profile == \"{p}\"")),
+                "{name}: {expr}"
+            );
+            profiles.push(p.to_string());
+        }
+    }
+    assert!(docs.len() >= 4 + 20, "{} classes", docs.len());
+    let values: Value = yaml_serde::from_str(&crate::common::read(
+        &crate::common::repo().join("deployments/helm/slicelet/values.yaml"),
+    ))
+    .unwrap();
+    let chart: Vec<String> = values["dra"]["migProfiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        profiles, chart,
+        "the overlay and the chart class the same profiles"
+    );
+}
+
+/// The overlay's RBAC grants what the publisher and the plugin call, and the admission policy
+/// binds slice writes to the token's node.
+#[test]
+fn dra_rbac_and_admission_policy() {
+    let docs = yaml_docs(&crate::common::repo().join("manifests/overlays/dra/rbac.yaml"));
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let verbs = |res: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == res))
+            .flat_map(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    for v in ["list", "create", "update", "delete"] {
+        assert!(verbs("resourceslices").contains(&v.to_string()), "{v}");
+    }
+    assert_eq!(verbs("resourceclaims"), ["get"]);
+    let vap = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let text = vap.to_string();
+    assert!(text.contains("authentication.kubernetes.io/node-name"));
+    assert!(text.contains("system:serviceaccount:slicelet-system:slicelet"));
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail");
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .unwrap();
+    assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
+}
