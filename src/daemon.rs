@@ -387,6 +387,14 @@ pub async fn run_target(
         Arc::clone(&metrics),
         settings.stream_grace,
     );
+    // DRA (`--dra`): the policy's DRA resources published as ResourceSlices and prepared for
+    // the kubelet's DRA manager, from the same plan.
+    let (dra_inputs, dra_rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
+    let dra = settings
+        .dra
+        .clone()
+        .filter(|_| plugin_mode)
+        .map(|s| crate::dra::spawn(s, dra_rx, shutdown.child_token()));
     let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
     let in_use_socket = settings
         .pod_resources_socket
@@ -432,6 +440,7 @@ pub async fn run_target(
         },
         usage: crate::usage::report::Usage::new(),
         sample_error: None,
+        dra_inputs: dra.as_ref().map(|_| dra_inputs),
     };
     // What is in use, asked at once so the first plan already keeps what running containers
     // hold (slicelet restarted with a changed policy); the answer is awaited with the first
@@ -734,6 +743,17 @@ pub async fn run_target(
             if let Some(h) = status_server {
                 let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
             }
+        },
+        async {
+            if let Some(d) = dra {
+                match tokio::time::timeout(SHUTDOWN_DEADLINE, d.task).await {
+                    Ok(Ok(Err(e))) => {
+                        tracing::error!(error = %crate::errors::chain(&e), "DRA stopped with an error")
+                    }
+                    Err(_) => tracing::warn!("DRA did not stop in time"),
+                    _ => {}
+                }
+            }
         }
     );
     hardware
@@ -766,6 +786,8 @@ struct Shell<'a> {
     usage: crate::usage::report::Usage,
     /// The last sampling error logged (each distinct one once).
     sample_error: Option<String>,
+    /// Each published plan, for DRA (`--dra`).
+    dra_inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
 }
 
 /// Reads of what is in use (pod-resources `List`) for [`Action::RefreshInUse`], the periodic
@@ -889,6 +911,13 @@ impl Shell<'_> {
             match action {
                 Action::Publish(plan) => {
                     self.plans.send_replace(Arc::clone(&plan));
+                    if let Some(tx) = &self.dra_inputs {
+                        tx.send_replace(Some(Arc::new(crate::dra::DraInput {
+                            plan: Arc::clone(&plan),
+                            inventory: Arc::new(state.inventory.clone().unwrap_or_default()),
+                            driver_version: None,
+                        })));
+                    }
                     self.metrics.set_plan(&plan);
                     if self.plugin_mode {
                         servers.reconcile(&plan);
@@ -976,7 +1005,14 @@ impl Shell<'_> {
 
     /// `/readyz` and the tests' view, derived from the state (the one copy of it).
     fn publish_status(&self, state: &State) {
-        let resources = state.plan.resources.keys().cloned().collect();
+        // Resources the device plugin serves (DRA's are not registered with it).
+        let resources = state
+            .plan
+            .resources
+            .iter()
+            .filter(|(_, r)| !r.dra)
+            .map(|(n, _)| n.clone())
+            .collect();
         let ready = state.tracker.mps_ready().clone();
         let applied = state
             .mps_applied

@@ -161,7 +161,7 @@ impl Servers {
         let removed: Vec<String> = self
             .servers
             .keys()
-            .filter(|n| !plan.resources.contains_key(*n))
+            .filter(|n| plan.resources.get(*n).is_none_or(|r| r.dra))
             .cloned()
             .collect();
         for name in removed {
@@ -171,12 +171,14 @@ impl Servers {
             }
             self.lost_backoff.remove(&name);
         }
-        self.unserved.retain(|n| plan.resources.contains_key(n));
+        // DRA resources are served by DRA only ([`crate::dra`]), never also here.
+        self.unserved
+            .retain(|n| plan.resources.get(n).is_some_and(|r| !r.dra));
         let wanted: Vec<String> = plan
             .resources
-            .keys()
-            .filter(|n| !self.servers.contains_key(*n))
-            .cloned()
+            .iter()
+            .filter(|(n, r)| !r.dra && !self.servers.contains_key(*n))
+            .map(|(n, _)| n.clone())
             .collect();
         for name in wanted {
             self.start(&name, None, Duration::ZERO);
