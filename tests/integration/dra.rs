@@ -660,3 +660,62 @@ fn dra_rbac_and_admission_policy() {
         .unwrap();
     assert_eq!(binding["spec"]["policyName"], vap["metadata"]["name"]);
 }
+
+/// The whole daemon with `--dra`: GPUs 0–3 time-sliced ×4 through DRA, GPUs 4–7 whole through
+/// the device plugin. The kubelet's device manager never sees the DRA resource, the API
+/// emulator holds exactly its 16 replicas as slices, and `/readyz` is ready without the DRA
+/// resource registering with the device plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_serves_each_resource_through_exactly_one_path() {
+    use crate::common::{emulator, uuids, wait_lists, Daemon, Node};
+    let policy = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
+    let node = Node::new(policy);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(DraSettings {
+        driver: DRIVER.to_string(),
+        node: NODE.to_string(),
+        registry_dir: node.tmp.path().join("plugins_registry"),
+        plugins_dir: node.tmp.path().join("dra-plugins"),
+        cdi_dir: node.tmp.path().join("cdi"),
+        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
+        dev_root: "/".to_string(),
+    });
+    let mut d = Daemon::start(settings);
+    let state = wait_lists(&emu, &[("nvidia.com/gpu", 4)]).await;
+    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 16).await);
+    check_shape(&slices);
+    let uuids = uuids(&sim);
+    let published: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|dev| dev.name.clone())
+        .collect();
+    for g in &uuids[..4] {
+        for n in 0..4 {
+            assert!(
+                published.contains(&device_name(&format!("{g}::{n}"))),
+                "{g}::{n}"
+            );
+        }
+    }
+    // The device plugin serves GPUs 4–7 whole, and nothing of GPUs 0–3.
+    let whole = crate::common::ids_of(&state, "nvidia.com/gpu");
+    assert_eq!(whole, uuids[4..].to_vec());
+    assert!(!state.resources.contains_key("nvidia.com/gpu-dra"));
+    let s = d.wait_status(|s| s.ready().is_ok()).await;
+    assert!(
+        !s.resources.contains("nvidia.com/gpu-dra"),
+        "{:?}",
+        s.resources
+    );
+    // Registrations with the device plugin happen before ready; none ever named it.
+    assert!(emu
+        .wait_for(WAIT, |st| st.resources.contains_key("nvidia.com/gpu"))
+        .await
+        .is_ok());
+    assert_eq!(emu.register_calls("nvidia.com/gpu-dra"), 0);
+    d.stop().await;
+}
