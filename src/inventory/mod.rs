@@ -108,6 +108,10 @@ pub struct Inventory {
     /// The links discovery recorded between GPU pairs (read once per discovery; see
     /// [`topology`]). Empty: every pair is derived from the NUMA nodes.
     pub links: topology::Topology,
+    /// The NVIDIA driver's version as NVML reports it (`nvmlSystemGetDriverVersion`,
+    /// `550.54.15`); `None` on a simulated node without `driverVersion`, or when NVML does not
+    /// say.
+    pub driver_version: Option<String>,
 }
 
 impl Inventory {
@@ -117,6 +121,7 @@ impl Inventory {
         Inventory {
             gpus,
             links: topology::Topology::default(),
+            driver_version: None,
         }
     }
 

@@ -580,6 +580,7 @@ impl GpuSource for NvmlSource {
         }
         let links = self.topology(&gpus);
         let mut inv = Inventory::new(gpus).with_links(links);
+        inv.driver_version = self.nvml.sys_driver_version().ok();
         mig::resolve_caps(&mut inv, &self.proc_root);
         Ok(inv)
     }

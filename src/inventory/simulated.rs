@@ -28,6 +28,7 @@
 //!   - gpus: [0, 2]
 //!     pcie: single                   # single | multiple | hostbridge
 //! nvswitch: true                     # optional: every pair all-to-all over NVSwitch
+//! driverVersion: "550.54.15"         # optional: the NVIDIA driver version NVML would report
 //! ```
 //!
 //! Without `links`, GPUs on the same `numaNode` are `node` (NVML's `NVML_TOPOLOGY_NODE`),
@@ -94,6 +95,8 @@ struct NodeFile {
     links: Vec<LinkEntry>,
     #[serde(default)]
     nvswitch: bool,
+    #[serde(default, rename = "driverVersion")]
+    driver_version: Option<String>,
 }
 
 /// `links[i]`: how two GPUs are connected.
@@ -561,8 +564,19 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
         }
     }
     let links = links(path, &file, &gpus)?;
+    if let Some(v) = &file.driver_version {
+        if v.len() > 64 || !v.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            return Err(invalid(
+                path,
+                "driverVersion",
+                format!("{v:.64} is not a driver version (digits and dots, e.g. 550.54.15)"),
+            ));
+        }
+    }
+    let mut inventory = Inventory::new(gpus).with_links(links);
+    inventory.driver_version.clone_from(&file.driver_version);
     Ok(Parsed {
-        inventory: Inventory::new(gpus).with_links(links),
+        inventory,
         xids,
         samples,
     })
@@ -721,6 +735,21 @@ fn mig_layout(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn driver_version_is_optional_and_checked() {
+        let gpu = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n";
+        let p = Path::new("n.yaml");
+        assert_eq!(parse(p, gpu).unwrap().driver_version, None);
+        let with = format!("{gpu}driverVersion: \"550.54.15\"\n");
+        assert_eq!(
+            parse(p, &with).unwrap().driver_version.as_deref(),
+            Some("550.54.15")
+        );
+        let bad = format!("{gpu}driverVersion: \"550; rm -rf\"\n");
+        let e = parse(p, &bad).unwrap_err().to_string();
+        assert!(e.contains("driverVersion"), "{e}");
+    }
 
     #[test]
     fn expands_counts_and_derives_stable_uuids() {
