@@ -238,3 +238,23 @@ fn the_reason_names_every_pod_once() {
         "draining: held by default/a, default/b"
     );
 }
+
+// ---- hostile review (wt-attack): defects, each test fails today ----
+
+#[test]
+fn a_drain_of_a_held_replica_that_stays_lasts_across_replans() {
+    // 2 → 4 replicas while ::0 is held: ::1..::3 drain (the test above). Any later replan
+    // (a health change, a pod-resources refresh) with the same holder must keep them
+    // Unhealthy: the holder still shares GPU 0 two ways.
+    let before = plan(2, 1, &Plan::default(), &InUse::default());
+    let id0 = format!("{}::0", uuid(0));
+    let in_use = held(&[(&id0, "a")]);
+    let once = plan(4, 1, &before, &in_use);
+    assert_eq!(once.drain.draining[GPU].len(), 3);
+    let twice = plan(4, 1, &once, &in_use);
+    assert_eq!(
+        listed(&twice, GPU),
+        listed(&once, GPU),
+        "the second replan turned the drained replicas Healthy while ::0 is still held"
+    );
+}
