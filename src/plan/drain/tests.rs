@@ -258,3 +258,22 @@ fn a_drain_of_a_held_replica_that_stays_lasts_across_replans() {
         "the second replan turned the drained replicas Healthy while ::0 is still held"
     );
 }
+
+#[test]
+fn a_gpu_moved_to_dra_while_a_device_plugin_pod_holds_it_is_not_published_through_dra() {
+    // GPU 0 is held whole through the device plugin; the policy now serves nvidia.com/gpu
+    // through DRA (same shape). The device plugin stops serving it and DRA publishes it:
+    // a claim can get the GPU the running pod holds.
+    let before = plan(0, 1, &Plan::default(), &InUse::default());
+    let inv = test_node(1);
+    let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
+    let mut p = build(&dra, &inv).unwrap().plan;
+    apply(&mut p, &before, &held(&[(&uuid(0), "a")]), &inv);
+    let (published, _) = crate::dra::slices::published(crate::dra::slices::dra_resources(&p));
+    let ids: Vec<&str> = published.iter().map(|(d, _, _)| d.id.as_str()).collect();
+    assert!(
+        !ids.contains(&uuid(0).as_str()),
+        "DRA publishes {ids:?}, including the GPU a device-plugin pod holds (drain: {:?})",
+        p.drain
+    );
+}
