@@ -277,3 +277,20 @@ fn a_gpu_moved_to_dra_while_a_device_plugin_pod_holds_it_is_not_published_throug
         p.drain
     );
 }
+
+#[test]
+fn a_retained_device_does_not_move_a_dra_resource_back_to_the_device_plugin() {
+    // nvidia.com/gpu, 4 replicas through the device plugin, GPU 0's ::3 held; the policy
+    // now has 2 replicas served through DRA. ::3 is retained, but the merge (`rebuilt`)
+    // drops `dra`, so GPU 1 (held by nobody) is served by the device plugin and not DRA.
+    let before = plan(4, 2, &Plan::default(), &InUse::default());
+    let inv = test_node(2);
+    let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n").unwrap();
+    let mut p = build(&dra, &inv).unwrap().plan;
+    assert!(p.resources[GPU].dra);
+    apply(&mut p, &before, &held(&[(&format!("{}::3", uuid(0)), "b")]), &inv);
+    assert!(
+        p.resources[GPU].dra,
+        "after the drain rules nvidia.com/gpu is a device-plugin resource again"
+    );
+}
