@@ -294,3 +294,22 @@ fn a_retained_device_does_not_move_a_dra_resource_back_to_the_device_plugin() {
         "after the drain rules nvidia.com/gpu is a device-plugin resource again"
     );
 }
+
+#[test]
+fn a_held_id_of_a_resource_slicelet_never_served_is_not_adopted() {
+    // Another device plugin on the node (say NVIDIA's, as example.com/gpu) names its devices
+    // by GPU UUID too; pod-resources lists its pod. slicelet served only nvidia.com/gpu and
+    // has been running (the previous plan is not empty). The drain rules adopt the other
+    // plugin's resource (slicelet would register it, replacing the other plugin) and hold
+    // all of GPU 0's own replicas Unhealthy "draining" for as long as that pod runs.
+    let before = plan(4, 1, &Plan::default(), &InUse::default());
+    let mut in_use = InUse::default();
+    in_use.insert("example.com/gpu", &uuid(0), holder("other"));
+    let after = plan(4, 1, &before, &in_use);
+    assert!(
+        !after.resources.contains_key("example.com/gpu"),
+        "slicelet now serves another plugin's resource: {:?}",
+        after.drain
+    );
+    assert!(after.drain.draining.is_empty(), "{:?}", after.drain.draining);
+}
