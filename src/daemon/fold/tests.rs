@@ -839,3 +839,26 @@ fn without_a_source_nothing_waits() {
         ["PolicyApplied(2)", "Publish"]
     );
 }
+
+// ---- hostile review (wt-attack): defects, each test fails today ----
+
+#[test]
+fn moving_a_resource_from_the_device_plugin_to_dra_withdraws_its_devices() {
+    // The device-plugin servers skip DRA resources: the same devices with `dra` set are
+    // withdrawn from the kubelet, so the plan must wait for pod-resources first.
+    let inv = test_node(1);
+    let dp = crate::plan::build(&crate::policy::parse("version: v1\n").unwrap(), &inv)
+        .unwrap()
+        .plan;
+    let dra = crate::plan::build(
+        &crate::policy::parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap(),
+        &inv,
+    )
+    .unwrap()
+    .plan;
+    assert!(dra.resources["nvidia.com/gpu"].dra);
+    assert!(
+        withdraws(&dp, &dra),
+        "nvidia.com/gpu leaves the device plugin, yet the plan does not ask what is in use"
+    );
+}
