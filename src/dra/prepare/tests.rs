@@ -302,3 +302,24 @@ fn uids_table() {
         assert_eq!(valid_uid(uid), ok, "{uid:?}");
     }
 }
+
+// ---- hostile review (wt-attack): defects, each test fails today ----
+
+#[test]
+fn a_replica_of_a_gpu_another_claim_holds_whole_is_refused() {
+    // A claim was prepared on GPU 0 whole (device `gpu-<uuid>`, under a whole-GPU DRA
+    // policy); the policy now shares GPUs 4 ways. The new slices publish `gpu-<uuid>-r0..3`,
+    // names nobody holds, so the scheduler allocates one and prepare accepts it: the GPU
+    // the first claim was given exclusively is shared.
+    let (plan, inv) = plan_of(TS, 1, None);
+    let g0 = &inv.gpus[0].uuid;
+    let held = BTreeMap::from([(device_name(g0), "ns/exclusive".to_string())]);
+    let r0 = device_name(&format!("{g0}::0"));
+    let c = claim(UID, &[("gpu", DRIVER, NODE, &r0)]);
+    let got = prepare(&c, &want(UID), &plan, NODE, DRIVER, &held, "/");
+    assert!(
+        matches!(got, Err(PrepareError::Held { .. })),
+        "prepared {r0} on GPU {g0}, which prepared claim ns/exclusive holds whole: {:?}",
+        got.map(|p| p.devices)
+    );
+}
