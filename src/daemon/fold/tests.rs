@@ -862,3 +862,33 @@ fn moving_a_resource_from_the_device_plugin_to_dra_withdraws_its_devices() {
         "nvidia.com/gpu leaves the device plugin, yet the plan does not ask what is in use"
     );
 }
+
+#[test]
+fn an_mps_daemon_stays_wanted_while_a_client_holds_one_of_its_replicas() {
+    // nvidia.com/gpu shared by 2 MPS clients, GPU 0's ::0 held. The policy drops MPS (whole
+    // GPUs). The drain rules keep ::0 advertised for its holder, but the fold tells the MPS
+    // supervisor at once (before even asking pod-resources) that GPU 0's daemon is no longer
+    // wanted, and the supervisor `quit`s it and removes its pipe directory: the running
+    // client loses its MPS server.
+    const MPS2_GPU: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default()).with_in_use_source();
+    s.fold(discovered(test_node(1)), t);
+    let held0 = format!("{}::0", gpu(0));
+    s.fold(Input::InUse(Ok(holding(&[&held0]))), t);
+    let first = summary(&s.fold(policy(MPS2_GPU, true), t));
+    assert!(
+        first.contains(&format!("WantMps([{:?}])", gpu(0))),
+        "{first:?}"
+    );
+    let mut all = summary(&s.fold(policy("version: v1\n", false), t));
+    all.extend(summary(&s.fold(Input::InUse(Ok(holding(&[&held0]))), t)));
+    assert!(
+        s.plan.resources["nvidia.com/gpu"].device(&held0).is_some(),
+        "the held MPS replica is retained"
+    );
+    assert!(
+        !all.iter().any(|a| a == "WantMps([])"),
+        "GPU 0's MPS daemon is stopped while its client runs: {all:?}"
+    );
+}
