@@ -313,3 +313,46 @@ fn a_held_id_of_a_resource_slicelet_never_served_is_not_adopted() {
     );
     assert!(after.drain.draining.is_empty(), "{:?}", after.drain.draining);
 }
+
+#[test]
+fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_advertised_healthy() {
+    // GPU 0 is served through DRA and a running pod's claim holds it whole; pod-resources
+    // says so (`dynamic_resources`). The policy drops `dra`: the device plugin advertises
+    // GPU 0 Healthy at once and the kubelet can give it to a second pod, because the drain
+    // rules only know device-plugin IDs (InUse::from_list reads `devices` only).
+    use crate::api::podresources::{
+        ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse,
+        PodResources,
+    };
+    let inv = test_node(1);
+    let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
+    let before = build(&dra, &inv).unwrap().plan;
+    let answer = ListPodResourcesResponse {
+        pod_resources: vec![PodResources {
+            name: "trainer".into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerResources {
+                name: "main".into(),
+                dynamic_resources: vec![DynamicResource {
+                    claim_name: "gpu".into(),
+                    claim_namespace: "ml".into(),
+                    claim_resources: vec![ClaimResource {
+                        driver_name: "gpu.slicelet.io".into(),
+                        pool_name: "node-1".into(),
+                        device_name: crate::dra::slices::device_name(&uuid(0)),
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            }],
+        }],
+    };
+    let in_use = InUse::from_list(&answer);
+    let mut p = build(&policy(0), &inv).unwrap().plan;
+    apply(&mut p, &before, &in_use, &inv);
+    assert_eq!(
+        listed(&p, GPU),
+        vec![(uuid(0), "Unhealthy")],
+        "the device plugin advertises the GPU a DRA claim holds (held: {in_use:?})"
+    );
+}
