@@ -691,9 +691,13 @@ pub async fn run_target(
             }
             Some(answer) = in_use_answers.recv() => {
                 shell.in_use.busy = false;
-                shell.fold(&mut state, Input::InUse(answer), &mut servers);
                 if std::mem::take(&mut shell.in_use.again) {
+                    // A read was asked for while this one ran (a plan that withdraws devices
+                    // waits on it, or an Allocate came): this answer may predate that, so only
+                    // the next one counts.
                     shell.in_use.start();
+                } else {
+                    shell.fold(&mut state, Input::InUse(answer), &mut servers);
                 }
             }
             _ = in_use_refresh.tick(), if shell.in_use.socket.is_some() => shell.in_use.start(),

@@ -470,12 +470,16 @@ pub struct Drain {
     /// re-purposed (another resource, another replica count or strategy) while containers
     /// hold its old devices, advertised Unhealthy until those holders are gone.
     pub draining: BTreeMap<String, BTreeMap<String, String>>,
+    /// resource → held device ID → the shape its holder was given (strategy, replicas, DRA),
+    /// for held IDs the new plan still has in another shape: remembered while held, so the
+    /// drain lasts across replans (the previous plan already has the new shape).
+    pub given: BTreeMap<String, BTreeMap<String, (Strategy, u32, bool)>>,
 }
 
 impl Drain {
     /// Whether the drain rules changed nothing.
     pub fn is_empty(&self) -> bool {
-        self.retained.is_empty() && self.draining.is_empty()
+        self.retained.is_empty() && self.draining.is_empty() && self.given.is_empty()
     }
 }
 

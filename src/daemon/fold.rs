@@ -497,6 +497,33 @@ impl State {
         }
     }
 
+    /// `wanted` plus the MPS daemons wanted so far whose clients still hold a replica (the
+    /// drain rules keep such a replica advertised; its daemon must keep serving it).
+    fn keep_held_mps(&self, mut wanted: MpsWanted) -> MpsWanted {
+        for (resource, id, _) in self.in_use.iter() {
+            let Some(d) = self
+                .plan
+                .resources
+                .get(resource)
+                .filter(|r| r.strategy == plan::Strategy::Mps)
+                .and_then(|r| r.device(id))
+            else {
+                continue;
+            };
+            if wanted.daemons.contains_key(&d.gpu_uuid) {
+                continue;
+            }
+            if let Some(old) = self.mps_wanted.daemons.get(&d.gpu_uuid) {
+                if wanted.daemons.is_empty() {
+                    wanted.root.clone_from(&self.mps_wanted.root);
+                    wanted.exclusive_process = self.mps_wanted.exclusive_process;
+                }
+                wanted.daemons.insert(d.gpu_uuid.clone(), old.clone());
+            }
+        }
+        wanted
+    }
+
     /// Builds the plan from the applied policy and the effective inventory; publishes it and
     /// tells the MPS supervisor and the hardware what changed.
     fn replan(&mut self, out: &mut Vec<Action>) {
@@ -519,7 +546,7 @@ impl State {
         // Which daemons the plan wants does not depend on health; the devices of a daemon that
         // is newly wanted are held Unhealthy until it is ready, so build again when that
         // changed anything.
-        let wanted = built.mps_wanted.clone();
+        let wanted = self.keep_held_mps(built.mps_wanted.clone());
         let ts = self
             .tracker
             .set_mps_wanted(&wanted.daemons.keys().cloned().collect());
@@ -581,14 +608,15 @@ fn note(ts: impl IntoIterator<Item = Transition>, out: &mut Vec<Action>) {
 }
 
 /// Whether `new` withdraws a device `old` advertises, or serves one of its devices with another
-/// strategy or replica count (a holder of it would be pulled from under or re-purposed).
+/// strategy, replica count or path (DRA or the device plugin): a holder of it would be pulled
+/// from under or re-purposed.
 fn withdraws(old: &Plan, new: &Plan) -> bool {
     old.resources
         .iter()
         .any(|(name, res)| match new.resources.get(name) {
             None => !res.devices.is_empty(),
             Some(n) => {
-                (n.strategy, n.replicas) != (res.strategy, res.replicas)
+                (n.strategy, n.replicas, n.dra) != (res.strategy, res.replicas, res.dra)
                     || res.devices.iter().any(|d| n.device(&d.id).is_none())
             }
         })

@@ -300,7 +300,7 @@ pub fn prepare(
                 id: d.id.clone(),
             });
         }
-        if let Some(holder) = held.get(&r.device) {
+        if let Some(holder) = holder_of(held, &r.device) {
             return Err(PrepareError::Held {
                 claim: want.to_string(),
                 device: r.device.clone(),
@@ -451,5 +451,28 @@ impl Edits {
     }
 }
 
+/// The physical unit a device name stands for and whether it is a replica: `gpu-<uuid>-r<n>`
+/// is replica `n` of `gpu-<uuid>` ([`crate::dra::slices::device_name`]'s forms; a UUID's hex
+/// digits never contain `-r`); any other name is its own unit.
+fn unit_of(name: &str) -> (&str, bool) {
+    match name.rsplit_once("-r") {
+        Some((unit, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => (unit, true),
+        _ => (name, false),
+    }
+}
+
+/// The prepared claim holding `device`, or one that conflicts with it: the same device, or the
+/// same physical unit where either side has it whole (a whole GPU is exclusive; replicas of one
+/// GPU are shared by design). The policy may have reshaped the GPU since that claim was
+/// prepared, so names alone do not tell.
+fn holder_of<'a>(held: &'a BTreeMap<String, String>, device: &str) -> Option<&'a String> {
+    let (unit, replica) = unit_of(device);
+    held.iter()
+        .find(|(name, _)| {
+            let (u, r) = unit_of(name);
+            name.as_str() == device || (u == unit && !(r && replica))
+        })
+        .map(|(_, holder)| holder)
+}
 #[cfg(test)]
 mod tests;

@@ -37,26 +37,60 @@ use crate::policy::ResourceName;
 /// `inventory`), given what is held (`in_use`) and the plan served until now (`previous`, which
 /// holds the shapes of devices retained before). Sets [`Plan::drain`].
 pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inventory) {
+    let with_claims;
+    let in_use = if in_use.claimed.is_empty() {
+        in_use
+    } else {
+        with_claims = claims_as_ids(in_use, previous);
+        &with_claims
+    };
     let mut drain = Drain::default();
     // Physical unit (GPU or MIG UUID) → the pods holding its old devices.
     let mut repurposed: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
     let mut retained: BTreeMap<String, Vec<VirtualDevice>> = BTreeMap::new();
+    // Resources that keep their previous DRA flag while a holder of the old path runs.
+    let mut keep_dra: BTreeMap<String, bool> = BTreeMap::new();
     for (resource, id, holders) in in_use.iter() {
+        // Only resources slicelet serves or served: another device plugin's resource whose IDs
+        // happen to look like slicelet's is none of its business.
+        if !plan.resources.contains_key(resource) && !previous.resources.contains_key(resource) {
+            continue;
+        }
         if let Some(res) = plan.resources.get(resource) {
-            if res.device(id).is_some() {
-                let was = previous.resources.get(resource);
-                let changed = was.is_some_and(|old| {
-                    old.device(id).is_some()
-                        && shape(old) != shape(res)
-                        && !(old.strategy == Strategy::Mps && res.strategy == Strategy::Mps)
+            if let Some(d) = res.device(id) {
+                // What the holder was given: remembered from the last drain, else the
+                // previous plan's resource, when it had this ID.
+                let given = previous
+                    .drain
+                    .given
+                    .get(resource)
+                    .and_then(|g| g.get(id))
+                    .copied()
+                    .or_else(|| {
+                        previous
+                            .resources
+                            .get(resource)
+                            .filter(|old| old.device(id).is_some())
+                            .map(|old| shape(old))
+                    });
+                let now = shape(res);
+                let changed = given.is_some_and(|was| {
+                    was != now
+                        && !(was.0 == Strategy::Mps && now.0 == Strategy::Mps && was.2 == now.2)
                 });
-                if changed {
-                    let unit = res
-                        .device(id)
-                        .map(|d| d.gpu_uuid.clone())
-                        .unwrap_or_default();
+                if let (true, Some(was)) = (changed, given) {
+                    if was.2 != now.2 {
+                        // The other path must not hand out what this one's holder has: the
+                        // resource stays on its old path until the holders are gone.
+                        keep_dra.insert(resource.to_string(), was.2);
+                    }
+                    drain
+                        .given
+                        .entry(resource.to_string())
+                        .or_default()
+                        .insert(id.to_string(), was);
                     repurposed
-                        .entry(unit)
+                        .entry(d.gpu_uuid.clone())
                         .or_default()
                         .extend(holders.iter().cloned());
                 }
@@ -123,6 +157,11 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
         };
         plan.resources.insert(resource, Arc::new(merged));
     }
+    for (resource, dra) in keep_dra {
+        if let Some(res) = plan.resources.get_mut(&resource) {
+            Arc::make_mut(res).dra = dra;
+        }
+    }
     // New devices of a re-purposed unit: Unhealthy while the old holders are there.
     if !repurposed.is_empty() {
         for (name, res) in plan.resources.iter_mut() {
@@ -160,9 +199,26 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
     plan.drain = drain;
 }
 
-/// What a holder was given: the resource's strategy and replica count.
-fn shape(res: &ResourcePlan) -> (Strategy, u32) {
-    (res.strategy, res.replicas)
+/// `in_use` with the DRA devices claims hold as device IDs of the DRA resources of `previous`
+/// (the plan that published them; a device's slice name is [`crate::dra::slices::device_name`]
+/// of its ID).
+fn claims_as_ids(in_use: &InUse, previous: &Plan) -> InUse {
+    let mut out = in_use.clone();
+    for (name, res) in previous.resources.iter().filter(|(_, r)| r.dra) {
+        for d in &res.devices {
+            if let Some(holders) = in_use.claimed.get(&crate::dra::slices::device_name(&d.id)) {
+                for h in holders {
+                    out.insert(name, &d.id, h.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What a holder was given: the resource's strategy, replica count and path (DRA or not).
+fn shape(res: &ResourcePlan) -> (Strategy, u32, bool) {
+    (res.strategy, res.replicas, res.dra)
 }
 
 /// `ns/pod, ns/pod2` (each pod once, in order).
@@ -252,6 +308,7 @@ fn rebuilt(
     .with_shared_allocation(res.shared_allocation)
     .with_delivery(res.delivery.clone());
     out.mps.clone_from(&res.mps);
+    out.dra = res.dra;
     out
 }
 

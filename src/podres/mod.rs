@@ -34,6 +34,10 @@ impl std::fmt::Display for Holder {
 pub struct InUse {
     /// resource → device ID → holders.
     pub devices: BTreeMap<String, BTreeMap<String, Vec<Holder>>>,
+    /// DRA devices held through ResourceClaims (`dynamic_resources`), by device name
+    /// (the ResourceSlice's, e.g. `gpu-<uuid>-r0`) → holders. The drain rules map them back to
+    /// device IDs through the plan that published them.
+    pub claimed: BTreeMap<String, Vec<Holder>>,
 }
 
 impl InUse {
@@ -92,6 +96,17 @@ impl InUse {
         let mut out = InUse::default();
         for pod in &answer.pod_resources {
             for c in &pod.containers {
+                for r in c.dynamic_resources.iter().flat_map(|d| &d.claim_resources) {
+                    let list = out.claimed.entry(r.device_name.clone()).or_default();
+                    let h = Holder {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: c.name.clone(),
+                    };
+                    if let Err(at) = list.binary_search(&h) {
+                        list.insert(at, h);
+                    }
+                }
                 for d in &c.devices {
                     for id in &d.device_ids {
                         if !is_gpu_id(id) {

@@ -323,3 +323,27 @@ fn a_replica_of_a_gpu_another_claim_holds_whole_is_refused() {
         got.map(|p| p.devices)
     );
 }
+
+#[test]
+fn what_a_prepared_claim_blocks() {
+    let g = "gpu-df942ca2-b7c5-e6fa-29b0-3e2134fef416";
+    let other = "gpu-9cca8c37-c0a2-f7a2-024e-2cb35df7a5d9";
+    let r = |u: &str, n: u32| format!("{u}-r{n}");
+    for (held, asked, blocked) in [
+        (g.to_string(), g.to_string(), true),
+        (g.to_string(), r(g, 0), true),
+        (r(g, 0), g.to_string(), true),
+        (r(g, 0), r(g, 0), true),
+        (r(g, 0), r(g, 1), false),
+        (g.to_string(), other.to_string(), false),
+        (r(g, 0), r(other, 0), false),
+        ("dev-0123".to_string(), "dev-0123".to_string(), true),
+    ] {
+        let map = BTreeMap::from([(held.clone(), "ns/a".to_string())]);
+        assert_eq!(
+            holder_of(&map, &asked).is_some(),
+            blocked,
+            "{held} held, {asked} asked"
+        );
+    }
+}

@@ -288,7 +288,12 @@ fn a_retained_device_does_not_move_a_dra_resource_back_to_the_device_plugin() {
     let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n").unwrap();
     let mut p = build(&dra, &inv).unwrap().plan;
     assert!(p.resources[GPU].dra);
-    apply(&mut p, &before, &held(&[(&format!("{}::3", uuid(0)), "b")]), &inv);
+    apply(
+        &mut p,
+        &before,
+        &held(&[(&format!("{}::3", uuid(0)), "b")]),
+        &inv,
+    );
     assert!(
         p.resources[GPU].dra,
         "after the drain rules nvidia.com/gpu is a device-plugin resource again"
@@ -311,7 +316,11 @@ fn a_held_id_of_a_resource_slicelet_never_served_is_not_adopted() {
         "slicelet now serves another plugin's resource: {:?}",
         after.drain
     );
-    assert!(after.drain.draining.is_empty(), "{:?}", after.drain.draining);
+    assert!(
+        after.drain.draining.is_empty(),
+        "{:?}",
+        after.drain.draining
+    );
 }
 
 #[test]
@@ -321,8 +330,7 @@ fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_adver
     // GPU 0 Healthy at once and the kubelet can give it to a second pod, because the drain
     // rules only know device-plugin IDs (InUse::from_list reads `devices` only).
     use crate::api::podresources::{
-        ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse,
-        PodResources,
+        ClaimResource, ContainerResources, DynamicResource, ListPodResourcesResponse, PodResources,
     };
     let inv = test_node(1);
     let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
@@ -350,9 +358,20 @@ fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_adver
     let in_use = InUse::from_list(&answer);
     let mut p = build(&policy(0), &inv).unwrap().plan;
     apply(&mut p, &before, &in_use, &inv);
-    assert_eq!(
-        listed(&p, GPU),
-        vec![(uuid(0), "Unhealthy")],
+    // The resource stays on DRA (the device plugin does not serve it) until the claim is gone.
+    let res = &p.resources[GPU];
+    let dp_healthy = !res.dra
+        && res
+            .devices
+            .iter()
+            .any(|d| d.id == uuid(0) && d.health == Health::Healthy);
+    assert!(
+        !dp_healthy,
         "the device plugin advertises the GPU a DRA claim holds (held: {in_use:?})"
     );
+    assert!(res.dra);
+    // Released: the device plugin serves it.
+    let mut q = build(&policy(0), &inv).unwrap().plan;
+    apply(&mut q, &p, &InUse::default(), &inv);
+    assert!(!q.resources[GPU].dra);
 }
