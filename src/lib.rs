@@ -31,6 +31,7 @@ pub mod plan;
 pub mod plugin;
 pub mod podres;
 pub mod policy;
+pub mod residency;
 pub mod settings;
 pub mod status;
 pub mod top;

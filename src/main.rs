@@ -109,6 +109,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let daemon = matches!(cli.command, Command::Run(_) | Command::Mps(_));
+    if daemon {
+        // A long-running daemon: keep only the code it executes resident (no fault-around).
+        slicelet::residency::executed_code_only();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if daemon => {
