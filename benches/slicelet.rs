@@ -536,7 +536,8 @@ fn main() {
 
     // 6. Memory of the real binary: idle after registration, and peak after 4,000 Allocates.
     {
-        let bin = env!("CARGO_BIN_EXE_slicelet");
+        let bin_path = daemon_binary();
+        let bin = bin_path.as_str();
         let three = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, rename: a, devices: [0, 1, 2], replicas: 16}\n      - {name: nvidia.com/gpu, rename: b, devices: [3, 4, 5], replicas: 16}\n      - {name: nvidia.com/gpu, rename: c, devices: [6, 7], replicas: 16}\n";
         let three_lists = vec![
             ("nvidia.com/a", 48),
@@ -667,7 +668,8 @@ fn main() {
     // 7. A slow NVML: memory queries delayed 400 ms, re-discovery (SIGHUP) every 200 ms for
     //    10 s, while one caller measures Allocate over the socket; the same without the delay.
     {
-        let bin = env!("CARGO_BIN_EXE_slicelet");
+        let bin_path = daemon_binary();
+        let bin = bin_path.as_str();
         let lib = fake_nvml();
         let secs = if quick { 3 } else { 10 };
         let mut p99 = Vec::new();
@@ -900,7 +902,8 @@ fn main() {
     //     attributed to two pods through fake /proc cgroups, the checkpoint and pod-resources),
     //     sampling every 5 s (the default), over 60 s.
     {
-        let bin = env!("CARGO_BIN_EXE_slicelet");
+        let bin_path = daemon_binary();
+        let bin = bin_path.as_str();
         let dir = tmp.path().join("sampler");
         std::fs::create_dir_all(dir.join("policy")).unwrap();
         std::fs::write(dir.join("policy/config.yaml"), ts_policy(4)).unwrap();
@@ -1007,6 +1010,19 @@ fn main() {
     if !missed.is_empty() {
         println!("\nmissed goals: {}", missed.join("; "));
     }
+}
+
+/// The daemon binary the process rows (6, 7, 11) run: `SLICELET_BENCH_BIN` when set (the
+/// release build, `cargo build --release`: its code layout is what `link/symbol-order.txt`
+/// was recorded for), else the bench-profile build of this run. `cargo bench` compiles the
+/// binary together with the dev-dependencies, whose features change the dependencies' symbol
+/// hashes, so the order list matches the release build's names only and the bench build's
+/// resident memory is that of an unordered binary.
+fn daemon_binary() -> String {
+    std::env::var("SLICELET_BENCH_BIN")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_slicelet").to_string())
 }
 
 /// Writes a policy the way the kubelet's atomic writer updates a ConfigMap volume: a new
