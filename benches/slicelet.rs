@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use kubelet_emulator::kube_api::KubeApi;
+use kubelet_emulator::node_files;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugin_server};
 use slicelet::daemon::{self, Settings};
@@ -925,39 +926,44 @@ fn main() {
                 &socket,
             ))
             .unwrap();
-        let mut entries = Vec::new();
+        let uids: Vec<String> = (0..2)
+            .map(|i| format!("00000000-0000-4000-8000-{i:012}"))
+            .collect();
+        let ids: Vec<[String; 1]> = (0..2).map(|i| [format!("{gpu0}::{i}")]).collect();
         for (i, pid) in [4242u32, 4343].into_iter().enumerate() {
-            let uid = format!("00000000-0000-4000-8000-{i:012}");
-            let id = format!("{gpu0}::{i}");
             pods.hold(
                 "bench",
                 &format!("llm-{i}"),
                 "server",
                 "nvidia.com/gpu-shared",
-                &[&id],
+                &[&ids[i][0]],
             );
-            let p = dir.join(format!("host/proc/{pid}"));
-            std::fs::create_dir_all(&p).unwrap();
-            std::fs::write(
-                p.join("cgroup"),
-                format!("0::/kubepods/burstable/pod{uid}/{}\n", "b".repeat(64)),
+            node_files::write_cgroup(
+                &dir.join("host"),
+                pid,
+                node_files::Driver::Cgroupfs,
+                Some("burstable"),
+                &uids[i],
+                &"b".repeat(64),
             )
             .unwrap();
-            entries.push(format!(
-                r#"{{"PodUID":"{uid}","ContainerName":"server","ResourceName":"nvidia.com/gpu-shared","DeviceIDs":{{"0":["{id}"]}}}}"#
-            ));
         }
         let emu = client_rt
             .block_on(KubeletEmulator::start(&plugins))
             .unwrap();
-        std::fs::write(
-            plugins.join("kubelet_internal_checkpoint"),
-            format!(
-                r#"{{"Data":{{"PodDeviceEntries":[{}]}},"Checksum":0}}"#,
-                entries.join(",")
-            ),
-        )
-        .unwrap();
+        let id_refs: Vec<[&str; 1]> = ids.iter().map(|[id]| [id.as_str()]).collect();
+        let entries: Vec<node_files::Entry<'_>> = uids
+            .iter()
+            .zip(&id_refs)
+            .map(|(uid, id)| node_files::Entry {
+                pod_uid: uid,
+                container: "server",
+                resource: "nvidia.com/gpu-shared",
+                device_ids: id,
+            })
+            .collect();
+        node_files::write_checkpoint(&plugins.join("kubelet_internal_checkpoint"), &entries)
+            .unwrap();
         let mut child = std::process::Command::new(bin)
             .args(["run", "--config"])
             .arg(dir.join("policy/config.yaml"))

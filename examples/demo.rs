@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use kubelet_emulator::node_files::{write_cgroup, write_checkpoint, Driver, Entry};
 use kubelet_emulator::pod_resources::PodResources;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api;
@@ -142,7 +143,7 @@ async fn main() -> anyhow::Result<()> {
         .first()
         .map(|g| g.processes.iter().map(|p| p.pid).collect())
         .unwrap_or_default();
-    let mut entries = Vec::new();
+    let mut uids = Vec::new();
     for (i, (pid, id)) in processes.iter().zip(&replicas).enumerate() {
         let uid = format!("00000000-0000-4000-8000-{i:012}");
         let pod = format!("llm-{i}");
@@ -154,31 +155,33 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
         pods.hold("demo", &pod, "server", name, &[id]);
-        let cgroup = host.join(format!("proc/{pid}"));
-        std::fs::create_dir_all(&cgroup)?;
-        std::fs::write(
-            cgroup.join("cgroup"),
-            format!(
-                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope\n",
-                uid.replace('-', "_"),
-                format!("{i:x}").repeat(64).chars().take(64).collect::<String>()
-            ),
+        let container_id: String = format!("{i:x}").repeat(64).chars().take(64).collect();
+        write_cgroup(
+            &host,
+            *pid,
+            Driver::Systemd,
+            Some("burstable"),
+            &uid,
+            &container_id,
         )?;
-        entries.push(format!(
-            r#"{{"PodUID":"{uid}","ContainerName":"server","ResourceName":"{name}","DeviceIDs":{{"0":["{id}"]}}}}"#
-        ));
+        uids.push((uid, id.clone()));
     }
-    if !entries.is_empty() {
-        std::fs::write(
-            plugins.join("kubelet_internal_checkpoint"),
-            format!(
-                r#"{{"Data":{{"PodDeviceEntries":[{}],"RegisteredDevices":{{}}}},"Checksum":0}}"#,
-                entries.join(",")
-            ),
-        )?;
+    if !uids.is_empty() {
+        let ids: Vec<[&str; 1]> = uids.iter().map(|(_, id)| [id.as_str()]).collect();
+        let entries: Vec<Entry<'_>> = uids
+            .iter()
+            .zip(&ids)
+            .map(|((uid, _), id)| Entry {
+                pod_uid: uid,
+                container: "server",
+                resource: name,
+                device_ids: id,
+            })
+            .collect();
+        write_checkpoint(&plugins.join("kubelet_internal_checkpoint"), &entries)?;
         // pod-resources is read 0.5 s after an Allocate; then one more sample.
         let wait = Duration::from_secs(30);
-        let held = entries.len();
+        let held = uids.len();
         let s = tokio::time::timeout(wait, status.wait_for(|s| s.in_use == held))
             .await??
             .samples;
@@ -186,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
         let address = status.borrow().address.expect("status endpoint");
         println!(
             "\n{} pods on GPU 0; slicelet top --once --address http://{address}:",
-            entries.len()
+            uids.len()
         );
         print!(
             "{}",

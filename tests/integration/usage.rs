@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use kubelet_emulator::node_files::{self, write_cgroup, Driver, Entry};
 use kubelet_emulator::pod_resources::PodResources;
 
 use crate::common::*;
@@ -27,38 +28,23 @@ fn write_node(path: &Path, a: u32, b: u32) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// `<root>/proc/<pid>/cgroup` for a containerd container of pod `uid` (systemd driver,
-/// burstable) and for a cgroupfs Guaranteed pod, as the kubelet lays them out.
+/// `<root>/proc/<pid>/cgroup` for a containerd container of pod A (systemd driver, burstable)
+/// and of pod B (cgroupfs driver, Guaranteed), as the kubelet lays them out.
 fn write_proc(root: &Path) {
     let id = "a".repeat(64);
-    for (pid, line) in [
-        (
-            4242,
-            format!(
-                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope\n",
-                UID_A.replace('-', "_")
-            ),
-        ),
-        (4343, format!("0::/kubepods/pod{UID_B}/{id}\n")),
-    ] {
-        let dir = root.join(format!("proc/{pid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("cgroup"), line).unwrap();
-    }
+    write_cgroup(root, 4242, Driver::Systemd, Some("burstable"), UID_A, &id).unwrap();
+    write_cgroup(root, 4343, Driver::Cgroupfs, None, UID_B, &id).unwrap();
 }
 
 fn write_checkpoint(path: &Path, gpu0: &str) {
-    let entry = |uid: &str, id: String| {
-        format!(
-            r#"{{"PodUID":"{uid}","ContainerName":"server","ResourceName":"{GPU}","DeviceIDs":{{"-1":["{id}"]}},"AllocResp":""}}"#
-        )
+    let (r0, r1) = (format!("{gpu0}::0"), format!("{gpu0}::1"));
+    let entry = |pod_uid, id| Entry {
+        pod_uid,
+        container: "server",
+        resource: GPU,
+        device_ids: id,
     };
-    let text = format!(
-        r#"{{"Data":{{"PodDeviceEntries":[{},{}],"RegisteredDevices":{{}}}},"Checksum":1}}"#,
-        entry(UID_A, format!("{gpu0}::0")),
-        entry(UID_B, format!("{gpu0}::1"))
-    );
-    std::fs::write(path, text).unwrap();
+    node_files::write_checkpoint(path, &[entry(UID_A, &[&r0]), entry(UID_B, &[&r1])]).unwrap();
 }
 
 /// The value of the one series of `name` whose labels include every `k="v"` of `labels`.

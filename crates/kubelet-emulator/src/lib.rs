@@ -19,6 +19,7 @@
 
 pub mod dra;
 pub mod kube_api;
+pub mod node_files;
 pub mod pod_resources;
 
 use std::collections::BTreeMap;
