@@ -64,6 +64,14 @@ const BIND_RETRY: Duration = Duration::from_secs(1);
 /// How long after an Allocate what is in use is read again (the kubelet records the devices
 /// once Allocate answered; a burst of Allocates costs one read).
 const ALLOCATE_SETTLE: Duration = Duration::from_millis(500);
+
+/// How long the supervisor waits after the last change (a plan or policy applied or rejected,
+/// a registration, a ListAndWatch stream opening) before it lets go of the code and heap
+/// pages that change used ([`crate::residency::settle`]; only in the daemon binary). Long
+/// enough that a start or a kubelet restart settles once, short enough that the idle RSS is
+/// reached within seconds.
+pub const RESIDENCY_SETTLE: Duration = Duration::from_secs(1);
+
 /// Capacity of the hardware actor's and the MPS supervisor's channels to the supervisor.
 const CHANNEL_CAPACITY: usize = 256;
 /// Longest a policy read and parse may take before it counts as a rejection (it runs off the
@@ -441,6 +449,7 @@ pub async fn run_target(
         usage: crate::usage::report::Usage::new(),
         sample_error: None,
         dra_inputs: dra.as_ref().map(|_| dra_inputs),
+        unsettled: false,
     };
     // What is in use, asked at once so the first plan already keeps what running containers
     // hold (slicelet restarted with a changed policy); the answer is awaited with the first
@@ -573,7 +582,11 @@ pub async fn run_target(
         hardware.send(sample_request());
     }
     let mut allocate_settle: Option<Instant> = None;
+    let mut residency_settle: Option<Instant> = None;
     loop {
+        if std::mem::take(&mut shell.unsettled) {
+            residency_settle = Some(Instant::now() + RESIDENCY_SETTLE);
+        }
         let recovery = state.next_deadline().map(Instant::from_std);
         let stream_deadline = servers.next_stream_deadline();
         // One policy read at a time; a request while one runs is queued (forced wins).
@@ -676,8 +689,19 @@ pub async fn run_target(
                     shell.cdi.start();
                 }
             }
-            Some(r) = server_events.registered.recv() => servers.registered(r),
-            Some(ev) = server_events.streams.recv() => servers.stream_event(ev),
+            Some(r) = server_events.registered.recv() => {
+                servers.registered(r);
+                shell.unsettled = true;
+            }
+            Some(ev) = server_events.streams.recv() => {
+                servers.stream_event(ev);
+                shell.unsettled = true;
+            }
+            _ = async { tokio::time::sleep_until(residency_settle.expect("guarded")).await }, if residency_settle.is_some() => {
+                residency_settle = None;
+                let code_bytes = crate::residency::settle();
+                tracing::debug!(code_bytes, "settled: the code and free heap pages of the last change let go");
+            }
             _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
                 servers.check_streams();
             }
@@ -792,6 +816,8 @@ struct Shell<'a> {
     sample_error: Option<String>,
     /// Each published plan, for DRA (`--dra`).
     dra_inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
+    /// Something changed since the last [`crate::residency::settle`] was scheduled.
+    unsettled: bool,
 }
 
 /// Reads of what is in use (pod-resources `List`) for [`Action::RefreshInUse`], the periodic
@@ -907,6 +933,12 @@ impl Shell<'_> {
         let relabel = actions
             .iter()
             .any(|a| matches!(a, Action::Publish(_) | Action::PolicyApplied(_)));
+        self.unsettled |= actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Publish(_) | Action::PolicyApplied(_) | Action::PolicyRejected
+            )
+        });
         let allocation = self.plugin_mode
             && actions
                 .iter()

@@ -1,56 +1,121 @@
-//! Keeping the daemon's resident code to what it executes.
+//! Keeping the daemon's resident memory to what it uses while idle.
 //!
-//! On a page fault in a file mapping the kernel maps up to 64 KiB of neighbouring pages
-//! (`fault_around_bytes`), so each first call of a function not in `link/symbol-order.txt`
-//! (the hot list placed first by the linker) makes 16 pages of unrelated code resident. With
-//! the DRA, Kubernetes and GPU-use code in the binary that cost about 2 MiB of idle RSS
-//! (measured with `/proc/<pid>/pagemap`: 470 resident text pages held no function the idle
-//! daemon runs). [`executed_code_only`] advises the kernel that the executable code mappings
-//! (the binary's and its libraries' `r-xp` segments) are read at random, which turns
-//! fault-around off for them (Linux `madvise(2)`, `MADV_RANDOM`), and lets go of the pages
-//! faulted so far (`MADV_DONTNEED`; clean, read-only file pages, re-read from the page cache
-//! on the next call). Only ever applied to executable, read-only, file-backed mappings: data
-//! segments (written by relocation) are never touched.
+//! Most of an idle daemon's RSS is the binary's own code pages. On a page fault in a file
+//! mapping the kernel maps up to 64 KiB of neighbouring pages already in the page cache
+//! (`fault_around_bytes`), so each first call of a function outside the hot list
+//! (`link/symbol-order.txt`, placed first by the linker) makes 16 pages of unrelated code
+//! resident; and everything the daemon ran while starting (the policy's YAML parser, clap,
+//! registration) stays resident after it ran once. `MADV_RANDOM` does not stop fault-around
+//! (measured on Linux 6.18: three touches of a cached file mapping map 48 pages with or without
+//! it); it only stops read-ahead when a page is not in the page cache.
 //!
-//! Best effort: any failure (no `/proc`, an old kernel) leaves the process as it was.
+//! What this module does, only in the daemon binary ([`enable`] is called by `main` for
+//! `slicelet run` and `slicelet mps`; in tests and the library's other users nothing happens):
+//! - [`enable`]: at most [`MALLOC_ARENAS`] glibc malloc arenas (each thread would otherwise
+//!   get one of its own, and the pages it touched once stay resident), then [`settle`].
+//! - [`settle`], called by the supervisor once it has been quiet for a while after a change
+//!   (the start, a reload): the executable code mappings (the binary's and its libraries'
+//!   `r-xp` segments) are advised `MADV_RANDOM` and their pages let go (`MADV_DONTNEED`;
+//!   clean, read-only file pages, re-read from the page cache on the next call, so only the
+//!   code the idle daemon runs comes back), and glibc returns the heap's free pages to the
+//!   kernel (`malloc_trim(0)`: the plan build's transient allocations). Data segments
+//!   (written by relocation) are never touched.
+//!
+//! Best effort: any failure (no `/proc`, an old kernel, another libc) leaves the process as
+//! it was. Figures: README, Benchmarks ("Resident memory").
 
 #![allow(unsafe_code)]
 
-/// Applies `MADV_RANDOM` and then `MADV_DONTNEED` to every executable file mapping of this
-/// process (see the module docs); returns how many bytes of mappings were advised (0 when
-/// `/proc/self/maps` is unreadable).
-pub fn executed_code_only() -> usize {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The most glibc malloc arenas the daemon uses (glibc's default is 8 per CPU core). Two keep
+/// the Allocate path from contending with the hardware thread on one arena lock.
+pub const MALLOC_ARENAS: i32 = 2;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns the measures on for this process (the daemon binary calls it first thing, before any
+/// thread starts: `mallopt` applies to arenas created later) and settles once.
+pub fn enable() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a tunable of glibc's allocator; called before any other
+    // thread exists, so no allocation races with it.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
+    ENABLED.store(true, Ordering::Relaxed);
+    settle();
+}
+
+/// Lets go of the code pages faulted so far and of the heap's free pages (see the module
+/// docs); returns how many bytes of code mappings were advised (0 when [`enable`] was never
+/// called or `/proc/self/maps` is unreadable). Costs about a millisecond, and the idle code's
+/// pages (a few hundred minor faults) when it next runs: call it after changes, not often.
+pub fn settle() -> usize {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return 0;
+    }
+    let advised = executed_code_only();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of glibc's arenas to the kernel; it takes
+    // the arenas' locks itself.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    advised
+}
+
+/// The executable code mappings `settle` may let go, from `/proc/self/smaps` text: each
+/// `r-xp` mapping of a file (a path starting with `/`) as `(start, length)` in bytes, except
+/// one holding anonymous pages: a debugger's breakpoint or a uprobe (eBPF tracing) wrote a
+/// private copy of a code page there, and dropping it would silently remove that probe.
+fn code_mappings(smaps: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    // The mapping whose fields are being read: (start, length), or None when not a candidate.
+    let mut current: Option<(usize, usize)> = None;
+    let mut flush = |current: &mut Option<(usize, usize)>| {
+        if let Some(m) = current.take() {
+            out.push(m);
+        }
+    };
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let Some(first) = f.next() else { continue };
+        if let Some((start, end)) = first.split_once('-') {
+            // A mapping's header: "start-end perms offset dev inode path".
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            flush(&mut current);
+            let perms = f.next().unwrap_or("");
+            let path = f.nth(3).unwrap_or("");
+            if perms == "r-xp" && path.starts_with('/') && end > start {
+                current = Some((start, end - start));
+            }
+        } else if first == "Anonymous:" && f.next().is_some_and(|kb| kb != "0") {
+            current = None;
+        }
+    }
+    flush(&mut current);
+    out
+}
+
+/// Applies `MADV_RANDOM` and then `MADV_DONTNEED` to every code mapping of
+/// [`code_mappings`] (see the module docs); returns how many bytes of mappings were advised
+/// (0 when `/proc/self/smaps` is unreadable).
+fn executed_code_only() -> usize {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return 0;
     };
     let mut advised = 0;
-    for line in maps.lines() {
-        // "start-end perms offset dev inode path"
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(3).unwrap_or("");
-        if perms != "r-xp" || !path.starts_with('/') {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        if end <= start {
-            continue;
-        }
-        let len = end - start;
+    for (start, len) in code_mappings(&smaps) {
         // SAFETY: the range is one whole mapping the kernel just listed for this process;
         // advice never changes its contents. MADV_DONTNEED on a private, read-only
-        // (r-xp, never written) file mapping only drops page-table entries: the next access
-        // re-reads the same bytes from the file's page cache.
+        // (r-xp) file mapping with no anonymous (written) page only drops page-table entries:
+        // the next access re-reads the same bytes from the file's page cache.
         unsafe {
             let addr = start as *mut libc::c_void;
             if libc::madvise(addr, len, libc::MADV_RANDOM) == 0 {
@@ -68,9 +133,40 @@ mod tests {
     /// from the page cache), and the test binary's own text was among them.
     #[test]
     fn code_still_runs_after_its_pages_were_dropped() {
+        // Outside the daemon binary (no enable()) settling does nothing.
+        assert_eq!(super::settle(), 0, "settled without enable()");
         let advised = super::executed_code_only();
         assert!(advised > 0, "no executable mapping advised");
         let v: Vec<u64> = (0..1000).map(|i| i * i).collect();
         assert_eq!(v.iter().sum::<u64>(), 332_833_500);
+    }
+
+    /// Only read-only executable file mappings without written pages are candidates.
+    #[test]
+    fn code_mappings_skip_data_anonymous_and_probed_code() {
+        let smaps = "\
+55d0a0000000-55d0a0100000 r--p 00000000 fe:00 42 /usr/bin/slicelet
+Rss:                 400 kB
+Anonymous:             0 kB
+55d0a0100000-55d0a0900000 r-xp 00100000 fe:00 42 /usr/bin/slicelet
+Rss:                2400 kB
+Anonymous:             0 kB
+55d0a0900000-55d0a0910000 rw-p 00900000 fe:00 42 /usr/bin/slicelet
+Anonymous:            64 kB
+7f0000000000-7f0000021000 r-xp 00000000 00:00 0
+Anonymous:             0 kB
+7f1000026000-7f100017c000 r-xp 00026000 fe:00 7 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                 684 kB
+Anonymous:             4 kB
+7f2000001000-7f2000027000 r-xp 00001000 fe:00 9 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+Anonymous:             0 kB
+VmFlags: rd ex mr mw me
+";
+        assert_eq!(
+            super::code_mappings(smaps),
+            [(0x55d0a0100000, 0x800000), (0x7f2000001000, 0x26000)],
+            "the binary's code and ld.so's; not its data, an anonymous r-xp mapping, or libc's \
+             code with a breakpoint written into it"
+        );
     }
 }
