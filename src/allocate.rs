@@ -438,18 +438,41 @@ fn replicas(
     for &p in &chosen {
         *picked.entry(unit(p)).or_default() += 1;
     }
-    // Load counts must_include devices as free: they are this container's own.
-    let load: HashMap<usize, usize> = per_unit
-        .iter()
-        .map(|(&u, list)| {
+    let links = res.links();
+    // One candidate per unit, in unit order: a flat scan per pick (the choice below is made
+    // `size` times over every unit).
+    struct Candidate {
+        /// The unit's key (position of its first device).
+        unit: usize,
+        /// Its available devices, ascending.
+        list: Vec<usize>,
+        /// How many of `list` are taken.
+        next: usize,
+        /// Devices of the unit in use (not available), not counting this container's own.
+        load: usize,
+        /// Devices of the unit chosen for this container so far.
+        mine: usize,
+        /// The unit in link numbering.
+        link_unit: usize,
+        numa: Option<i64>,
+    }
+    let numa_of = |p: usize| res.devices[p].numa_node;
+    let mut candidates: Vec<Candidate> = per_unit
+        .into_iter()
+        .map(|(u, list)| {
             let mine = picked.get(&u).copied().unwrap_or(0);
-            (u, res.unit_at(u).1.saturating_sub(list.len() + mine))
+            Candidate {
+                unit: u,
+                load: res.unit_at(u).1.saturating_sub(list.len() + mine),
+                mine,
+                link_unit: links.unit_of(u),
+                numa: numa_of(list[0]),
+                list,
+                next: 0,
+            }
         })
         .collect();
-    let numa_of = |p: usize| res.devices[p].numa_node;
     let mut home_numa = chosen.iter().next().and_then(|&p| numa_of(p));
-    let mut next: BTreeMap<usize, usize> = per_unit.keys().map(|&u| (u, 0)).collect();
-    let links = res.links();
     // Units (link numbering) of the devices chosen so far, once each.
     let mut linked: Vec<usize> = Vec::new();
     for &p in &chosen {
@@ -459,43 +482,42 @@ fn replicas(
     }
     let packed = res.shared_allocation == SharedAllocation::Packed;
     while chosen.len() < size {
-        let best = per_unit
+        let best = candidates
             .iter()
-            .filter(|(u, list)| next[u] < list.len())
-            .min_by_key(|(u, list)| {
+            .enumerate()
+            .filter(|(_, c)| c.next < c.list.len())
+            .min_by_key(|(_, c)| {
                 let numa_far = match home_numa {
-                    Some(h) => numa_of(list[0]) != Some(h),
+                    Some(h) => c.numa != Some(h),
                     None => false,
                 };
-                let me = links.unit_of(**u);
                 let link: u64 = linked
                     .iter()
-                    .filter(|&&v| v != me)
-                    .map(|&v| u64::from(links.score(me, v)))
+                    .filter(|&&v| v != c.link_unit)
+                    .map(|&v| u64::from(links.score(c.link_unit, v)))
                     .sum();
-                let mine = picked.get(u).copied().unwrap_or(0);
                 if packed {
                     // The most used replicas (in use, or chosen for this container) first.
                     (
-                        usize::MAX - (load[u] + mine),
+                        usize::MAX - (c.load + c.mine),
                         0,
                         numa_far,
                         Reverse(link),
-                        **u,
+                        c.unit,
                     )
                 } else {
-                    (mine, load[u], numa_far, Reverse(link), **u)
+                    (c.mine, c.load, numa_far, Reverse(link), c.unit)
                 }
             })
-            .map(|(u, _)| *u);
-        let Some(u) = best else { break };
-        let i = next.get_mut(&u).expect("key from per_unit");
-        let p = per_unit[&u][*i];
-        *i += 1;
+            .map(|(i, _)| i);
+        let Some(i) = best else { break };
+        let c = &mut candidates[i];
+        let p = c.list[c.next];
+        c.next += 1;
+        c.mine += 1;
         chosen.insert(p);
-        *picked.entry(u).or_default() += 1;
-        if !linked.contains(&links.unit_of(p)) {
-            linked.push(links.unit_of(p));
+        if !linked.contains(&c.link_unit) {
+            linked.push(c.link_unit);
         }
         if home_numa.is_none() {
             home_numa = numa_of(p);
