@@ -711,6 +711,8 @@ pub async fn run_target(
             }
             _ = async { tokio::time::sleep_until(allocate_settle.expect("guarded")).await }, if allocate_settle.is_some() => {
                 allocate_settle = None;
+                // Allocates from now on signal again; this read covers those before.
+                server_events.allocated.rearm();
                 shell.in_use.start();
             }
             Some(answer) = in_use_answers.recv() => {

@@ -75,7 +75,7 @@ pub(super) struct Servers {
     tasks: JoinSet<()>,
     identity: watch::Sender<Option<KubeletId>>,
     recheck: Arc<Notify>,
-    allocated: Arc<Notify>,
+    allocated: Arc<crate::plugin::Allocated>,
     registered_tx: mpsc::Sender<Registered>,
     lost_tx: mpsc::Sender<StreamEvent>,
     epoch: u64,
@@ -93,8 +93,8 @@ pub(super) struct ServerEvents {
     pub streams: mpsc::Receiver<StreamEvent>,
     /// Notified when a registration found `kubelet.sock` to be another socket than expected.
     pub recheck: Arc<Notify>,
-    /// Notified after each successful Allocate (what is in use changed).
-    pub allocated: Arc<Notify>,
+    /// Signalled after successful Allocates (what is in use changed): once until rearmed.
+    pub allocated: Arc<crate::plugin::Allocated>,
 }
 
 impl Servers {
@@ -111,7 +111,7 @@ impl Servers {
         let (registered_tx, registered) = mpsc::channel(CHANNEL_CAPACITY);
         let (lost_tx, streams) = mpsc::channel(CHANNEL_CAPACITY);
         let recheck = Arc::new(Notify::new());
-        let allocated = Arc::new(Notify::new());
+        let allocated = Arc::new(crate::plugin::Allocated::default());
         let identity = KubeletId::of(&dir.join(KUBELET_SOCKET));
         let servers = Servers {
             dir,

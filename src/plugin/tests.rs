@@ -199,3 +199,40 @@ fn health_strings_are_the_kubelets() {
     assert_eq!(Health::Healthy.as_str(), api::HEALTHY);
     assert_eq!(Health::Unhealthy.as_str(), api::UNHEALTHY);
 }
+
+/// A burst of Allocates wakes the supervisor once; after it rearms, the next Allocate wakes it
+/// again (a permit given while nobody waits is kept, so none is lost).
+#[tokio::test]
+async fn allocated_wakes_once_per_rearm() {
+    let (svc, _tx, _stop) = service(SHARED4, 2, "nvidia.com/gpu-shared");
+    let allocated = Arc::new(Allocated::default());
+    let svc = svc.report_allocations(Arc::clone(&allocated));
+    let id = format!("{}::0", test_node(2).gpus[0].uuid);
+    let request = || {
+        Request::new(api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: vec![id.clone()],
+            }],
+        })
+    };
+    let wait = std::time::Duration::from_secs(5);
+    svc.allocate(request()).await.unwrap();
+    tokio::time::timeout(wait, allocated.notified())
+        .await
+        .expect("the first Allocate notifies");
+    // More Allocates before the supervisor rearms: no new notification (a zero timeout polls
+    // once).
+    svc.allocate(request()).await.unwrap();
+    svc.allocate(request()).await.unwrap();
+    assert!(
+        tokio::time::timeout(std::time::Duration::ZERO, allocated.notified())
+            .await
+            .is_err(),
+        "Allocates before the rearm woke the supervisor again"
+    );
+    allocated.rearm();
+    svc.allocate(request()).await.unwrap();
+    tokio::time::timeout(wait, allocated.notified())
+        .await
+        .expect("an Allocate after rearm notifies again");
+}

@@ -188,3 +188,28 @@ async fn a_refusing_pod_resources_keeps_the_last_answer() {
     assert!(ids_of(&st, GPU).contains(&held));
     d.stop().await;
 }
+
+/// Each burst of Allocates is followed by a pod-resources read (`ALLOCATE_SETTLE` later), the
+/// second burst as the first: here nothing else reads (the periodic read is an hour apart),
+/// so a supervisor that stopped listening after the first burst never sees the second pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_allocate_burst_is_followed_by_a_read() {
+    let node = Node::new(&ts(4));
+    let sim = node_file("h100-80gb-x8.yaml");
+    let pr = PodResources::start(&node.pod_resources()).await.unwrap();
+    let emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.pod_resources_interval = std::time::Duration::from_secs(3600);
+    let mut d = Daemon::start(settings);
+    let uuids = uuids(&sim);
+    wait_lists(&emu, &[(GPU, 32)]).await;
+    for (n, pod) in [(1, "llm-1"), (2, "llm-2")] {
+        let id = format!("{}::0", uuids[n]);
+        pr.hold("ml", pod, "main", GPU, &[&id]);
+        allocate(&emu, GPU, std::slice::from_ref(&id))
+            .await
+            .unwrap();
+        d.wait_status(|s| s.in_use == n).await;
+    }
+    d.stop().await;
+}
