@@ -420,8 +420,10 @@ impl DevicePlugin for Service {
 /// Limits: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in
 /// the listen backlog, holding no memory of ours), a connection silent for
 /// [`FIRST_BYTES_TIMEOUT`] after it is accepted is closed, each has at most
-/// [`MAX_STREAMS_PER_CONNECTION`] concurrent HTTP/2 streams and requests; idle connections are
-/// pinged (HTTP/2 keepalive, 30 s, dropped after 10 s without an answer).
+/// [`MAX_STREAMS_PER_CONNECTION`] concurrent HTTP/2 streams (`SETTINGS_MAX_CONCURRENT_STREAMS`;
+/// each call, unary or ListAndWatch, is one stream, so the client holds further calls back
+/// itself); idle connections are pinged (HTTP/2 keepalive, 30 s, dropped after 10 s without an
+/// answer).
 pub fn serve(
     socket: BoundSocket,
     service: Service,
@@ -448,7 +450,6 @@ fn serve_limited(
     let path = socket.path;
     tokio::spawn(async move {
         let server = tonic::transport::Server::builder()
-            .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
