@@ -209,6 +209,23 @@ fn preferred_honours_must_include_and_size() {
     assert!(got.iter().all(|id| avail.contains(id)));
 }
 
+/// A must_include replica is the container's own: its GPU is neither loaded by it nor a new
+/// GPU for the container, so the next pick goes to another GPU even when that one is busier.
+#[test]
+fn preferred_counts_must_include_as_the_containers_own_not_as_load() {
+    let r = shared(4, 2);
+    // GPU 1 has two replicas in use; the container already holds GPU 0's ::0 (counted as in
+    // use, GPU 0 would look less loaded than GPU 1 and be picked again).
+    let busy = [format!("{}::2", uuid(1)), format!("{}::3", uuid(1))];
+    let avail: Vec<String> = all_ids(&r)
+        .into_iter()
+        .filter(|id| !busy.contains(id))
+        .collect();
+    let must = vec![format!("{}::0", uuid(0))];
+    let got = preferred(&r, &avail, &must, 2);
+    assert_eq!(got, [format!("{}::0", uuid(0)), format!("{}::0", uuid(1))]);
+}
+
 #[test]
 fn preferred_never_fails_on_absent_or_foreign_ids() {
     let r = shared(2, 2);

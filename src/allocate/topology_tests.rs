@@ -472,6 +472,13 @@ fn distributed_replicas_prefer_linked_gpus() {
     // to both.
     assert_eq!(indices(&res, &preferred(&res, &all, &[], 2)), [0, 3]);
     assert_eq!(indices(&res, &preferred(&res, &all, &[], 3)), [0, 2, 3]);
+    // A must_include replica's GPU counts for the links: with GPU 1's already the container's,
+    // the next is GPU 1's double-linked neighbour (GPU 2), not the lowest index (GPU 0).
+    let gpu1 = id_of(&res, 1);
+    assert_eq!(
+        indices(&res, &preferred(&res, &all, std::slice::from_ref(&gpu1), 2)),
+        [1, 2]
+    );
 }
 
 fn random_node() -> impl Strategy<Value = String> {
