@@ -447,11 +447,15 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         if let Some(tx) = requests {
-            let (answer, view) = tokio::sync::oneshot::channel();
-            if tx.send(answer).await.is_ok() {
-                if let Ok(Ok(v)) = tokio::time::timeout(VIEW_TIMEOUT, view).await {
-                    return v;
-                }
+            // The whole exchange is bounded: a supervisor that is busy (its queue full) or
+            // slow to answer costs `/status` at most VIEW_TIMEOUT.
+            let ask = async {
+                let (answer, view) = tokio::sync::oneshot::channel();
+                tx.send(answer).await.ok()?;
+                view.await.ok()
+            };
+            if let Ok(Some(v)) = tokio::time::timeout(VIEW_TIMEOUT, ask).await {
+                return v;
             }
         }
         (*self.view()).clone()
@@ -775,6 +779,26 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} in\n{text}");
         }
+    }
+
+    /// A supervisor whose view queue is full (it is busy) costs `/status` VIEW_TIMEOUT at
+    /// most, and the view set last is served (the send used to wait without bound).
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_supervisor_costs_status_the_view_timeout_at_most() {
+        let metrics = Metrics::new();
+        let mut set = NodeView::default();
+        set.free.insert("nvidia.com/gpu".into(), 3);
+        metrics.set_view(Arc::new(set.clone()));
+        let (tx, _rx) = tokio::sync::mpsc::channel::<ViewRequest>(1);
+        let (queued, _) = tokio::sync::oneshot::channel();
+        tx.try_send(queued).unwrap();
+        metrics.answer_views(tx);
+        let started = tokio::time::Instant::now();
+        let view = tokio::time::timeout(VIEW_TIMEOUT * 2, metrics.current_view())
+            .await
+            .expect("/status waited past its view timeout on a full queue");
+        assert_eq!(view, set);
+        assert_eq!(started.elapsed(), VIEW_TIMEOUT);
     }
 }
 
