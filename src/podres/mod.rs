@@ -62,9 +62,7 @@ impl InUse {
             .or_default()
             .entry(id.to_string())
             .or_default();
-        if let Err(at) = list.binary_search(&holder) {
-            list.insert(at, holder);
-        }
+        insert_holder(list, holder);
     }
 
     /// Every (resource, device ID, holders), in order.
@@ -96,36 +94,30 @@ impl InUse {
         let mut out = InUse::default();
         for pod in &answer.pod_resources {
             for c in &pod.containers {
+                let holder = Holder {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: c.name.clone(),
+                };
                 for r in c.dynamic_resources.iter().flat_map(|d| &d.claim_resources) {
                     let list = out.claimed.entry(r.device_name.clone()).or_default();
-                    let h = Holder {
-                        namespace: pod.namespace.clone(),
-                        pod: pod.name.clone(),
-                        container: c.name.clone(),
-                    };
-                    if let Err(at) = list.binary_search(&h) {
-                        list.insert(at, h);
-                    }
+                    insert_holder(list, holder.clone());
                 }
                 for d in &c.devices {
-                    for id in &d.device_ids {
-                        if !is_gpu_id(id) {
-                            continue;
-                        }
-                        out.insert(
-                            &d.resource_name,
-                            id,
-                            Holder {
-                                namespace: pod.namespace.clone(),
-                                pod: pod.name.clone(),
-                                container: c.name.clone(),
-                            },
-                        );
+                    for id in d.device_ids.iter().filter(|id| is_gpu_id(id)) {
+                        out.insert(&d.resource_name, id, holder.clone());
                     }
                 }
             }
         }
         out
+    }
+}
+
+/// Adds `holder` to `list` (sorted, each holder once).
+fn insert_holder(list: &mut Vec<Holder>, holder: Holder) {
+    if let Err(at) = list.binary_search(&holder) {
+        list.insert(at, holder);
     }
 }
 
