@@ -952,10 +952,6 @@ impl Shell<'_> {
                     if let Some(tx) = &self.dra_inputs {
                         tx.send_replace(Some(Arc::new(crate::dra::DraInput {
                             plan: Arc::clone(&plan),
-                            driver_version: state
-                                .inventory
-                                .as_ref()
-                                .and_then(|i| i.driver_version.clone()),
                             inventory: Arc::new(state.inventory.clone().unwrap_or_default()),
                         })));
                     }

@@ -43,10 +43,9 @@ pub const DEFAULT_CDI_OUTPUT_DIR: &str = "/var/run/cdi";
 pub struct DraInput {
     /// The plan the device plugin serves too (DRA takes its `dra` resources).
     pub plan: Arc<Plan>,
-    /// The inventory (models, memory, compute capabilities for the slices' attributes).
+    /// The inventory (models, memory, compute capabilities and the driver version for the
+    /// slices' attributes).
     pub inventory: Arc<Inventory>,
-    /// The NVIDIA driver version (`550.54.15`), when known.
-    pub driver_version: Option<String>,
 }
 
 /// Where DRA runs (the `--dra-*` flags).

@@ -117,7 +117,7 @@ async fn reconcile(
     let resources = slices::dra_resources(&input.plan);
     let mut p = params.clone();
     p.generation = state.generation.max(1);
-    p.driver_version.clone_from(&input.driver_version);
+    p.driver_version.clone_from(&input.inventory.driver_version);
     let mut wanted = slices::build(resources, &input.inventory, &p);
     let devices = devices_of(&wanted);
     if state.published.as_ref() != Some(&devices) || listed_max > state.generation {

@@ -32,10 +32,11 @@ fn inventory(node: &str) -> Inventory {
 fn input_of(policy: &str, inv: &Inventory) -> Arc<DraInput> {
     let policy = slicelet::policy::parse(policy).unwrap();
     let built = plan::build(&policy, inv).unwrap();
+    let mut inventory = inv.clone();
+    inventory.driver_version = Some("550.54.15".to_string());
     Arc::new(DraInput {
         plan: Arc::new(built.plan),
-        inventory: Arc::new(inv.clone()),
-        driver_version: Some("550.54.15".to_string()),
+        inventory: Arc::new(inventory),
     })
 }
 
