@@ -840,7 +840,8 @@ fn without_a_source_nothing_waits() {
     );
 }
 
-// ---- hostile review (wt-attack): defects, each test fails today ----
+// ---- regression tests for defects a hostile review found (each failed before its fix; the
+// comments say what went wrong then) ----
 
 #[test]
 fn moving_a_resource_from_the_device_plugin_to_dra_withdraws_its_devices() {

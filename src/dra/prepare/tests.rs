@@ -303,7 +303,8 @@ fn uids_table() {
     }
 }
 
-// ---- hostile review (wt-attack): defects, each test fails today ----
+// ---- regression tests for defects a hostile review found (each failed before its fix; the
+// comments say what went wrong then) ----
 
 #[test]
 fn a_replica_of_a_gpu_another_claim_holds_whole_is_refused() {

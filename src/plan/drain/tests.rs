@@ -239,7 +239,8 @@ fn the_reason_names_every_pod_once() {
     );
 }
 
-// ---- hostile review (wt-attack): defects, each test fails today ----
+// ---- regression tests for defects a hostile review found (each failed before its fix; the
+// comments say what went wrong then) ----
 
 #[test]
 fn a_drain_of_a_held_replica_that_stays_lasts_across_replans() {
