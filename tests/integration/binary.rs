@@ -698,14 +698,20 @@ async fn nvml_xid_events_mark_exactly_their_devices_and_recover() {
     assert_eq!(code, Some(0), "{log}");
 }
 
-/// Reads the child's log until `needle` appeared `n` times; returns what it read.
+/// Reads the child's log until `needle` appeared `n` times and the line of the `n`-th is
+/// complete (its fields follow the message); returns what it read.
 async fn wait_for_log_count(child: &mut Child, needle: &str, n: usize) -> String {
     use tokio::io::AsyncReadExt;
     let stderr = child.stderr.as_mut().unwrap();
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
+    let complete = |seen: &str| {
+        seen.match_indices(needle)
+            .nth(n - 1)
+            .is_some_and(|(at, _)| seen[at..].contains('\n'))
+    };
     let read = async {
-        while seen.matches(needle).count() < n {
+        while !complete(&seen) {
             let k = stderr.read(&mut buf).await.unwrap();
             assert!(k > 0, "exited before logging {needle:?} {n} times: {seen}");
             seen.push_str(&String::from_utf8_lossy(&buf[..k]));

@@ -133,7 +133,12 @@ async fn a_spec_dir_without_gpu_3_makes_its_replicas_unhealthy_with_the_reason()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let status = d
-        .wait_status(|s| s.address.is_some() && s.unhealthy.contains_key(&gpus[3]))
+        // Ready is waited for too: the first list can already be "down" and reach the emulator
+        // before the daemon has folded the `Register` reply (the kubelet opens ListAndWatch
+        // while it answers `Register`).
+        .wait_status(|s| {
+            s.address.is_some() && s.unhealthy.contains_key(&gpus[3]) && s.ready().is_ok()
+        })
         .await;
     let reason = format!(
         "CDI device nvidia.com/gpu={} is not defined by any spec in {}",

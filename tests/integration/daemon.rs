@@ -288,6 +288,10 @@ async fn policy_reload_changes_only_what_changed_and_survives_a_bad_edit() {
     emu.wait_for(WAIT, |s| !s.resources["nvidia.com/b"].streaming)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // The stream ends when the plan is sent; the socket goes in the same fold's reconcile,
+    // which the status published after it follows.
+    d.wait_status(|s| !s.resources.contains("nvidia.com/b"))
+        .await;
     assert!(!gone.exists());
     d.stop().await;
 }
