@@ -1117,7 +1117,7 @@ async fn run_writes_node_labels_from_nvml_and_sigterm_removes_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_maps_no_libm_and_serves_after_settling() {
     let node = Node::new(&ts_policy(2));
-    let emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let mut emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
     let sim = node_file("l4-x1.yaml");
     let log_filter = Path::new("info,slicelet::daemon=debug");
     let mut child = spawn_run(
@@ -1146,6 +1146,14 @@ async fn the_daemon_maps_no_libm_and_serves_after_settling() {
     let ids = ids_of(&state, "nvidia.com/gpu-shared");
     let answer = allocate(&emu, "nvidia.com/gpu-shared", &ids[..1]).await;
     assert!(answer.is_ok(), "Allocate after settling: {answer:?}");
+    // Registration's code pages were let go too: a kubelet restart is answered as at start.
+    emu.restart().await.unwrap();
+    emu.wait_for(WAIT, |s| {
+        let r = &s.resources["nvidia.com/gpu-shared"];
+        r.registrations == 2 && r.streaming && s.device_count("nvidia.com/gpu-shared") == Some(2)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let (code, log) = sigterm_and_wait(child).await;
     assert_eq!(code, Some(0), "{log}");
 }
