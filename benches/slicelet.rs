@@ -55,7 +55,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// How long the RSS rows leave the daemon alone before they read its idle RSS: three times
 /// `daemon::RESIDENCY_SETTLE` (the quiet time after which it lets go of its start-up pages).
-const SETTLED: Duration = Duration::from_secs(daemon::RESIDENCY_SETTLE.as_secs() * 3);
+const SETTLED: Duration = daemon::RESIDENCY_SETTLE.saturating_mul(3);
 
 struct Table(Vec<[String; 4]>);
 
@@ -945,14 +945,14 @@ fn main() {
         let uids: Vec<String> = (0..2)
             .map(|i| format!("00000000-0000-4000-8000-{i:012}"))
             .collect();
-        let ids: Vec<[String; 1]> = (0..2).map(|i| [format!("{gpu0}::{i}")]).collect();
+        let ids: Vec<String> = (0..2).map(|i| format!("{gpu0}::{i}")).collect();
         for (i, pid) in [4242u32, 4343].into_iter().enumerate() {
             pods.hold(
                 "bench",
                 &format!("llm-{i}"),
                 "server",
                 "nvidia.com/gpu-shared",
-                &[&ids[i][0]],
+                &[&ids[i]],
             );
             node_files::write_cgroup(
                 &dir.join("host"),
@@ -967,15 +967,14 @@ fn main() {
         let emu = client_rt
             .block_on(KubeletEmulator::start(&plugins))
             .unwrap();
-        let id_refs: Vec<[&str; 1]> = ids.iter().map(|[id]| [id.as_str()]).collect();
         let entries: Vec<node_files::Entry<'_>> = uids
             .iter()
-            .zip(&id_refs)
+            .zip(&ids)
             .map(|(uid, id)| node_files::Entry {
                 pod_uid: uid,
                 container: "server",
                 resource: "nvidia.com/gpu-shared",
-                device_ids: id,
+                device_ids: std::slice::from_ref(id),
             })
             .collect();
         node_files::write_checkpoint(&plugins.join("kubelet_internal_checkpoint"), &entries)

@@ -167,15 +167,13 @@ async fn main() -> anyhow::Result<()> {
         uids.push((uid, id.clone()));
     }
     if !uids.is_empty() {
-        let ids: Vec<[&str; 1]> = uids.iter().map(|(_, id)| [id.as_str()]).collect();
         let entries: Vec<Entry<'_>> = uids
             .iter()
-            .zip(&ids)
-            .map(|((uid, _), id)| Entry {
+            .map(|(uid, id)| Entry {
                 pod_uid: uid,
                 container: "server",
                 resource: name,
-                device_ids: id,
+                device_ids: std::slice::from_ref(id),
             })
             .collect();
         write_checkpoint(&plugins.join("kubelet_internal_checkpoint"), &entries)?;

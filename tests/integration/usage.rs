@@ -37,14 +37,15 @@ fn write_proc(root: &Path) {
 }
 
 fn write_checkpoint(path: &Path, gpu0: &str) {
-    let (r0, r1) = (format!("{gpu0}::0"), format!("{gpu0}::1"));
+    let ids = [format!("{gpu0}::0"), format!("{gpu0}::1")];
     let entry = |pod_uid, id| Entry {
         pod_uid,
         container: "server",
         resource: GPU,
         device_ids: id,
     };
-    node_files::write_checkpoint(path, &[entry(UID_A, &[&r0]), entry(UID_B, &[&r1])]).unwrap();
+    node_files::write_checkpoint(path, &[entry(UID_A, &ids[..1]), entry(UID_B, &ids[1..])])
+        .unwrap();
 }
 
 /// The value of the one series of `name` whose labels include every `k="v"` of `labels`.

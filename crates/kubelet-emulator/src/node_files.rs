@@ -15,7 +15,7 @@ pub struct Entry<'a> {
     /// The extended resource.
     pub resource: &'a str,
     /// The device IDs it was given.
-    pub device_ids: &'a [&'a str],
+    pub device_ids: &'a [String],
 }
 
 /// Writes the kubelet's device checkpoint to `path` in the current kubelet's format (device
