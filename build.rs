@@ -26,6 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     let fds = protox::compile(protos, ["proto"])?;
+    // The same descriptors for the interop tests' grpc-go and grpcio clients, which build
+    // their messages from them at run time (tests/clients/).
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("descriptors.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::inventory::Inventory;
@@ -165,7 +166,9 @@ async fn run(
     let service = plugin::Service(plugin);
     let dra_path = dra_bound.path.clone();
     let stop = shutdown.clone();
-    let dra_listener = UnixListenerStream::new(dra_listener);
+    // Any `:authority` (the kubelet's plugin watcher sends the socket path): authority.rs.
+    let dra_listener =
+        UnixListenerStream::new(dra_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
     let mut dra_server = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(
@@ -182,7 +185,9 @@ async fn run(
     };
     let reg_path = reg_bound.path.clone();
     let stop = shutdown.clone();
-    let reg_listener = UnixListenerStream::new(reg_listener);
+    // Any `:authority` (the kubelet's plugin watcher sends the socket path): authority.rs.
+    let reg_listener =
+        UnixListenerStream::new(reg_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
     let mut reg_server = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(

@@ -15,6 +15,7 @@
 
 pub mod allocate;
 pub mod api;
+pub mod authority;
 pub mod cdi;
 pub mod cli;
 pub mod commands;

@@ -18,6 +18,7 @@ pub use socket::{bind, remove_if_ours, socket_name, BoundSocket, SocketError, MA
 
 use crate::allocate::{self, AllocateError, ContainerAllocation};
 use crate::api::{self, device_plugin_server::DevicePlugin};
+use crate::authority::AnyAuthority;
 use crate::plan::{Plan, ResourcePlan};
 
 /// The options slicelet announces for every resource: GetPreferredAllocation is implemented,
@@ -417,6 +418,9 @@ impl DevicePlugin for Service {
 /// same token, so graceful shutdown does not wait on them; connections still open
 /// [`DRAIN_TIMEOUT`] after `stop` are dropped, so the task ends even when a client never reads.
 ///
+/// Every request is answered whatever `:authority` its client sends (older kubelets, grpcurl and
+/// grpc C-core send the socket path; [`crate::authority`]).
+///
 /// Limits: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in
 /// the listen backlog, holding no memory of ours), a connection silent for
 /// [`FIRST_BYTES_TIMEOUT`] after it is accepted is closed, each has at most
@@ -488,7 +492,7 @@ fn limited_incoming(
     listener: tokio::net::UnixListener,
     max: usize,
     first_bytes: Option<std::time::Duration>,
-) -> impl Stream<Item = std::io::Result<socket::Limited>> + Send + 'static {
+) -> impl Stream<Item = std::io::Result<AnyAuthority<socket::Limited>>> + Send + 'static {
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
@@ -521,10 +525,18 @@ fn limited_incoming(
                         // Silent for too long, closed or broken: drop it, freeing the permit.
                         _ => return,
                     }
-                    let _ = tx.send(Ok(socket::Limited::new(io, permit, first))).await;
+                    let _ = tx
+                        .send(Ok(AnyAuthority::new(socket::Limited::new(
+                            io, permit, first,
+                        ))))
+                        .await;
                     return;
                 }
-                let _ = tx.send(Ok(socket::Limited::new(io, permit, first))).await;
+                let _ = tx
+                    .send(Ok(AnyAuthority::new(socket::Limited::new(
+                        io, permit, first,
+                    ))))
+                    .await;
             });
         }
     });

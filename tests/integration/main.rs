@@ -9,6 +9,7 @@ mod dra;
 mod drain;
 mod fixtures;
 mod hostile;
+mod interop;
 mod labels;
 mod live;
 mod manifests;
