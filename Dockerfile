@@ -3,8 +3,8 @@
 # NVML needs: libnvidia-ml.so.1 is loaded with dlopen and injected by the NVIDIA runtime).
 # No protoc: the protobuf API is compiled by protox inside build.rs.
 
-# Rust 1.90 or newer: it links with LLD, which lays the binary out by link/symbol-order.txt
-# (build.rs; a smaller resident set). An older toolchain builds the same binary without it.
+# Rust 1.90 or newer links with LLD, which packs the relative relocations (build.rs); an
+# older toolchain builds the same binary without that.
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY . .

@@ -4,17 +4,11 @@
 //! protobuf compiler, so no system `protoc` is needed) and generates the tonic
 //! client and server bindings into `OUT_DIR`. Nothing generated is committed.
 //!
-//! It also lays out the `slicelet` binary's code for a small resident set: the linker places
-//! the functions an idle daemon executes (listed in `link/symbol-order.txt`, recorded by
-//! `scripts/symbol-order.sh`) first and together, so the pages the kernel maps around them
-//! (it maps 64 KiB around each page fault of a file mapping) hold hot code, not the Kubernetes
-//! client, TLS or kubeconfig parsing that sit unused beside them. Only where the linker is
-//! LLD, which Rust uses by default on x86_64 Linux since 1.90 (GNU ld has no such option); a
-//! symbol the list names but the build lacks is skipped silently. With LLD the relative
-//! relocations are packed too (see [`symbol_order`]).
+//! It also packs the binary's relative relocations where the linker is LLD (see
+//! [`pack_relocations`]).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    symbol_order();
+    pack_relocations();
     let protos = [
         "proto/deviceplugin/v1beta1/api.proto",
         "proto/podresources/v1/api.proto",
@@ -42,21 +36,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Passes `link/symbol-order.txt` to LLD for the `slicelet` binary (see the module docs).
-fn symbol_order() {
-    let order = "link/symbol-order.txt";
-    println!("cargo:rerun-if-changed={order}");
+/// Packs the `slicelet` binary's relative relocations (DT_RELR) instead of 24 bytes each: the
+/// dynamic loader reads every one at start, so the 443 KiB table was resident; packed it is a
+/// few KiB. Only where rustc links with LLD (Rust 1.90 or newer on x86_64 Linux). Needs glibc
+/// 2.36 or newer at run time (Debian 12, the distroless/cc image; older ones refuse the binary
+/// with a "GLIBC_ABI_DT_RELR not found" error).
+fn pack_relocations() {
     let target = std::env::var("TARGET").unwrap_or_default();
     if target != "x86_64-unknown-linux-gnu" || !rustc_links_with_lld() {
         return;
     }
-    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={dir}/{order}");
-    println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
-    // Relative relocations packed (DT_RELR) instead of 24 bytes each: the dynamic loader reads
-    // every one at start, so the 443 KiB table was resident; packed it is a few KiB. Needs
-    // glibc 2.36 or newer at run time (Debian 12, the distroless/cc image; older ones refuse
-    // the binary with a "GLIBC_ABI_DT_RELR not found" error).
     println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
 }
 

@@ -254,7 +254,7 @@ fn main() {
         });
         let floor =
             DevicePluginClient::new(client_rt.block_on(kubelet::connect(&floor_sock)).unwrap());
-        for callers in [1usize, 16] {
+        for callers in [1usize, 4, 16] {
             let (mut ha, mut hb) = (hist(), hist());
             let calls = 20_000 / scale;
             let rounds = 10;
@@ -877,8 +877,8 @@ fn main() {
         let metrics = slicelet::status::Metrics::new();
         let (plan, in_use, samples) = synthetic_node(8, 336, 500);
         let mut usage = Usage::new();
-        usage.allocation(&plan, &in_use, &metrics);
-        usage.sampled(&samples, &plan, &in_use, &metrics);
+        usage.allocation(&plan, &in_use, metrics.usage());
+        usage.sampled(&samples, &plan, &in_use, metrics.usage());
         metrics.set_plan(&plan);
         let rounds = if quick { 50 } else { 500 };
         let (mut render, mut sample, mut view) = (hist(), hist(), hist());
@@ -889,7 +889,7 @@ fn main() {
             render.record(t.elapsed().as_nanos() as u64).unwrap();
             bytes = text.len();
             let t = Instant::now();
-            usage.sampled(&samples, &plan, &in_use, &metrics);
+            usage.sampled(&samples, &plan, &in_use, metrics.usage());
             sample.record(t.elapsed().as_nanos() as u64).unwrap();
             let t = Instant::now();
             std::hint::black_box(usage.view(&plan, &in_use));

@@ -68,6 +68,16 @@ pub mod dra {
 
 /// API version sent in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
+
+/// The options slicelet announces for every resource, at `Register` and from
+/// `GetDevicePluginOptions`: GetPreferredAllocation is implemented, PreStartContainer is not
+/// needed.
+pub const fn device_plugin_options() -> DevicePluginOptions {
+    DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: true,
+    }
+}
 /// Health value of a usable device in `Device.health`.
 pub const HEALTHY: &str = "Healthy";
 /// Health value of an unusable device in `Device.health`.

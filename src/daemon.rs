@@ -21,11 +21,12 @@
 //!   field path and shown by `/readyz`.
 //! - NVML failing at start: `flags.failOnInitError` (default true) decides between exiting with
 //!   an error and staying up advertising nothing while retrying discovery periodically.
-//! - Nothing here calls NVML: the hardware actor ([`crate::inventory::actor`]) does, on its own
+//! - Nothing here calls NVML: the hardware actor ([`hardware`]) does, on its own
 //!   thread, so a slow NVML call never stalls Allocate or ListAndWatch.
 //! - Shutdown has one overall deadline for every server, registration and MPS daemon.
 
 mod fold;
+pub mod hardware;
 mod servers;
 
 use std::path::{Path, PathBuf};
@@ -38,7 +39,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use self::fold::{Action, HealthEnv, Input, State};
-use crate::inventory::actor::{Command, Hardware, Report};
 use crate::inventory::nvml::NvmlSource;
 use crate::inventory::simulated::SimulatedSource;
 use crate::inventory::{GpuSource, Inventory, InventoryError};
@@ -52,6 +52,7 @@ pub use crate::settings::Settings;
 pub use crate::status::Status;
 use crate::status::{self as status_http, Metrics};
 use crate::watch::{self as fswatch, Inbox, WatchError};
+use hardware::{Command, Hardware, Report};
 
 /// Debounce between a change in the policy directory and the re-read (a ConfigMap's `..data`
 /// swap, the atomic writer's commit point, is read at once instead).
@@ -66,8 +67,8 @@ const BIND_RETRY: Duration = Duration::from_secs(1);
 const ALLOCATE_SETTLE: Duration = Duration::from_millis(500);
 
 /// How long the supervisor waits after the last change (a plan or policy applied or rejected,
-/// a registration, a ListAndWatch stream opening) before it lets go of the code and heap
-/// pages that change used ([`crate::residency::settle`]; only in the daemon binary). Long
+/// a registration, a ListAndWatch stream opening) before it returns the free heap pages that
+/// change used ([`crate::residency::settle`]; only in the daemon binary). Long
 /// enough that a start or a kubelet restart settles once, short enough that the idle RSS is
 /// reached within seconds.
 pub const RESIDENCY_SETTLE: Duration = Duration::from_secs(1);
@@ -573,7 +574,7 @@ pub async fn run_target(
     let sampling = settings.sample_interval.filter(|_| plugin_mode);
     let mut sample_timer = timer(sampling.unwrap_or(Duration::from_secs(3600)));
     let sample_request = || {
-        Command::Sample(crate::inventory::actor::SampleRequest {
+        Command::Sample(hardware::SampleRequest {
             proc_root: settings.proc_root.clone(),
             checkpoint: settings.checkpoint_path(),
         })
@@ -699,8 +700,8 @@ pub async fn run_target(
             }
             _ = async { tokio::time::sleep_until(residency_settle.expect("guarded")).await }, if residency_settle.is_some() => {
                 residency_settle = None;
-                let code_bytes = crate::residency::settle();
-                tracing::debug!(code_bytes, "settled: the code and free heap pages of the last change let go");
+                let trimmed = crate::residency::settle();
+                tracing::debug!(trimmed, "settled: the free heap pages of the last change returned");
             }
             _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
                 servers.check_streams();
@@ -983,7 +984,7 @@ impl Shell<'_> {
         }
         if allocation {
             self.usage
-                .allocation(&state.plan, &state.in_use, &self.metrics);
+                .allocation(&state.plan, &state.in_use, &self.metrics.usage);
         }
         self.publish_status(state);
     }
@@ -1000,7 +1001,7 @@ impl Shell<'_> {
                     tracing::debug!(error = %e, "the kubelet's device checkpoint is not usable: GPU use is attributed to GPUs only");
                 }
                 self.usage
-                    .sampled(&s, &state.plan, &state.in_use, &self.metrics);
+                    .sampled(&s, &state.plan, &state.in_use, &self.metrics.usage);
                 self.status.send_modify(|st| st.samples += 1);
             }
             Err(e) => {

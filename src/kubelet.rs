@@ -121,7 +121,7 @@ pub async fn register(
         version: api::VERSION.to_string(),
         endpoint: endpoint.to_string(),
         resource_name: resource.to_string(),
-        options: Some(crate::plugin::options()),
+        options: Some(api::device_plugin_options()),
     };
     let superseded = || RegisterError::Superseded {
         resource: resource.to_string(),

@@ -20,6 +20,7 @@ pub mod cdi;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
+pub mod device_health;
 pub mod dra;
 pub mod errors;
 pub mod health;

@@ -9,22 +9,6 @@ use slicelet::cli::{Cli, Command, LogFormat, OutputFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-/// `pow` for the whole process, from the `libm` crate (a Rust port of musl's), so that glibc's
-/// `libm.so.6` is not loaded at all: its only caller is tokio's multi-thread scheduler (the
-/// poll-time moving average, `f64::powf`), and mapping the library for it cost about 400 KiB
-/// of idle RSS (its code, tables and symbol lookup pages, measured with
-/// `/proc/<pid>/smaps`). Same C signature and IEEE 754 semantics as C's `pow(3)` (results
-/// within 1 ulp; `errno` is not set, which no caller here reads). The linker resolves the
-/// reference to this definition first, and rustc links with `--as-needed`, so `libm.so.6`
-/// leaves the binary's `NEEDED` list.
-#[allow(unsafe_code)]
-// SAFETY: no other definition of `pow` is linked into the binary (std and the dependencies
-// only call it); the function is pure and has C's `double pow(double, double)` ABI.
-#[unsafe(no_mangle)]
-pub extern "C" fn pow(x: f64, y: f64) -> f64 {
-    libm::pow(x, y)
-}
-
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_env("SLICELET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal as _;
@@ -126,7 +110,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let daemon = matches!(cli.command, Command::Run(_) | Command::Mps(_));
     if daemon {
-        // A long-running daemon: keep only the code and heap it uses while idle resident.
+        // A long-running daemon: at most two malloc arenas.
         slicelet::residency::enable();
     }
     match run(cli) {
@@ -139,23 +123,5 @@ fn main() -> ExitCode {
             eprintln!("error: {}", slicelet::errors::chain(e.as_ref()));
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The process-wide `pow` answers as C's does: exactly where the result is exact, IEEE 754
-    /// special cases, and tokio's use (`(1 - alpha)^n` of its poll-time moving average).
-    #[test]
-    fn pow_answers_as_c_does() {
-        assert_eq!(super::pow(2.0, 10.0), 1024.0);
-        assert_eq!(super::pow(0.5, 3.0), 0.125);
-        assert_eq!(super::pow(9.0, 0.5), 3.0);
-        assert_eq!(super::pow(7.0, 0.0), 1.0);
-        assert_eq!(super::pow(f64::NAN, 0.0), 1.0);
-        assert_eq!(super::pow(0.0, -1.0), f64::INFINITY);
-        assert!(super::pow(-1.0, 0.5).is_nan());
-        assert_eq!(super::pow(0.9, 16.0), 0.18530201888518416);
-        assert_eq!(super::pow(2.0, 0.5), std::f64::consts::SQRT_2);
     }
 }

@@ -1350,6 +1350,7 @@ pub fn device_encoded_len(id_len: usize, health: Health, numa: Option<i64>) -> u
     len
 }
 
+pub mod dra_names;
 pub mod drain;
 mod mps;
 pub use mps::{

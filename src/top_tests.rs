@@ -203,8 +203,8 @@ async fn once_against_the_real_status_endpoint() {
     let plan = plan();
     let metrics = Arc::new(crate::status::Metrics::new());
     let mut usage = crate::usage::report::Usage::new();
-    usage.allocation(&plan, &in_use, &metrics);
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.allocation(&plan, &in_use, metrics.usage());
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     // No supervisor answers view requests here: the set view is served.
     metrics.set_view(Arc::new(usage.view(&plan, &in_use)));
     let status = crate::status::Status {

@@ -42,14 +42,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::health::Health;
 use crate::inventory::Inventory;
-use crate::plan::{physical_uuid, Plan, ResourcePlan, Strategy, VirtualDevice};
+use crate::plan::dra_names::hex_digest;
+pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};
+use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// The longest string attribute value the API server accepts, characters.
 pub const MAX_STRING_ATTRIBUTE: usize = 64;
-/// The longest DNS label (a device name), characters.
-pub const MAX_DNS_LABEL: usize = 63;
 /// The longest object name (a DNS subdomain: a slice's name), characters.
 pub const MAX_OBJECT_NAME: usize = 253;
 
@@ -86,58 +86,6 @@ pub struct PublishedDevice {
     pub resource: String,
     /// The device ID in that resource (`<uuid>` or `<uuid>::<n>`).
     pub id: String,
-}
-
-/// The DNS label a device ID is published under: `gpu-<uuid>` for a `GPU-<uuid>` unit,
-/// `mig-<uuid>` for a `MIG-<uuid>` one, the UUID part lowercased, and `-r<n>` appended for
-/// replica `n` (`<uuid>::<n>`). An ID that does not give a DNS label that way (other
-/// characters, over 63 characters) is named `dev-<32 hex digits of SHA-256 of the ID>`.
-/// Deterministic: the same ID always gives the same name.
-pub fn device_name(id: &str) -> String {
-    let uuid = physical_uuid(id);
-    let replica = id.split_once("::").map(|(_, n)| n);
-    let lower = uuid.to_ascii_lowercase();
-    let base = if let Some(rest) = lower.strip_prefix("gpu-") {
-        format!("gpu-{rest}")
-    } else if let Some(rest) = lower.strip_prefix("mig-") {
-        format!("mig-{rest}")
-    } else {
-        lower
-    };
-    let name = match replica {
-        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-            format!("{base}-r{n}")
-        }
-        Some(_) => String::new(),
-        None => base,
-    };
-    if is_dns_label(&name) {
-        name
-    } else {
-        format!("dev-{}", hex_digest(id, 16))
-    }
-}
-
-/// Whether `s` is a DNS label: 1–63 characters of `[a-z0-9-]`, alphanumeric at both ends
-/// (RFC 1123, what Kubernetes checks device names against).
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_DNS_LABEL
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn hex_digest(text: &str, bytes: usize) -> String {
-    use sha2::{Digest, Sha256};
-    use std::fmt::Write as _;
-    let digest = Sha256::digest(text.as_bytes());
-    let mut out = String::with_capacity(bytes * 2);
-    for b in &digest[..bytes] {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 /// The name of slice `n` of the pool: `<node>-<driver>-<n>`, the driver's dots turned into

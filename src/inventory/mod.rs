@@ -3,14 +3,14 @@
 //! a simulated node file ([`simulated::SimulatedSource`]). Nothing here decides sharing.
 //! [`mig`] holds the MIG facts both sources share (profile names, nvidia-caps minors).
 
-pub mod actor;
 pub mod compute;
 pub mod mig;
 pub mod nvml;
+pub mod sample;
 pub mod simulated;
 pub mod topology;
 
-use crate::health::Health;
+use crate::device_health::Health;
 use std::path::PathBuf;
 
 /// One MIG device (a GPU instance with one compute instance) of a MIG-enabled GPU.
@@ -280,11 +280,11 @@ pub struct XidEvent {
 
 /// Where a source's background event watcher delivers health events (the hardware actor
 /// forwards them to the supervisor's bounded channel; see [`actor`]).
-pub type EventSink = std::sync::Arc<dyn Fn(crate::health::HealthEvent) + Send + Sync>;
+pub type EventSink = std::sync::Arc<dyn Fn(crate::device_health::HealthEvent) + Send + Sync>;
 
 /// A source of GPUs: NVML on a real node, a file for a simulated one. Every method may block
 /// (NVML calls can take hundreds of milliseconds): they are called only on the hardware actor's
-/// thread ([`actor::Hardware`]), never on the async runtime.
+/// thread ([`crate::daemon::hardware::Hardware`]), never on the async runtime.
 pub trait GpuSource: Send {
     /// Discovers every GPU now.
     ///
@@ -329,7 +329,7 @@ pub trait GpuSource: Send {
     /// # Errors
     /// [`InventoryError`] when the source as a whole cannot be sampled (NVML cannot count its
     /// GPUs, a simulated node file that became invalid); the caller keeps the last figures.
-    fn sample(&mut self) -> Result<Vec<crate::usage::GpuSample>, InventoryError> {
+    fn sample(&mut self) -> Result<Vec<crate::inventory::sample::GpuSample>, InventoryError> {
         Ok(Vec::new())
     }
 

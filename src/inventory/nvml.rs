@@ -55,7 +55,7 @@
 //! `NVML_ERROR_GPU_IS_LOST` (or gives no valid UUID) is left out of the sample. Only failing
 //! to count the GPUs fails it.
 
-use crate::health::Health;
+use crate::device_health::Health;
 use std::ffi::OsStr;
 use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
@@ -67,8 +67,8 @@ use nvml_wrapper::{Device, Nvml};
 use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
-use crate::health::HealthEvent;
-use crate::usage::{GpuSample, MigSample, ProcessSample};
+use crate::device_health::HealthEvent;
+use crate::inventory::sample::{GpuSample, MigSample, ProcessSample};
 
 /// Library loaded when no path is given (the soname the NVIDIA driver installs).
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";

@@ -60,7 +60,7 @@
 //! and more than [`MAX_PROCESSES`] processes, each error naming its path
 //! (`gpus[0].processes[2].smUtil`).
 
-use crate::health::Health;
+use crate::device_health::Health;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -69,8 +69,8 @@ use sha2::{Digest, Sha256};
 use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
+use crate::inventory::sample::{GpuSample, MigSample, ProcessSample};
 use crate::policy::Limits;
-use crate::usage::{GpuSample, MigSample, ProcessSample};
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
 pub const MAX_GPU_SLICES: u32 = 7;

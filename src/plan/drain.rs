@@ -200,13 +200,13 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
 }
 
 /// `in_use` with the DRA devices claims hold as device IDs of the DRA resources of `previous`
-/// (the plan that published them; a device's slice name is [`crate::dra::slices::device_name`]
+/// (the plan that published them; a device's slice name is [`super::dra_names::device_name`]
 /// of its ID).
 fn claims_as_ids(in_use: &InUse, previous: &Plan) -> InUse {
     let mut out = in_use.clone();
     for (name, res) in previous.resources.iter().filter(|(_, r)| r.dra) {
         for d in &res.devices {
-            if let Some(holders) = in_use.claimed.get(&crate::dra::slices::device_name(&d.id)) {
+            if let Some(holders) = in_use.claimed.get(&super::dra_names::device_name(&d.id)) {
                 for h in holders {
                     out.insert(name, &d.id, h.clone());
                 }

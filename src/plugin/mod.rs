@@ -21,14 +21,7 @@ use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::authority::AnyAuthority;
 use crate::plan::{Plan, ResourcePlan};
 
-/// The options slicelet announces for every resource: GetPreferredAllocation is implemented,
-/// PreStartContainer is not needed.
-pub fn options() -> api::DevicePluginOptions {
-    api::DevicePluginOptions {
-        pre_start_required: false,
-        get_preferred_allocation_available: true,
-    }
-}
+pub use crate::api::device_plugin_options as options;
 
 /// The ListAndWatch message for a resource: every device with its health and NUMA node.
 pub fn list_response(res: &ResourcePlan) -> api::ListAndWatchResponse {

@@ -198,14 +198,14 @@ impl Default for Delivery {
             strategies: DeviceListStrategies::default(),
             id: DeviceIdStrategy::default(),
             annotation_prefix: DEFAULT_ANNOTATION_PREFIX.to_string(),
-            cdi_kind: crate::cdi::DEFAULT_KIND.to_string(),
+            cdi_kind: super::cdi::DEFAULT_KIND.to_string(),
         }
     }
 }
 
 impl Delivery {
     /// The same delivery with CDI names qualified by `kind` (the node's `--cdi-kind`, already
-    /// checked by [`crate::cdi::parse_kind`]).
+    /// checked by [`super::cdi::parse_kind`]).
     pub fn with_cdi_kind(mut self, kind: &str) -> Self {
         kind.clone_into(&mut self.cdi_kind);
         self

@@ -5,6 +5,7 @@
 //! Validation here is node-independent; rules that depend on the GPUs present (a GPU claimed
 //! twice, a rename colliding with whole GPUs) are checked by [`crate::plan::build`].
 
+pub mod cdi;
 pub mod delivery;
 pub mod mps;
 pub mod names;

@@ -15,10 +15,11 @@ use prometheus_client::metrics::family::Family;
 
 use crate::plan::{physical_uuid, Plan};
 use crate::podres::{Holder, InUse};
-use crate::status::{
-    AllocationLabels, ContainerLabels, GpuLabels, Metrics, MigLabels, ResourceLabels, UuidLabels,
-};
 use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
+use crate::usage::metrics::{
+    AllocationLabels, ContainerLabels, GpuLabels, MigLabels, ResourceLabels, UsageMetrics,
+    UuidLabels,
+};
 use crate::usage::view::{DeviceView, GpuView, HolderView, NodeView};
 use crate::usage::Samples;
 
@@ -103,11 +104,17 @@ impl Usage {
     /// time where its SM use is > 0, writes the GPU, MIG, container and unattributed gauges
     /// (removing the series of GPUs and containers no longer there), counts the sample
     /// (`slicelet_samples_total`) and publishes the new `/status` view.
-    pub fn sampled(&mut self, samples: &Samples, plan: &Plan, in_use: &InUse, metrics: &Metrics) {
+    pub fn sampled(
+        &mut self,
+        samples: &Samples,
+        plan: &Plan,
+        in_use: &InUse,
+        metrics: &UsageMetrics,
+    ) {
         let figures = attribute(samples, plan, in_use);
         // Milliseconds to seconds: exact for any real date (below 2^53 ms).
         let now = samples.at_unix_ms as f64 / 1000.0;
-        let m = &metrics.usage;
+        let m = metrics;
 
         let mut seen = HashSet::new();
         let mut containers = HashSet::new();
@@ -198,8 +205,8 @@ impl Usage {
         self.figures = Some(figures);
     }
 
-    fn sync_containers(&mut self, metrics: &Metrics, now: HashSet<ContainerLabels>) {
-        let m = &metrics.usage;
+    fn sync_containers(&mut self, metrics: &UsageMetrics, now: HashSet<ContainerLabels>) {
+        let m = metrics;
         for gone in self.written.containers.difference(&now) {
             m.container_sm.remove(gone);
             m.container_memory.remove(gone);
@@ -214,8 +221,8 @@ impl Usage {
     /// `slicelet_draining_devices` (the plan's [`crate::plan::Drain::draining`]) per resource;
     /// removes the series (and last active times) of containers and devices that are gone; and
     /// publishes the new `/status` view.
-    pub fn allocation(&mut self, plan: &Plan, in_use: &InUse, metrics: &Metrics) {
-        let m = &metrics.usage;
+    pub fn allocation(&mut self, plan: &Plan, in_use: &InUse, metrics: &UsageMetrics) {
+        let m = metrics;
         let mut allocation = HashSet::new();
         let mut live: HashSet<ContainerLabels> = HashSet::new();
         for (resource, id, holders) in in_use.iter() {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::plan::replica_id;
+use crate::status::Metrics;
 use crate::usage::attribute::tests::{holder, plan, two_pods, GPU0, GPU1, MIB};
 
 const SHARED: &str = "nvidia.com/gpu-shared";
@@ -71,7 +72,7 @@ fn last_active_advances_only_while_busy_and_is_forgotten() {
         samples.at_unix_ms = at;
         samples.gpus[0].processes[0].sm_util_percent = Some(sm_a);
         samples.gpus[0].processes[1].sm_util_percent = Some(sm_b);
-        usage.sampled(&samples, &plan, &in_use, &metrics);
+        usage.sampled(&samples, &plan, &in_use, metrics.usage());
         assert_eq!(usage.last_active(&a, GPU0), Some(want_a), "a at {at}");
         assert_eq!(usage.last_active(&b, GPU0), Some(want_b), "b at {at}");
         let text = metrics.encode();
@@ -99,16 +100,16 @@ fn last_active_advances_only_while_busy_and_is_forgotten() {
     // b's pod is gone: forgotten at the allocation change, and stays so.
     let mut without_b = InUse::default();
     without_b.insert(SHARED, &replica_id(GPU0, 0), a.clone());
-    usage.allocation(&plan, &without_b, &metrics);
+    usage.allocation(&plan, &without_b, metrics.usage());
     assert_eq!(usage.last_active(&b, GPU0), None);
     assert_eq!(usage.last_active(&a, GPU0), Some(15.0));
     // Back after a while: it starts over from when it is first seen again.
     samples.at_unix_ms = 30_000;
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     assert_eq!(usage.last_active(&b, GPU0), Some(30.0));
     // Gone from a sample (pod-resources not yet refreshed): forgotten too.
     samples.at_unix_ms = 35_000;
-    usage.sampled(&samples, &plan, &without_b, &metrics);
+    usage.sampled(&samples, &plan, &without_b, metrics.usage());
     assert_eq!(usage.last_active(&b, GPU0), None);
 }
 
@@ -118,8 +119,8 @@ fn metrics_text_and_stale_series() {
     let (samples, in_use) = two_pods();
     let metrics = Metrics::new();
     let mut usage = Usage::new();
-    usage.allocation(&plan, &in_use, &metrics);
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.allocation(&plan, &in_use, metrics.usage());
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     let (r0, r1) = (replica_id(GPU0, 0), replica_id(GPU0, 1));
     let alloc = |id: &str, pod: &str| {
         format!(
@@ -201,11 +202,11 @@ fn metrics_text_and_stale_series() {
     // b is gone and GPU1 is no longer sampled: their series go, nothing else changes.
     let mut without_b = InUse::default();
     without_b.insert(SHARED, &r0, holder("ml", "a", "main"));
-    usage.allocation(&plan, &without_b, &metrics);
+    usage.allocation(&plan, &without_b, metrics.usage());
     let mut one_gpu = samples.clone();
     one_gpu.gpus.truncate(1);
     one_gpu.gpus[0].processes.truncate(1);
-    usage.sampled(&one_gpu, &plan, &without_b, &metrics);
+    usage.sampled(&one_gpu, &plan, &without_b, metrics.usage());
     metrics.sample_failed();
     let mut want: Vec<String> = vec![alloc(&r0, "a")];
     want.extend(per_resource("resource_allocated_devices", 1, 0));
@@ -221,7 +222,7 @@ fn metrics_text_and_stale_series() {
     // A figure NVML stops giving loses its series; a draining device is counted.
     let mut no_util = one_gpu.clone();
     no_util.gpus[0].utilization_percent = None;
-    usage.sampled(&no_util, &plan, &without_b, &metrics);
+    usage.sampled(&no_util, &plan, &without_b, metrics.usage());
     let text = metrics.encode();
     assert!(
         !text.contains("slicelet_gpu_utilization_percent{"),
@@ -234,7 +235,7 @@ fn metrics_text_and_stale_series() {
         .entry(SHARED.into())
         .or_default()
         .insert(replica_id(GPU1, 0), "draining: held by ml/x".into());
-    usage.allocation(&draining, &without_b, &metrics);
+    usage.allocation(&draining, &without_b, metrics.usage());
     assert!(metrics.encode().contains(&format!(
         "slicelet_draining_devices{{resource=\"{SHARED}\"}} 1"
     )));
@@ -251,7 +252,7 @@ fn status_view_and_json_round_trip() {
     assert_eq!(view.gpus.len(), 2);
     assert_eq!(view.gpus[0].model, None);
     assert_eq!(view.gpus[0].devices[0].sm_util_percent, None);
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     let view = usage.view(&plan, &in_use);
     let g0 = &view.gpus[0];
     assert_eq!((g0.index, g0.uuid.as_str()), (0, GPU0));
@@ -316,8 +317,8 @@ fn a_large_node_renders_every_series() {
     let (plan, in_use, samples) = synthetic_node(GPUS, REPLICAS, CONTAINERS);
     let metrics = Metrics::new();
     let mut usage = Usage::new();
-    usage.allocation(&plan, &in_use, &metrics);
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.allocation(&plan, &in_use, metrics.usage());
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     let series = usage_series(&metrics.encode());
     let count = |prefix: &str| series.iter().filter(|l| l.starts_with(prefix)).count();
     let c = CONTAINERS as usize;

@@ -1,5 +1,5 @@
 //! One sample of the node, taken on the hardware actor's thread
-//! ([`crate::inventory::actor::Command::Sample`]): the source's figures
+//! ([`crate::daemon::hardware::Command::Sample`]): the source's figures
 //! ([`GpuSource::sample`]), each process's pod from its cgroup ([`super::cgroup`]), and the
 //! kubelet's device checkpoint ([`super::checkpoint`]).
 //!

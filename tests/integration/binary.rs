@@ -1110,12 +1110,11 @@ async fn run_writes_node_labels_from_nvml_and_sigterm_removes_them() {
     );
 }
 
-/// The daemon binary defines `pow` itself (`src/main.rs`, from the `libm` crate), so glibc's
-/// `libm.so.6` is not mapped at all (it cost about 400 KiB of idle RSS for tokio's one call);
-/// and after it settled (`residency::settle`: its code pages let go RESIDENCY_SETTLE after the
-/// last change) it still answers Allocate and re-registers after a kubelet restart.
+/// The daemon settles after the last change (`residency::settle`, RESIDENCY_SETTLE later: the
+/// heap's free pages returned, nothing else) and still answers Allocate and re-registers after
+/// a kubelet restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemon_maps_no_libm_and_serves_after_settling() {
+async fn the_daemon_serves_after_settling() {
     let node = Node::new(&ts_policy(2));
     let mut emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
     let sim = node_file("l4-x1.yaml");
@@ -1126,23 +1125,9 @@ async fn the_daemon_maps_no_libm_and_serves_after_settling() {
         &[("SLICELET_LOG", log_filter)],
     );
     let state = wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
-    let pid = child.id().unwrap();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let libraries: std::collections::BTreeSet<&str> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| p.contains(".so"))
-        .collect();
-    assert!(
-        libraries.iter().all(|p| !p.contains("/libm.so")),
-        "libm is mapped: {libraries:?}"
-    );
-    // The settle is logged at debug level with the bytes of code mappings it let go.
+    // The settle is logged at debug level, with whether glibc returned pages.
     let log = wait_for_log(&mut child, "settled").await;
-    assert!(
-        log.contains("code_bytes=") && !log.contains("code_bytes=0 "),
-        "{log}"
-    );
+    assert!(log.contains("trimmed="), "{log}");
     let ids = ids_of(&state, "nvidia.com/gpu-shared");
     let answer = allocate(&emu, "nvidia.com/gpu-shared", &ids[..1]).await;
     assert!(answer.is_ok(), "Allocate after settling: {answer:?}");

@@ -11,6 +11,7 @@ mod fixtures;
 mod hostile;
 mod interop;
 mod labels;
+mod layers;
 mod live;
 mod manifests;
 pub mod mps;

@@ -297,8 +297,8 @@ fn examples_and_readme_use_only_registered_metrics() {
         memory_total_bytes: Some(10 << 30),
     });
     let mut usage = slicelet::usage::report::Usage::new();
-    usage.allocation(&plan, &in_use, &metrics);
-    usage.sampled(&samples, &plan, &in_use, &metrics);
+    usage.allocation(&plan, &in_use, metrics.usage());
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
     metrics.set_plan(&plan);
     metrics.policy_applied(1);
     let exposed = exposed_names(&metrics.encode());

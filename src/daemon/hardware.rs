@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::compute::ComputeModes;
-use super::{EventSink, GpuSource, Inventory, InventoryError};
-use crate::health::HealthEvent;
+use crate::device_health::HealthEvent;
+use crate::inventory::compute::ComputeModes;
+use crate::inventory::{EventSink, GpuSource, Inventory, InventoryError};
 
 /// How long a hardware thread waits for room in the supervisor's channel before it drops a
 /// report (and logs it).
@@ -297,9 +297,9 @@ mod tests {
         fn describe(&self) -> String {
             "slow".into()
         }
-        fn sample(&mut self) -> Result<Vec<crate::usage::GpuSample>, InventoryError> {
+        fn sample(&mut self) -> Result<Vec<crate::inventory::sample::GpuSample>, InventoryError> {
             self.calls.fetch_add(100, Ordering::SeqCst);
-            Ok(vec![crate::usage::GpuSample {
+            Ok(vec![crate::inventory::sample::GpuSample {
                 uuid: "GPU-x".into(),
                 processes: vec![
                     crate::usage::ProcessSample {

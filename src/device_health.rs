@@ -1,0 +1,88 @@
+//! A device's health and the events that change it, as plain types: the hardware sources
+//! ([`crate::inventory`]) report them, [`crate::health`] folds them. A leaf: it uses no other
+//! module of the crate.
+
+/// A device's health as the kubelet sees it (the v1beta1 `Device.health` strings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Health {
+    /// Usable: advertised `Healthy`.
+    #[default]
+    Healthy,
+    /// Not usable: advertised `Unhealthy` (the kubelet allocates it to nobody new).
+    Unhealthy,
+}
+
+impl Health {
+    /// `Healthy` or `Unhealthy`, as the kubelet's device-plugin API spells it
+    /// (`pluginapi.Healthy` / `pluginapi.Unhealthy`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        }
+    }
+
+    /// `Healthy` when `healthy`.
+    pub const fn from_bool(healthy: bool) -> Self {
+        if healthy {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        }
+    }
+
+    /// Healthy only when both are.
+    pub const fn and(self, other: Health) -> Health {
+        Health::from_bool(self.is_healthy() && other.is_healthy())
+    }
+
+    /// True for [`Health::Healthy`].
+    pub const fn is_healthy(self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+impl std::fmt::Display for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one source of device health observed about one device (a GPU or a MIG device, by
+/// UUID). Every source of health arrives as one of these into [`crate::health::Tracker`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// An Xid on the device (NVML event, or a simulated node's `xid:`). Critical ones (see
+    /// [`crate::health::XidPolicy`]) make it Unhealthy until the quiet period passed and a probe answers.
+    Xid {
+        /// The device's UUID.
+        uuid: String,
+        /// The Xid number.
+        xid: u64,
+    },
+    /// Whether the device is watched for Xid events (NVML event registration). Not watched
+    /// means fail closed: Unhealthy until a later registration succeeds.
+    Watched {
+        /// The device's UUID.
+        uuid: String,
+        /// Registration failure, or `None` when it is watched (or cannot report Xids at all).
+        failure: Option<String>,
+    },
+    /// Whether the device's CDI name resolves in the node's CDI specs (checked with a `cdi-*`
+    /// `deviceListStrategy`, see [`crate::cdi::unresolved`]). Not resolving means Unhealthy:
+    /// a container given it would start without its GPU.
+    Cdi {
+        /// The device's UUID.
+        uuid: String,
+        /// Why its name does not resolve, or `None` when it does (or is no longer checked).
+        failure: Option<String>,
+    },
+    /// Whether the device's MPS control daemon is ready (running, answering, limits set).
+    /// Only counts for devices the plan runs a daemon for ([`crate::health::Tracker::set_mps_wanted`]).
+    MpsReady {
+        /// The GPU or MIG UUID the daemon serves.
+        uuid: String,
+        /// Ready or not.
+        ready: bool,
+    },
+}
