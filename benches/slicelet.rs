@@ -632,8 +632,8 @@ fn main() {
                 }))
                 .unwrap();
             let at_list = rss_kib(child.id(), "VmRSS");
-            // Idle: nothing has changed for SETTLED, so the daemon has let go of what its start
-            // used (`residency::settle`, RESIDENCY_SETTLE after the last change).
+            // Idle: nothing has changed for SETTLED, so the daemon has returned the free heap
+            // pages its start used (`residency::settle`, RESIDENCY_SETTLE after the last change).
             std::thread::sleep(SETTLED);
             let idle = rss_kib(child.id(), "VmRSS");
             if gpus == 8 && !node_watch {
@@ -1034,11 +1034,9 @@ fn main() {
 }
 
 /// The daemon binary the process rows (6, 7, 11) run: `SLICELET_BENCH_BIN` when set (the
-/// release build, `cargo build --release`: its code layout is what `link/symbol-order.txt`
-/// was recorded for), else the bench-profile build of this run. `cargo bench` compiles the
-/// binary together with the dev-dependencies, whose features change the dependencies' symbol
-/// hashes, so the order list matches the release build's names only and the bench build's
-/// resident memory is that of an unordered binary.
+/// release build, `cargo build --release`, as shipped), else the bench-profile build of this
+/// run (`cargo bench` compiles the binary together with the dev-dependencies, whose features
+/// make it larger than the shipped one).
 fn daemon_binary() -> String {
     std::env::var("SLICELET_BENCH_BIN")
         .ok()

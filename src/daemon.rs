@@ -28,6 +28,7 @@
 mod fold;
 pub mod hardware;
 mod servers;
+mod supervisor;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,10 +50,10 @@ use crate::plugin;
 use crate::policy;
 use crate::policy::select;
 pub use crate::settings::Settings;
+use crate::status::Metrics;
 pub use crate::status::Status;
-use crate::status::{self as status_http, Metrics};
-use crate::watch::{self as fswatch, Inbox, WatchError};
-use hardware::{Command, Hardware, Report};
+use crate::watch::WatchError;
+use hardware::{Command, Hardware};
 
 /// Debounce between a change in the policy directory and the re-read (a ConfigMap's `..data`
 /// swap, the atomic writer's commit point, is read at once instead).
@@ -323,488 +324,30 @@ pub async fn run_target(
     shutdown: CancellationToken,
     status: watch::Sender<Status>,
 ) -> Result<(), DaemonError> {
-    let plugin_mode = target == Target::DevicePlugin;
-    if plugin_mode {
-        std::fs::create_dir_all(&settings.device_plugin_path).map_err(|source| {
-            DaemonError::DevicePluginDir {
-                path: settings.device_plugin_path.clone(),
-                source,
-            }
-        })?;
-    }
-    let env = HealthEnv {
-        disable: settings.disable_healthchecks.clone(),
-        enable: settings.enable_healthchecks.clone(),
-    };
-    for e in crate::health::XidPolicy::new(env.disable.as_deref(), env.enable.as_deref(), &[], &[])
-        .skipped
-    {
-        tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
-    }
-    let inbox = Inbox::default();
-    let watch_all = |inbox: &Inbox| -> Result<fswatch::Watches, WatchError> {
-        if plugin_mode {
-            fswatch::start(
-                &settings.config,
-                &settings.device_plugin_path,
-                settings.simulate.as_deref(),
-                inbox,
-            )
-        } else {
-            fswatch::start_policy(&settings.config, settings.simulate.as_deref(), inbox)
-        }
-    };
-    let mut _watches = watch_all(&inbox)?;
-    let status = Arc::new(status);
-    let metrics = Arc::new(Metrics::new());
-    let status_server = match settings.status_address.filter(|_| plugin_mode) {
-        Some(address) => {
-            let (local, handle) = status_http::serve(
-                address,
-                status.subscribe(),
-                Arc::clone(&metrics),
-                shutdown.child_token(),
-            )
-            .await
-            .map_err(|source| DaemonError::Status { address, source })?;
-            tracing::info!(address = %local, "serving /healthz, /readyz and /metrics");
-            status.send_modify(|s| s.address = Some(local));
-            Some(handle)
-        }
-        None => None,
-    };
-
-    // The hardware actor: every NVML call happens on its thread.
-    let (report_tx, mut reports) = mpsc::channel(CHANNEL_CAPACITY);
-    let opener_settings = settings.clone();
-    let hardware = Hardware::spawn(Box::new(move || open_source(&opener_settings)), report_tx);
-    let (mps_tx, mut mps_events) = mpsc::channel(CHANNEL_CAPACITY);
-    let mut mps_config = settings.mps.clone();
-    if !plugin_mode {
-        mps_config.external = false;
-    }
-    let owns_compute = !mps_config.external;
-    let mps = mps::Supervisor::spawn(mps_config, mps_tx);
-
-    let (plans, _) = watch::channel(Arc::new(Plan::default()));
-    let (mut servers, mut server_events) = servers::Servers::new(
-        settings.device_plugin_path.clone(),
-        settings.dev_root.clone(),
-        plans.subscribe(),
-        shutdown.clone(),
-        Arc::clone(&status),
-        Arc::clone(&metrics),
-        settings.stream_grace,
-    );
-    // DRA (`--dra`): the policy's DRA resources published as ResourceSlices and prepared for
-    // the kubelet's DRA manager, from the same plan.
-    let (dra_inputs, dra_rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
-    let dra = settings
-        .dra
-        .clone()
-        .filter(|_| plugin_mode)
-        .map(|s| crate::dra::spawn(s, dra_rx, shutdown.child_token()));
-    let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
-    let in_use_socket = settings
-        .pod_resources_socket
-        .clone()
-        .filter(|_| plugin_mode);
-    if in_use_socket.is_some() {
-        state = state.with_in_use_source();
-    }
-    let (in_use_tx, mut in_use_answers) = mpsc::channel(1);
-    let (cdi_tx, mut cdi_specs) = mpsc::channel(1);
-    // /status asks for its view; the answer is built from the state at that moment.
-    let (view_tx, mut view_requests) = mpsc::channel::<crate::status::ViewRequest>(8);
-    if plugin_mode {
-        metrics.answer_views(view_tx);
-    }
-    let labels = settings
-        .nfd_features_file
-        .clone()
-        .filter(|_| plugin_mode)
-        .map(|path| labels::file::Writer::spawn(path, labels_report(Arc::clone(&status))));
-    let mut shell = Shell {
-        plans,
-        status: Arc::clone(&status),
-        metrics: Arc::clone(&metrics),
-        hardware: &hardware,
-        mps: &mps,
-        owns_compute,
-        plugin_mode,
-        labels,
-        labels_content: None,
-        cdi: CdiCheck {
-            dirs: settings.cdi_spec_dirs.clone(),
-            tx: cdi_tx,
-            busy: false,
-            again: false,
-        },
-        in_use: InUseReader {
-            socket: in_use_socket,
-            tx: in_use_tx,
-            busy: false,
-            again: false,
-            last: None,
-        },
-        usage: crate::usage::report::Usage::new(),
-        sample_error: None,
-        dra_inputs: dra.as_ref().map(|_| dra_inputs),
-        unsettled: false,
-    };
-    // What is in use, asked at once so the first plan already keeps what running containers
-    // hold (slicelet restarted with a changed policy); the answer is awaited with the first
-    // discovery below.
-    shell.in_use.start();
-
-    // Start: the policy decides failOnInitError, so read it and discover GPUs, then fold both.
-    hardware.send(Command::Discover);
-    // The node's config label, when a directory of configs is chosen from by label: wait
-    // (bounded, and not past the first API error) for its value, so that a restart does not
-    // serve the default config for a moment.
-    let config_dir = select::is_config_dir(&settings.config);
-    let mut node_label = match &settings.label_watch {
-        Some(w) if config_dir => Some(crate::k8s::watch_label(
-            w.clone(),
-            settings.selection.label.clone(),
-            shutdown.child_token(),
-        )),
-        Some(w) => {
-            tracing::info!(node = %w.node, config = %settings.config.display(), "--config is a file, not a directory of named configs: the node label is not watched");
-            None
-        }
-        None => None,
-    };
-    let mut label_value: Option<String> = None;
-    if let Some(rx) = node_label.as_mut() {
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            r = tokio::time::timeout(settings.label_start_wait, rx.wait_for(|v| v.synced || v.error.is_some())) => {
-                if r.is_err() {
-                    tracing::warn!(waited = ?settings.label_start_wait, "the Kubernetes API gave no node label in time; choosing the config without it until it does");
-                }
-            }
-        }
-        let v = rx.borrow_and_update().clone();
-        label_value.clone_from(&v.value);
-        publish_label(&status, &v);
-    }
-    let first_policy = read_policy_off_loop(
-        settings.config.clone(),
-        config_dir,
-        true,
-        settings.selection.clone(),
-        label_value.clone(),
-    )
-    .await;
-    let fail_on_init_error = match &first_policy {
-        Input::Policy { parsed: Ok(p), .. } => p.fail_on_init_error,
-        _ => true,
-    };
-    let first = loop {
-        let report = tokio::select! {
-            // SIGTERM while the first NVML initialisation or discovery hangs.
-            _ = shutdown.cancelled() => {
-                drop(reports);
-                hardware.shutdown(SHUTDOWN_DEADLINE).await;
-                mps.shutdown(SHUTDOWN_DEADLINE).await;
-                return Ok(());
-            }
-            r = reports.recv() => r,
-        };
-        match report {
-            Some(Report::Discovered(r)) => break r,
-            Some(Report::Health(e)) => shell.fold(&mut state, Input::Health(e), &mut servers),
-            Some(Report::Probed(p)) => shell.fold(&mut state, Input::Probed(p), &mut servers),
-            Some(Report::Sampled(r)) => shell.sampled(r, &state),
-            None => break Err(InventoryError::NvmlCount("hardware thread ended".into())),
-        }
-    };
-    let first = match first {
-        Ok(x) => Ok(x),
-        Err(e) if settings.simulate.is_some() => {
-            hardware.shutdown(SHUTDOWN_DEADLINE).await;
-            return Err(DaemonError::Simulated(e));
-        }
-        Err(e) if fail_on_init_error => {
-            hardware.shutdown(SHUTDOWN_DEADLINE).await;
-            return Err(DaemonError::Inventory(e));
+    let mut supervisor = supervisor::Supervisor::wire(settings, target, shutdown, status).await?;
+    match supervisor.start().await {
+        Ok(true) => {}
+        Ok(false) => {
+            supervisor.abort().await;
+            return Ok(());
         }
         Err(e) => {
-            tracing::error!(error = %crate::errors::chain(&e), retry_in = ?settings.nvml_retry_interval,
-                "GPU discovery failed; failOnInitError is false, so advertising nothing and retrying");
-            Err(crate::errors::chain(&e))
-        }
-    };
-    let discovered = first.is_ok();
-    if shell.in_use.busy {
-        // Bounded by the client's own timeout (5 s); a missing socket answers at once.
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            Some(answer) = in_use_answers.recv() => {
-                shell.in_use.busy = false;
-                shell.fold(&mut state, Input::InUse(answer), &mut servers);
-            }
+            supervisor.abort().await;
+            return Err(e);
         }
     }
-    shell.fold(&mut state, Input::Discovered(first), &mut servers);
-    shell.fold(&mut state, first_policy, &mut servers);
-
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut policy_debounce: Option<Instant> = None;
-    let mut node_debounce: Option<Instant> = None;
-    let mut policy_read: Option<tokio::task::JoinHandle<Input>> = None;
-    let mut policy_again: Option<bool> = None;
-    let mut hardware_gone = false;
-    // Timers never catch up on ticks missed while their arm was disabled or the loop was busy
-    // (a bind retry disabled for an hour would otherwise fire 3,600 times at once).
-    let timer = |period: Duration| {
-        let mut t = tokio::time::interval_at(Instant::now() + period, period);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    };
-    let mut resync = timer(settings.policy_resync_interval);
-    let mut inventory_resync = timer(if discovered {
-        settings.inventory_resync_interval
-    } else {
-        settings.nvml_retry_interval
-    });
-    let mut bind_retry = timer(BIND_RETRY);
-    let mut in_use_refresh = timer(settings.pod_resources_interval);
-    let sampling = settings.sample_interval.filter(|_| plugin_mode);
-    let mut sample_timer = timer(sampling.unwrap_or(Duration::from_secs(3600)));
-    let sample_request = || {
-        Command::Sample(hardware::SampleRequest {
-            proc_root: settings.proc_root.clone(),
-            checkpoint: settings.checkpoint_path(),
-        })
-    };
-    if sampling.is_some() && discovered {
-        hardware.send(sample_request());
-    }
-    let mut allocate_settle: Option<Instant> = None;
-    let mut residency_settle: Option<Instant> = None;
-    loop {
-        if std::mem::take(&mut shell.unsettled) {
-            residency_settle = Some(Instant::now() + RESIDENCY_SETTLE);
-        }
-        let recovery = state.next_deadline().map(Instant::from_std);
-        let stream_deadline = servers.next_stream_deadline();
-        // One policy read at a time; a request while one runs is queued (forced wins).
-        if policy_read.is_none() {
-            if let Some(force) = policy_again.take() {
-                policy_read = Some(tokio::spawn(read_policy_off_loop(
-                    settings.config.clone(),
-                    config_dir,
-                    force,
-                    settings.selection.clone(),
-                    label_value.clone(),
-                )));
-            }
-        }
-        let mut want_policy = |force: bool| {
-            policy_again = Some(policy_again.unwrap_or(false) || force);
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            () = inbox.changed() => {
-                let p = inbox.take();
-                if p.policy_dir_replaced {
-                    match watch_all(&inbox) {
-                        Ok(w) => {
-                            tracing::info!("the policy directory was replaced; watching the new one");
-                            _watches = w;
-                        }
-                        Err(e) => tracing::error!(error = %crate::errors::chain(&e), "re-watching the replaced policy directory failed; the periodic re-read still applies"),
-                    }
-                }
-                if p.policy_commit {
-                    policy_debounce = None;
-                    want_policy(false);
-                } else if p.policy || p.policy_dir_replaced {
-                    policy_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
-                }
-                if p.node {
-                    node_debounce.get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
-                }
-                if p.kubelet || p.plugin_removed {
-                    servers.kubelet_dir_changed();
-                }
-            }
-            done = async { policy_read.as_mut().expect("guarded").await }, if policy_read.is_some() => {
-                policy_read = None;
-                let input = done.unwrap_or_else(|e| Input::PolicyUnreadable {
-                    path: settings.config.clone(),
-                    error: format!("reading the policy failed: {e}"),
-                });
-                shell.fold(&mut state, input, &mut servers);
-            }
-            report = reports.recv(), if !hardware_gone => {
-                let Some(report) = report else {
-                    tracing::error!("the hardware thread ended: no more discoveries, probes or compute-mode changes");
-                    hardware_gone = true;
-                    continue;
-                };
-                let mut next = Some(report);
-                while let Some(r) = next {
-                    let input = match r {
-                        Report::Discovered(r) => {
-                            Input::Discovered(r.map_err(|e| crate::errors::chain(&e)))
-                        }
-                        Report::Health(e) => Input::Health(e),
-                        Report::Probed(p) => Input::Probed(p),
-                        Report::Sampled(r) => {
-                            shell.sampled(r, &state);
-                            next = reports.try_recv().ok();
-                            continue;
-                        }
-                    };
-                    shell.fold(&mut state, input, &mut servers);
-                    next = reports.try_recv().ok();
-                }
-                if state.inventory.is_some() && inventory_resync.period() != settings.inventory_resync_interval {
-                    inventory_resync = timer(settings.inventory_resync_interval);
-                }
-            }
-            changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => {
-                let rx = node_label.as_mut().expect("guarded");
-                let v = rx.borrow_and_update().clone();
-                if changed.is_err() {
-                    // The watch ended (no API configuration): the last value stays.
-                    node_label = None;
-                }
-                publish_label(&status, &v);
-                if v.value != label_value {
-                    label_value = v.value;
-                    want_policy(false);
-                }
-            }
-            Some(ev) = mps_events.recv() => shell.fold(&mut state, Input::Mps(ev), &mut servers),
-            Some(answer) = view_requests.recv() => {
-                let _ = answer.send(shell.usage.view(&state.plan, &state.in_use));
-            }
-            Some(index) = cdi_specs.recv() => {
-                shell.cdi.busy = false;
-                shell.fold(&mut state, Input::CdiSpecs(index), &mut servers);
-                if std::mem::take(&mut shell.cdi.again) {
-                    shell.cdi.start();
-                }
-            }
-            Some(r) = server_events.registered.recv() => {
-                servers.registered(r);
-                shell.unsettled = true;
-            }
-            Some(ev) = server_events.streams.recv() => {
-                servers.stream_event(ev);
-                shell.unsettled = true;
-            }
-            _ = async { tokio::time::sleep_until(residency_settle.expect("guarded")).await }, if residency_settle.is_some() => {
-                residency_settle = None;
-                let trimmed = crate::residency::settle();
-                tracing::debug!(trimmed, "settled: the free heap pages of the last change returned");
-            }
-            _ = async { tokio::time::sleep_until(stream_deadline.expect("guarded")).await }, if stream_deadline.is_some() => {
-                servers.check_streams();
-            }
-            () = server_events.recheck.notified() => servers.kubelet_dir_changed(),
-            () = server_events.allocated.notified() => {
-                allocate_settle.get_or_insert_with(|| Instant::now() + ALLOCATE_SETTLE);
-            }
-            _ = async { tokio::time::sleep_until(allocate_settle.expect("guarded")).await }, if allocate_settle.is_some() => {
-                allocate_settle = None;
-                // Allocates from now on signal again; this read covers those before.
-                server_events.allocated.rearm();
-                shell.in_use.start();
-            }
-            Some(answer) = in_use_answers.recv() => {
-                shell.in_use.busy = false;
-                if std::mem::take(&mut shell.in_use.again) {
-                    // A read was asked for while this one ran (a plan that withdraws devices
-                    // waits on it, or an Allocate came): this answer may predate that, so only
-                    // the next one counts.
-                    shell.in_use.start();
-                } else {
-                    shell.fold(&mut state, Input::InUse(answer), &mut servers);
-                }
-            }
-            _ = in_use_refresh.tick(), if shell.in_use.socket.is_some() => shell.in_use.start(),
-            _ = sample_timer.tick(), if sampling.is_some() && state.inventory.is_some() => {
-                hardware.send(sample_request());
-            }
-            () = servers.reap() => {}
-            _ = async { tokio::time::sleep_until(policy_debounce.expect("guarded")).await }, if policy_debounce.is_some() => {
-                policy_debounce = None;
-                want_policy(false);
-            }
-            _ = async { tokio::time::sleep_until(node_debounce.expect("guarded")).await }, if node_debounce.is_some() => {
-                node_debounce = None;
-                hardware.send(Command::Discover);
-            }
-            _ = async { tokio::time::sleep_until(recovery.expect("guarded")).await }, if recovery.is_some() => {
-                shell.fold(&mut state, Input::RecoveryDue, &mut servers);
-            }
-            Some(_) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => {
-                tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
-                want_policy(true);
-                shell.rediscover(&state);
-            }
-            _ = resync.tick() => want_policy(false),
-            _ = inventory_resync.tick() => shell.rediscover(&state),
-            _ = bind_retry.tick(), if servers.has_unserved() => servers.retry_unserved(),
-        }
-    }
-    // One overall deadline: servers, MPS daemons and the status endpoint stop together, then
-    // the hardware thread restores compute modes in what is left. Nobody reads reports any
-    // more: drop the channels so a hardware thread never waits for room.
-    let deadline = Instant::now() + SHUTDOWN_DEADLINE;
-    drop(reports);
-    drop(mps_events);
-    let labels = shell.labels.take();
-    tokio::join!(
-        servers.shutdown(SHUTDOWN_DEADLINE),
-        mps.shutdown(SHUTDOWN_DEADLINE),
-        async {
-            // Graceful shutdown removes the labels' file: slicelet advertises nothing once it
-            // stops, so NFD must drop the labels (a crash leaves it for the next start).
-            if let Some(w) = labels {
-                w.shutdown(SHUTDOWN_DEADLINE).await;
-            }
-        },
-        async {
-            if let Some(h) = status_server {
-                let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
-            }
-        },
-        async {
-            if let Some(d) = dra {
-                match tokio::time::timeout(SHUTDOWN_DEADLINE, d.task).await {
-                    Ok(Ok(Err(e))) => {
-                        tracing::error!(error = %crate::errors::chain(&e), "DRA stopped with an error")
-                    }
-                    Err(_) => tracing::warn!("DRA did not stop in time"),
-                    _ => {}
-                }
-            }
-        }
-    );
-    hardware
-        .shutdown(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(500)),
-        )
-        .await;
-    tracing::info!("stopped: every stream ended and every socket removed");
+    supervisor.run().await;
+    supervisor.stop().await;
     Ok(())
 }
 
 /// Carries out the fold's actions.
-struct Shell<'a> {
+struct Shell {
     plans: watch::Sender<Arc<Plan>>,
     status: Arc<watch::Sender<Status>>,
     metrics: Arc<Metrics>,
-    hardware: &'a Hardware,
-    mps: &'a mps::Supervisor,
+    hardware: Hardware,
+    mps: mps::Supervisor,
     owns_compute: bool,
     plugin_mode: bool,
     /// The NFD feature file's writer (`--nfd-features-file`).
@@ -919,7 +462,7 @@ impl CdiCheck {
     }
 }
 
-impl Shell<'_> {
+impl Shell {
     /// Re-discovers the GPUs (SIGHUP, the periodic resync) and, where Allocate hands out CDI
     /// names, re-reads the CDI specs (a toolkit upgrade may rewrite them without a plan change).
     fn rediscover(&mut self, state: &State) {

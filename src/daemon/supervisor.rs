@@ -1,0 +1,859 @@
+//! The supervisor's loop, in named steps: [`Supervisor::wire`] builds every part and returns
+//! them as one struct, [`Supervisor::start`] folds the first policy and discovery,
+//! [`Supervisor::run`] waits for the next [`Event`] and hands it to its `on_*` method (each
+//! folds, then acts), and [`Supervisor::stop`] shuts everything down within one deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Interval};
+use tokio_util::sync::CancellationToken;
+
+use super::hardware::{Command, Hardware, Report, SampleRequest};
+use super::{
+    labels_report, open_source, publish_label, read_policy_off_loop, servers, CdiCheck,
+    DaemonError, HealthEnv, InUseReader, Input, Shell, State, Target, ALLOCATE_SETTLE, BIND_RETRY,
+    CHANNEL_CAPACITY, POLICY_DEBOUNCE, RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
+};
+use crate::inventory::InventoryError;
+use crate::k8s::LabelView;
+use crate::mps;
+use crate::plan::Plan;
+use crate::policy::select;
+use crate::settings::Settings;
+use crate::status::{self as status_http, Metrics, Status};
+use crate::watch::{self as fswatch, Inbox, WatchError};
+
+/// The receivers every source of change reports on.
+struct Inputs {
+    reports: mpsc::Receiver<Report>,
+    mps_events: mpsc::Receiver<mps::Event>,
+    in_use_answers: mpsc::Receiver<Result<crate::podres::InUse, String>>,
+    cdi_specs: mpsc::Receiver<crate::cdi::SpecIndex>,
+    view_requests: mpsc::Receiver<crate::status::ViewRequest>,
+    server: servers::ServerEvents,
+}
+
+/// The periodic timers. None catches up on ticks missed while its arm was disabled or the loop
+/// was busy (a bind retry disabled for an hour would otherwise fire 3,600 times at once).
+struct Timers {
+    resync: Interval,
+    inventory_resync: Interval,
+    bind_retry: Interval,
+    in_use_refresh: Interval,
+    sample: Interval,
+}
+
+impl Timers {
+    fn new(settings: &Settings, sampling: Option<Duration>, discovered: bool) -> Timers {
+        Timers {
+            resync: timer(settings.policy_resync_interval),
+            inventory_resync: timer(if discovered {
+                settings.inventory_resync_interval
+            } else {
+                settings.nvml_retry_interval
+            }),
+            bind_retry: timer(BIND_RETRY),
+            in_use_refresh: timer(settings.pod_resources_interval),
+            sample: timer(sampling.unwrap_or(Duration::from_secs(3600))),
+        }
+    }
+}
+
+fn timer(period: Duration) -> Interval {
+    let mut t = tokio::time::interval_at(Instant::now() + period, period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+/// One-shot deadlines the loop waits for (`None`: not armed).
+#[derive(Default)]
+struct Deadlines {
+    policy_debounce: Option<Instant>,
+    node_debounce: Option<Instant>,
+    allocate_settle: Option<Instant>,
+    residency_settle: Option<Instant>,
+}
+
+/// Policy reads: one at a time, off the loop; a request while one runs is queued (a forced
+/// one wins).
+#[derive(Default)]
+struct PolicyReads {
+    running: Option<JoinHandle<Input>>,
+    again: Option<bool>,
+}
+
+/// What woke the loop: one variant per source.
+enum Event {
+    Shutdown,
+    Files,
+    PolicyRead(Result<Input, tokio::task::JoinError>),
+    Report(Option<Report>),
+    Label(bool),
+    Mps(mps::Event),
+    ViewRequest(oneshot::Sender<crate::usage::view::NodeView>),
+    Cdi(crate::cdi::SpecIndex),
+    Registered(servers::Registered),
+    Stream(crate::plugin::StreamEvent),
+    SettleDue,
+    StreamDeadline,
+    Recheck,
+    Allocated,
+    AllocateSettled,
+    InUse(Result<crate::podres::InUse, String>),
+    InUseRefresh,
+    SampleDue,
+    Reaped,
+    PolicyDebounced,
+    NodeDebounced,
+    RecoveryDue,
+    Hangup,
+    Resync,
+    InventoryResync,
+    BindRetry,
+}
+
+/// Everything the supervisor owns (see the module docs).
+pub(super) struct Supervisor {
+    settings: Settings,
+    shutdown: CancellationToken,
+    plugin_mode: bool,
+    config_dir: bool,
+    state: State,
+    shell: Shell,
+    servers: servers::Servers,
+    inputs: Inputs,
+    timers: Timers,
+    deadlines: Deadlines,
+    policy: PolicyReads,
+    inbox: Inbox,
+    watches: fswatch::Watches,
+    status: Arc<watch::Sender<Status>>,
+    status_server: Option<JoinHandle<()>>,
+    dra: Option<crate::dra::DraHandle>,
+    node_label: Option<watch::Receiver<LabelView>>,
+    label_value: Option<String>,
+    hangup: Option<tokio::signal::unix::Signal>,
+    hardware_gone: bool,
+    sampling: Option<Duration>,
+}
+
+/// The watches of the policy directory (and, for the device plugin, the kubelet's directory).
+fn watch_all(
+    settings: &Settings,
+    plugin_mode: bool,
+    inbox: &Inbox,
+) -> Result<fswatch::Watches, WatchError> {
+    if plugin_mode {
+        fswatch::start(
+            &settings.config,
+            &settings.device_plugin_path,
+            settings.simulate.as_deref(),
+            inbox,
+        )
+    } else {
+        fswatch::start_policy(&settings.config, settings.simulate.as_deref(), inbox)
+    }
+}
+
+impl Supervisor {
+    /// Builds every part: watches, the status server, the hardware actor, the MPS supervisor,
+    /// the device-plugin servers, DRA, the in-use, CDI and label readers.
+    ///
+    /// # Errors
+    /// [`DaemonError`]: the device-plugin directory, a watch or the status address.
+    pub(super) async fn wire(
+        settings: Settings,
+        target: Target,
+        shutdown: CancellationToken,
+        status: watch::Sender<Status>,
+    ) -> Result<Supervisor, DaemonError> {
+        let plugin_mode = target == Target::DevicePlugin;
+        if plugin_mode {
+            std::fs::create_dir_all(&settings.device_plugin_path).map_err(|source| {
+                DaemonError::DevicePluginDir {
+                    path: settings.device_plugin_path.clone(),
+                    source,
+                }
+            })?;
+        }
+        let env = health_env(&settings);
+        let inbox = Inbox::default();
+        let watches = watch_all(&settings, plugin_mode, &inbox)?;
+        let status = Arc::new(status);
+        let metrics = Arc::new(Metrics::new());
+        let status_server =
+            serve_status(&settings, plugin_mode, &status, &metrics, &shutdown).await?;
+        let (shell, inputs, servers, dra) =
+            wire_shell(&settings, plugin_mode, &shutdown, &status, &metrics);
+        let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
+        if shell.in_use.socket.is_some() {
+            state = state.with_in_use_source();
+        }
+        let sampling = settings.sample_interval.filter(|_| plugin_mode);
+        let timers = Timers::new(&settings, sampling, true);
+        Ok(Supervisor {
+            config_dir: select::is_config_dir(&settings.config),
+            settings,
+            shutdown,
+            plugin_mode,
+            state,
+            shell,
+            servers,
+            inputs,
+            timers,
+            deadlines: Deadlines::default(),
+            policy: PolicyReads::default(),
+            inbox,
+            watches,
+            status,
+            status_server,
+            dra,
+            node_label: None,
+            label_value: None,
+            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+            hardware_gone: false,
+            sampling,
+        })
+    }
+
+    /// The first fold: what is in use (asked at once, so the first plan keeps what running
+    /// containers hold), the node's config label (waited for, bounded), the policy (it decides
+    /// `failOnInitError`) and the first discovery. `Ok(false)`: shut down before it finished.
+    ///
+    /// # Errors
+    /// [`DaemonError`]: discovery failed where that ends the daemon.
+    pub(super) async fn start(&mut self) -> Result<bool, DaemonError> {
+        self.shell.in_use.start();
+        self.shell.hardware.send(Command::Discover);
+        self.wait_for_label().await;
+        let first_policy = read_policy_off_loop(
+            self.settings.config.clone(),
+            self.config_dir,
+            true,
+            self.settings.selection.clone(),
+            self.label_value.clone(),
+        )
+        .await;
+        let fail_on_init_error = match &first_policy {
+            Input::Policy { parsed: Ok(p), .. } => p.fail_on_init_error,
+            _ => true,
+        };
+        let Some(first) = self.first_discovery().await else {
+            return Ok(false);
+        };
+        let first = match first {
+            Ok(x) => Ok(x),
+            Err(e) if self.settings.simulate.is_some() => return Err(DaemonError::Simulated(e)),
+            Err(e) if fail_on_init_error => return Err(DaemonError::Inventory(e)),
+            Err(e) => {
+                tracing::error!(error = %crate::errors::chain(&e), retry_in = ?self.settings.nvml_retry_interval,
+                    "GPU discovery failed; failOnInitError is false, so advertising nothing and retrying");
+                Err(crate::errors::chain(&e))
+            }
+        };
+        let discovered = first.is_ok();
+        self.first_in_use().await;
+        self.fold(Input::Discovered(first));
+        self.fold(first_policy);
+        // The periods count from here (discovery is retried sooner while it fails).
+        self.timers = Timers::new(&self.settings, self.sampling, discovered);
+        if self.sampling.is_some() && discovered {
+            self.shell.hardware.send(self.sample_request());
+        }
+        Ok(true)
+    }
+
+    /// The node's config label, when a directory of configs is chosen from by label: waited
+    /// for (bounded, and not past the first API error), so that a restart does not serve the
+    /// default config for a moment.
+    async fn wait_for_label(&mut self) {
+        self.node_label = match &self.settings.label_watch {
+            Some(w) if self.config_dir => Some(crate::k8s::watch_label(
+                w.clone(),
+                self.settings.selection.label.clone(),
+                self.shutdown.child_token(),
+            )),
+            Some(w) => {
+                tracing::info!(node = %w.node, config = %self.settings.config.display(), "--config is a file, not a directory of named configs: the node label is not watched");
+                None
+            }
+            None => None,
+        };
+        let Some(rx) = self.node_label.as_mut() else {
+            return;
+        };
+        let wait = self.settings.label_start_wait;
+        tokio::select! {
+            _ = self.shutdown.cancelled() => {}
+            r = tokio::time::timeout(wait, rx.wait_for(|v| v.synced || v.error.is_some())) => {
+                if r.is_err() {
+                    tracing::warn!(waited = ?wait, "the Kubernetes API gave no node label in time; choosing the config without it until it does");
+                }
+            }
+        }
+        let v = rx.borrow_and_update().clone();
+        self.label_value.clone_from(&v.value);
+        publish_label(&self.status, &v);
+    }
+
+    /// Waits for the first discovery, folding health and probe reports that come before it.
+    /// `None`: shut down meanwhile.
+    async fn first_discovery(
+        &mut self,
+    ) -> Option<Result<(crate::inventory::Inventory, String), InventoryError>> {
+        loop {
+            let report = tokio::select! {
+                // SIGTERM while the first NVML initialisation or discovery hangs.
+                _ = self.shutdown.cancelled() => return None,
+                r = self.inputs.reports.recv() => r,
+            };
+            match report {
+                Some(Report::Discovered(r)) => return Some(r),
+                Some(Report::Health(e)) => self.fold(Input::Health(e)),
+                Some(Report::Probed(p)) => self.fold(Input::Probed(p)),
+                Some(Report::Sampled(r)) => self.shell.sampled(r, &self.state),
+                None => {
+                    return Some(Err(InventoryError::NvmlCount(
+                        "hardware thread ended".into(),
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The answer to the in-use read asked at start, when one is running (bounded by the
+    /// client's own timeout, 5 s; a missing socket answers at once).
+    async fn first_in_use(&mut self) {
+        if !self.shell.in_use.busy {
+            return;
+        }
+        tokio::select! {
+            _ = self.shutdown.cancelled() => {}
+            Some(answer) = self.inputs.in_use_answers.recv() => {
+                self.shell.in_use.busy = false;
+                self.fold(Input::InUse(answer));
+            }
+        }
+    }
+
+    /// Runs until shutdown: each turn waits for the next [`Event`] and handles it.
+    pub(super) async fn run(&mut self) {
+        loop {
+            self.before_wait();
+            match self.next_event().await {
+                Event::Shutdown => break,
+                Event::Files => self.on_fs_event(),
+                Event::PolicyRead(done) => self.on_policy_read(done),
+                Event::Report(report) => self.on_report(report),
+                Event::Label(ended) => self.on_label(ended),
+                Event::Mps(ev) => self.fold(Input::Mps(ev)),
+                Event::ViewRequest(answer) => self.on_view_request(answer),
+                Event::Cdi(index) => self.on_cdi(index),
+                Event::Registered(r) => self.on_registered(r),
+                Event::Stream(ev) => self.on_stream(ev),
+                Event::SettleDue => self.on_settle(),
+                Event::StreamDeadline => self.servers.check_streams(),
+                Event::Recheck => self.servers.kubelet_dir_changed(),
+                Event::Allocated => self.on_allocated(),
+                Event::AllocateSettled => self.on_allocate_settled(),
+                Event::InUse(answer) => self.on_in_use(answer),
+                Event::InUseRefresh => self.shell.in_use.start(),
+                Event::SampleDue => self.shell.hardware.send(self.sample_request()),
+                Event::Reaped => {}
+                Event::PolicyDebounced => self.on_policy_debounced(),
+                Event::NodeDebounced => self.on_node_debounced(),
+                Event::RecoveryDue => self.fold(Input::RecoveryDue),
+                Event::Hangup => self.on_hangup(),
+                Event::Resync => self.want_policy(false),
+                Event::InventoryResync => self.shell.rediscover(&self.state),
+                Event::BindRetry => self.servers.retry_unserved(),
+            }
+        }
+    }
+
+    /// Arms what the last turn asked for: the settle deadline, a queued policy read.
+    fn before_wait(&mut self) {
+        if std::mem::take(&mut self.shell.unsettled) {
+            self.deadlines.residency_settle = Some(Instant::now() + RESIDENCY_SETTLE);
+        }
+        if self.policy.running.is_none() {
+            if let Some(force) = self.policy.again.take() {
+                self.policy.running = Some(tokio::spawn(read_policy_off_loop(
+                    self.settings.config.clone(),
+                    self.config_dir,
+                    force,
+                    self.settings.selection.clone(),
+                    self.label_value.clone(),
+                )));
+            }
+        }
+    }
+
+    /// Waits for whichever source reports first.
+    async fn next_event(&mut self) -> Event {
+        let recovery = self.state.next_deadline().map(Instant::from_std);
+        let stream_deadline = self.servers.next_stream_deadline();
+        let in_use_source = self.shell.in_use.socket.is_some();
+        let sample_due = self.sampling.is_some() && self.state.inventory.is_some();
+        let unserved = self.servers.has_unserved();
+        let hardware_gone = self.hardware_gone;
+        let Supervisor {
+            shutdown,
+            inbox,
+            policy,
+            inputs,
+            node_label,
+            deadlines,
+            servers,
+            timers,
+            hangup,
+            ..
+        } = self;
+        let until = |at: Option<Instant>| async move {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => Event::Shutdown,
+            () = inbox.changed() => Event::Files,
+            done = async { policy.running.as_mut().expect("guarded").await }, if policy.running.is_some() => Event::PolicyRead(done),
+            report = inputs.reports.recv(), if !hardware_gone => Event::Report(report),
+            changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => Event::Label(changed.is_err()),
+            Some(ev) = inputs.mps_events.recv() => Event::Mps(ev),
+            Some(answer) = inputs.view_requests.recv() => Event::ViewRequest(answer),
+            Some(index) = inputs.cdi_specs.recv() => Event::Cdi(index),
+            Some(r) = inputs.server.registered.recv() => Event::Registered(r),
+            Some(ev) = inputs.server.streams.recv() => Event::Stream(ev),
+            () = until(deadlines.residency_settle), if deadlines.residency_settle.is_some() => Event::SettleDue,
+            () = until(stream_deadline), if stream_deadline.is_some() => Event::StreamDeadline,
+            () = inputs.server.recheck.notified() => Event::Recheck,
+            () = inputs.server.allocated.notified() => Event::Allocated,
+            () = until(deadlines.allocate_settle), if deadlines.allocate_settle.is_some() => Event::AllocateSettled,
+            Some(answer) = inputs.in_use_answers.recv() => Event::InUse(answer),
+            _ = timers.in_use_refresh.tick(), if in_use_source => Event::InUseRefresh,
+            _ = timers.sample.tick(), if sample_due => Event::SampleDue,
+            () = servers.reap() => Event::Reaped,
+            () = until(deadlines.policy_debounce), if deadlines.policy_debounce.is_some() => Event::PolicyDebounced,
+            () = until(deadlines.node_debounce), if deadlines.node_debounce.is_some() => Event::NodeDebounced,
+            () = until(recovery), if recovery.is_some() => Event::RecoveryDue,
+            Some(_) = async { hangup.as_mut()?.recv().await }, if hangup.is_some() => Event::Hangup,
+            _ = timers.resync.tick() => Event::Resync,
+            _ = timers.inventory_resync.tick() => Event::InventoryResync,
+            _ = timers.bind_retry.tick(), if unserved => Event::BindRetry,
+        }
+    }
+
+    fn fold(&mut self, input: Input) {
+        self.shell.fold(&mut self.state, input, &mut self.servers);
+    }
+
+    fn want_policy(&mut self, force: bool) {
+        self.policy.again = Some(self.policy.again.unwrap_or(false) || force);
+    }
+
+    fn sample_request(&self) -> Command {
+        Command::Sample(SampleRequest {
+            proc_root: self.settings.proc_root.clone(),
+            checkpoint: self.settings.checkpoint_path(),
+        })
+    }
+
+    /// A change in a watched directory: the policy (debounced, or read at once at a
+    /// ConfigMap's commit), the simulated node, the kubelet's directory.
+    fn on_fs_event(&mut self) {
+        let p = self.inbox.take();
+        if p.policy_dir_replaced {
+            match watch_all(&self.settings, self.plugin_mode, &self.inbox) {
+                Ok(w) => {
+                    tracing::info!("the policy directory was replaced; watching the new one");
+                    self.watches = w;
+                }
+                Err(e) => {
+                    tracing::error!(error = %crate::errors::chain(&e), "re-watching the replaced policy directory failed; the periodic re-read still applies")
+                }
+            }
+        }
+        if p.policy_commit {
+            self.deadlines.policy_debounce = None;
+            self.want_policy(false);
+        } else if p.policy || p.policy_dir_replaced {
+            self.deadlines
+                .policy_debounce
+                .get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
+        }
+        if p.node {
+            self.deadlines
+                .node_debounce
+                .get_or_insert_with(|| Instant::now() + POLICY_DEBOUNCE);
+        }
+        if p.kubelet || p.plugin_removed {
+            self.servers.kubelet_dir_changed();
+        }
+    }
+
+    fn on_policy_read(&mut self, done: Result<Input, tokio::task::JoinError>) {
+        self.policy.running = None;
+        let input = done.unwrap_or_else(|e| Input::PolicyUnreadable {
+            path: self.settings.config.clone(),
+            error: format!("reading the policy failed: {e}"),
+        });
+        self.fold(input);
+    }
+
+    /// The hardware actor's reports: this one and every one already queued behind it.
+    fn on_report(&mut self, report: Option<Report>) {
+        let Some(report) = report else {
+            tracing::error!(
+                "the hardware thread ended: no more discoveries, probes or compute-mode changes"
+            );
+            self.hardware_gone = true;
+            return;
+        };
+        let mut next = Some(report);
+        while let Some(r) = next {
+            let input = match r {
+                Report::Discovered(r) => Input::Discovered(r.map_err(|e| crate::errors::chain(&e))),
+                Report::Health(e) => Input::Health(e),
+                Report::Probed(p) => Input::Probed(p),
+                Report::Sampled(r) => {
+                    self.shell.sampled(r, &self.state);
+                    next = self.inputs.reports.try_recv().ok();
+                    continue;
+                }
+            };
+            self.fold(input);
+            next = self.inputs.reports.try_recv().ok();
+        }
+        let period = self.settings.inventory_resync_interval;
+        if self.state.inventory.is_some() && self.timers.inventory_resync.period() != period {
+            self.timers.inventory_resync = timer(period);
+        }
+    }
+
+    /// The node's config label changed (or its watch ended: the last value stays).
+    fn on_label(&mut self, ended: bool) {
+        let Some(rx) = self.node_label.as_mut() else {
+            return;
+        };
+        let v = rx.borrow_and_update().clone();
+        if ended {
+            self.node_label = None;
+        }
+        publish_label(&self.status, &v);
+        if v.value != self.label_value {
+            self.label_value = v.value;
+            self.want_policy(false);
+        }
+    }
+
+    /// `/status` asks for its view: built from the state at this moment.
+    fn on_view_request(&mut self, answer: oneshot::Sender<crate::usage::view::NodeView>) {
+        let _ = answer.send(self.shell.usage.view(&self.state.plan, &self.state.in_use));
+    }
+
+    fn on_cdi(&mut self, index: crate::cdi::SpecIndex) {
+        self.shell.cdi.busy = false;
+        self.fold(Input::CdiSpecs(index));
+        if std::mem::take(&mut self.shell.cdi.again) {
+            self.shell.cdi.start();
+        }
+    }
+
+    fn on_registered(&mut self, r: servers::Registered) {
+        self.servers.registered(r);
+        self.shell.unsettled = true;
+    }
+
+    fn on_stream(&mut self, ev: crate::plugin::StreamEvent) {
+        self.servers.stream_event(ev);
+        self.shell.unsettled = true;
+    }
+
+    fn on_settle(&mut self) {
+        self.deadlines.residency_settle = None;
+        let trimmed = crate::residency::settle();
+        tracing::debug!(
+            trimmed,
+            "settled: the free heap pages of the last change returned"
+        );
+    }
+
+    /// An Allocate answered: what is in use is read once the burst settled.
+    fn on_allocated(&mut self) {
+        self.deadlines
+            .allocate_settle
+            .get_or_insert_with(|| Instant::now() + ALLOCATE_SETTLE);
+    }
+
+    fn on_allocate_settled(&mut self) {
+        self.deadlines.allocate_settle = None;
+        // Allocates from now on signal again; this read covers those before.
+        self.inputs.server.allocated.rearm();
+        self.shell.in_use.start();
+    }
+
+    fn on_in_use(&mut self, answer: Result<crate::podres::InUse, String>) {
+        self.shell.in_use.busy = false;
+        if std::mem::take(&mut self.shell.in_use.again) {
+            // A read was asked for while this one ran (a plan that withdraws devices waits on
+            // it, or an Allocate came): this answer may predate that, so only the next counts.
+            self.shell.in_use.start();
+        } else {
+            self.fold(Input::InUse(answer));
+        }
+    }
+
+    fn on_policy_debounced(&mut self) {
+        self.deadlines.policy_debounce = None;
+        self.want_policy(false);
+    }
+
+    fn on_node_debounced(&mut self) {
+        self.deadlines.node_debounce = None;
+        self.shell.hardware.send(Command::Discover);
+    }
+
+    fn on_hangup(&mut self) {
+        tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
+        self.want_policy(true);
+        self.shell.rediscover(&self.state);
+    }
+
+    /// One overall deadline: servers, MPS daemons, the labels' file, the status endpoint and
+    /// DRA stop together, then the hardware thread restores compute modes in what is left.
+    /// Nobody reads reports any more: the channels are dropped first, so a hardware thread
+    /// never waits for room.
+    pub(super) async fn stop(self) {
+        let deadline = Instant::now() + SHUTDOWN_DEADLINE;
+        let Supervisor {
+            inputs,
+            mut shell,
+            servers,
+            status_server,
+            dra,
+            ..
+        } = self;
+        let Inputs {
+            reports,
+            mps_events,
+            ..
+        } = inputs;
+        drop(reports);
+        drop(mps_events);
+        let labels = shell.labels.take();
+        tokio::join!(
+            servers.shutdown(SHUTDOWN_DEADLINE),
+            shell.mps.shutdown(SHUTDOWN_DEADLINE),
+            async {
+                // Graceful shutdown removes the labels' file: slicelet advertises nothing once
+                // it stops, so NFD must drop the labels (a crash leaves it for the next start).
+                if let Some(w) = labels {
+                    w.shutdown(SHUTDOWN_DEADLINE).await;
+                }
+            },
+            async {
+                if let Some(h) = status_server {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+                }
+            },
+            stop_dra(dra),
+        );
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(500));
+        shell.hardware.shutdown(left).await;
+        tracing::info!("stopped: every stream ended and every socket removed");
+    }
+
+    /// Stops the hardware actor and the MPS supervisor when the start did not get far enough
+    /// for [`Supervisor::stop`].
+    pub(super) async fn abort(self) {
+        let Supervisor { inputs, shell, .. } = self;
+        drop(inputs);
+        shell.hardware.shutdown(SHUTDOWN_DEADLINE).await;
+        shell.mps.shutdown(SHUTDOWN_DEADLINE).await;
+    }
+}
+
+async fn stop_dra(dra: Option<crate::dra::DraHandle>) {
+    let Some(d) = dra else {
+        return;
+    };
+    match tokio::time::timeout(SHUTDOWN_DEADLINE, d.task).await {
+        Ok(Ok(Err(e))) => {
+            tracing::error!(error = %crate::errors::chain(&e), "DRA stopped with an error");
+        }
+        Err(_) => tracing::warn!("DRA did not stop in time"),
+        _ => {}
+    }
+}
+
+/// The health checks' environment (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`), each
+/// item that is not an Xid, `all` or `xids` logged once.
+fn health_env(settings: &Settings) -> HealthEnv {
+    let env = HealthEnv {
+        disable: settings.disable_healthchecks.clone(),
+        enable: settings.enable_healthchecks.clone(),
+    };
+    for e in crate::health::XidPolicy::new(env.disable.as_deref(), env.enable.as_deref(), &[], &[])
+        .skipped
+    {
+        tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
+    }
+    env
+}
+
+/// `/healthz`, `/readyz`, `/metrics` and `/status` on `--status-address` (the device plugin
+/// only).
+async fn serve_status(
+    settings: &Settings,
+    plugin_mode: bool,
+    status: &Arc<watch::Sender<Status>>,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Result<Option<JoinHandle<()>>, DaemonError> {
+    let Some(address) = settings.status_address.filter(|_| plugin_mode) else {
+        return Ok(None);
+    };
+    let (local, handle) = status_http::serve(
+        address,
+        status.subscribe(),
+        Arc::clone(metrics),
+        shutdown.child_token(),
+    )
+    .await
+    .map_err(|source| DaemonError::Status { address, source })?;
+    tracing::info!(address = %local, "serving /healthz, /readyz and /metrics");
+    status.send_modify(|s| s.address = Some(local));
+    Ok(Some(handle))
+}
+
+/// The shell (the hardware actor, the MPS supervisor, the readers and writers the fold's
+/// actions drive), the receivers they report on, the device-plugin servers and DRA.
+fn wire_shell(
+    settings: &Settings,
+    plugin_mode: bool,
+    shutdown: &CancellationToken,
+    status: &Arc<watch::Sender<Status>>,
+    metrics: &Arc<Metrics>,
+) -> (
+    Shell,
+    Inputs,
+    servers::Servers,
+    Option<crate::dra::DraHandle>,
+) {
+    let (hardware, reports, mps, mps_events, owns_compute) = spawn_actors(settings, plugin_mode);
+    let (plans, _) = watch::channel(Arc::new(Plan::default()));
+    let (servers, server) = servers::Servers::new(
+        settings.device_plugin_path.clone(),
+        settings.dev_root.clone(),
+        plans.subscribe(),
+        shutdown.clone(),
+        Arc::clone(status),
+        Arc::clone(metrics),
+        settings.stream_grace,
+    );
+    let (dra_inputs, dra) = spawn_dra(settings, plugin_mode, shutdown);
+    let (in_use_tx, in_use_answers) = mpsc::channel(1);
+    let (cdi_tx, cdi_specs) = mpsc::channel(1);
+    // /status asks for its view; the answer is built from the state at that moment.
+    let (view_tx, view_requests) = mpsc::channel::<crate::status::ViewRequest>(8);
+    if plugin_mode {
+        metrics.answer_views(view_tx);
+    }
+    let labels = settings
+        .nfd_features_file
+        .clone()
+        .filter(|_| plugin_mode)
+        .map(|path| crate::labels::file::Writer::spawn(path, labels_report(Arc::clone(status))));
+    let shell = Shell {
+        plans,
+        status: Arc::clone(status),
+        metrics: Arc::clone(metrics),
+        hardware,
+        mps,
+        owns_compute,
+        plugin_mode,
+        labels,
+        labels_content: None,
+        cdi: CdiCheck {
+            dirs: settings.cdi_spec_dirs.clone(),
+            tx: cdi_tx,
+            busy: false,
+            again: false,
+        },
+        in_use: InUseReader {
+            socket: settings
+                .pod_resources_socket
+                .clone()
+                .filter(|_| plugin_mode),
+            tx: in_use_tx,
+            busy: false,
+            again: false,
+            last: None,
+        },
+        usage: crate::usage::report::Usage::new(),
+        sample_error: None,
+        dra_inputs,
+        unsettled: false,
+    };
+    let inputs = Inputs {
+        reports,
+        mps_events,
+        in_use_answers,
+        cdi_specs,
+        view_requests,
+        server,
+    };
+    (shell, inputs, servers, dra)
+}
+
+/// The hardware actor (every NVML call happens on its thread) and the MPS supervisor, with the
+/// channels they report on; whether slicelet owns the GPUs' compute modes (not with
+/// `--mps-external`).
+fn spawn_actors(
+    settings: &Settings,
+    plugin_mode: bool,
+) -> (
+    Hardware,
+    mpsc::Receiver<Report>,
+    mps::Supervisor,
+    mpsc::Receiver<mps::Event>,
+    bool,
+) {
+    let (report_tx, reports) = mpsc::channel(CHANNEL_CAPACITY);
+    let opener_settings = settings.clone();
+    let hardware = Hardware::spawn(Box::new(move || open_source(&opener_settings)), report_tx);
+    let (mps_tx, mps_events) = mpsc::channel(CHANNEL_CAPACITY);
+    let mut mps_config = settings.mps.clone();
+    if !plugin_mode {
+        mps_config.external = false;
+    }
+    let owns_compute = !mps_config.external;
+    let mps = mps::Supervisor::spawn(mps_config, mps_tx);
+    (hardware, reports, mps, mps_events, owns_compute)
+}
+
+/// DRA (`--dra`): the policy's DRA resources published as ResourceSlices and prepared for the
+/// kubelet's DRA manager, from the same plan; the sender each plan goes to.
+#[allow(clippy::type_complexity)]
+fn spawn_dra(
+    settings: &Settings,
+    plugin_mode: bool,
+    shutdown: &CancellationToken,
+) -> (
+    Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
+    Option<crate::dra::DraHandle>,
+) {
+    let Some(dra) = settings.dra.clone().filter(|_| plugin_mode) else {
+        return (None, None);
+    };
+    let (inputs, rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
+    let handle = crate::dra::spawn(dra, rx, shutdown.child_token());
+    (Some(inputs), Some(handle))
+}
