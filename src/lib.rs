@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod device_health;
 pub mod dra;
 pub mod errors;
+pub mod files;
 pub mod health;
 pub mod inventory;
 pub mod k8s;

@@ -10,7 +10,6 @@
 //! start DRA rather than forget what it prepared.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -111,34 +110,6 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(c)
 }
 
-/// Writes `text` to `path` atomically: a temporary file beside it, fsynced, renamed over it,
-/// the directory fsynced.
-///
-/// # Errors
-/// The I/O error.
-pub fn write_atomic(path: &Path, text: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// Writes the checkpoint to `path` atomically.
 ///
 /// # Errors
@@ -148,7 +119,7 @@ pub fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
     })?;
-    write_atomic(path, &text).map_err(|source| CheckpointError::Write {
+    crate::files::write_atomic(path, &text).map_err(|source| CheckpointError::Write {
         path: path.to_path_buf(),
         source,
     })

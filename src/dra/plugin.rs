@@ -139,7 +139,18 @@ impl Plugin {
         inputs: watch::Receiver<Option<Arc<DraInput>>>,
     ) -> Result<Self, DraError> {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
-        let state = checkpoint::load(&checkpoint_path)?;
+        let mut state = checkpoint::load(&checkpoint_path)?;
+        // Paths come from validated UIDs only: an entry whose UID is not one, or whose spec
+        // file is not the one its UID names (`../` in a tampered checkpoint), is dropped, so
+        // prepare never writes and unprepare never removes outside `--cdi-output-dir`.
+        state.claims.retain(|uid, c| {
+            let ok = prepare::valid_uid(uid) && c.spec_file == prepare::spec_file(&settings.driver, uid);
+            if !ok {
+                tracing::warn!(claim = %crate::uuid::truncate_id(uid), spec_file = %crate::uuid::truncate_id(&c.spec_file),
+                    path = %checkpoint_path.display(), "DRA: checkpoint entry dropped: its UID or spec file is not one slicelet writes");
+            }
+            ok
+        });
         if !state.claims.is_empty() {
             tracing::info!(claims = state.claims.len(), path = %checkpoint_path.display(), "DRA: prepared claims reloaded from the checkpoint");
         }
@@ -152,8 +163,12 @@ impl Plugin {
         })
     }
 
-    fn spec_path(&self, file: &str) -> PathBuf {
-        self.settings.cdi_dir.join(file)
+    /// Where claim `uid`'s CDI spec lives: `--cdi-output-dir` and the name the (validated) UID
+    /// gives ([`prepare::spec_file`]); never a path read from the checkpoint.
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.settings
+            .cdi_dir
+            .join(prepare::spec_file(&self.settings.driver, uid))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
@@ -166,7 +181,7 @@ impl Plugin {
     fn already(&self, uid: &str) -> Option<Result<Vec<PreparedDevice>, String>> {
         let state = self.lock();
         let c = state.claims.get(uid)?;
-        let path = self.spec_path(&c.spec_file);
+        let path = self.spec_path(uid);
         if !path.exists() {
             if let Err(e) = write_spec(&path, &c.spec) {
                 return Some(Err(e));
@@ -224,7 +239,7 @@ impl Plugin {
             &self.settings.dev_root,
         )
         .map_err(|e| e.to_string())?;
-        let path = self.spec_path(&prepared.spec_file);
+        let path = self.spec_path(&c.uid);
         write_spec(&path, &prepared.spec)?;
         let devices = prepared.devices.clone();
         state.claims.insert(c.uid.clone(), prepared);
@@ -252,15 +267,16 @@ impl Plugin {
             return Ok(());
         }
         let mut state = self.lock();
-        let file = state.claims.get(&c.uid).map_or_else(
-            || prepare::spec_file(&self.settings.driver, &c.uid),
-            |p| p.spec_file.clone(),
-        );
-        let path = self.spec_path(&file);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("claim {c}: removing {}: {e}", path.display())),
+        let path = self.spec_path(&c.uid);
+        // Nothing there is nothing to undo, even where the directory cannot be written (a
+        // read-only CDI overlay answers EROFS to any unlink, the path there or not).
+        let there = std::fs::symlink_metadata(&path).is_ok();
+        if there {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("claim {c}: removing {}: {e}", path.display())),
+            }
         }
         if let Some(old) = state.claims.remove(&c.uid) {
             if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
@@ -283,7 +299,7 @@ fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), String> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    checkpoint::write_atomic(path, &text).map_err(|e| format!("writing {}: {e}", path.display()))
+    crate::files::write_atomic(path, &text).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 /// The gRPC face of a [`Plugin`], for both API versions.

@@ -4,9 +4,9 @@
 //! NFD's local source (nfd-worker) reads every file in
 //! `/etc/kubernetes/node-feature-discovery/features.d/` whose name does not start with a dot,
 //! ignores a file over 64 KiB (65,536 bytes) whole, and re-reads the directory when it changes.
-//! So a new content is written to `.<name>.tmp` in the same directory (same file system, never
-//! read by NFD), flushed, and renamed over `<name>`: NFD sees the old file or the new one,
-//! never a half-written one.
+//! So a new content is written to a dot-file in the same directory (same file system, never
+//! read by NFD; [`crate::files::write_atomic`]), flushed, and renamed over `<name>`: NFD sees
+//! the old file or the new one, never a half-written one.
 //!
 //! [`Writer`] owns the file for the daemon: it holds the content wanted now, applies it on a
 //! blocking thread (a write never runs on a runtime worker that serves Allocate), skips
@@ -15,7 +15,6 @@
 //! file left by an earlier run (its labels describe a plan this process has not published) and,
 //! on shutdown, removes the file so NFD drops the labels.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,25 +77,12 @@ pub fn check_path(path: &Path) -> Result<(), FileError> {
     }
 }
 
-/// The temporary dot-file a new content is written to: `.<name>.tmp` beside `path`.
+/// Writes `content` to `path` atomically (blocking; [`crate::files::write_atomic`]: a dot-file
+/// NFD ignores, under a name nobody can plant a link at, flushed and renamed over `path`).
+/// Nothing is written when `content` is over [`MAX_FEATURE_FILE_BYTES`].
 ///
 /// # Errors
-/// [`FileError::Name`] when `path` has no usable file name.
-pub fn temp_path(path: &Path) -> Result<PathBuf, FileError> {
-    check_path(path)?;
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("checked above");
-    Ok(path.with_file_name(format!(".{name}.tmp")))
-}
-
-/// Writes `content` to `path` atomically (blocking): to [`temp_path`], flushed to disk, then
-/// renamed over `path`. Nothing is written when `content` is over [`MAX_FEATURE_FILE_BYTES`];
-/// a failed step removes the temporary file.
-///
-/// # Errors
-/// [`FileError`] naming the file and the step.
+/// [`FileError`] naming the file.
 pub fn write_atomic(path: &Path, content: &str) -> Result<(), FileError> {
     if content.len() > MAX_FEATURE_FILE_BYTES {
         return Err(FileError::TooLarge {
@@ -105,38 +91,19 @@ pub fn write_atomic(path: &Path, content: &str) -> Result<(), FileError> {
             limit: MAX_FEATURE_FILE_BYTES,
         });
     }
-    let tmp = temp_path(path)?;
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            f.write_all(content.as_bytes())?;
-            f.sync_all()
-        })
-        .map_err(|source| FileError::Io {
-            step: "writing",
-            path: tmp.clone(),
-            source,
-        });
-    let result = written.and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|source| FileError::Io {
-            step: "renaming into",
-            path: path.to_path_buf(),
-            source,
-        })
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    check_path(path)?;
+    crate::files::write_atomic(path, content.as_bytes()).map_err(|source| FileError::Io {
+        step: "writing",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
-/// Removes `path` and its temporary file (blocking); a file that is not there is fine.
+/// Removes `path` (blocking); a file that is not there is fine.
 ///
 /// # Errors
 /// [`FileError::Io`] for any other failure.
 pub fn remove(path: &Path) -> Result<(), FileError> {
-    if let Ok(tmp) = temp_path(path) {
-        let _ = std::fs::remove_file(tmp);
-    }
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -278,11 +245,6 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["slicelet"]);
-        assert_eq!(
-            temp_path(&path).unwrap(),
-            dir.path().join(".slicelet.tmp"),
-            "the temporary file is a dot-file NFD ignores"
-        );
     }
 
     #[test]
@@ -302,7 +264,7 @@ mod tests {
             MAX_FEATURE_FILE_BYTES,
             "the file on disk is untouched"
         );
-        assert!(!dir.path().join(".slicelet.tmp").exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
@@ -325,7 +287,7 @@ mod tests {
         let path = dir.path().join("missing").join("slicelet");
         let e = write_atomic(&path, "a=1\n").unwrap_err();
         let text = crate::errors::chain(&e);
-        assert!(text.contains("missing/.slicelet.tmp"), "{text}");
+        assert!(text.contains("missing/slicelet"), "{text}");
         // The rename fails when the target is a directory: the temp file is cleaned up.
         let target = dir.path().join("target");
         std::fs::create_dir(&target).unwrap();
@@ -335,13 +297,13 @@ mod tests {
             matches!(
                 e,
                 FileError::Io {
-                    step: "renaming into",
+                    step: "writing",
                     ..
                 }
             ),
             "{e}"
         );
-        assert!(!dir.path().join(".target.tmp").exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
@@ -350,7 +312,6 @@ mod tests {
         let path = dir.path().join("slicelet");
         remove(&path).unwrap();
         std::fs::write(&path, "a=1\n").unwrap();
-        std::fs::write(dir.path().join(".slicelet.tmp"), "half").unwrap();
         remove(&path).unwrap();
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }

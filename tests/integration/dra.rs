@@ -42,6 +42,8 @@ fn input_of(policy: &str, inv: &Inventory) -> Arc<DraInput> {
 
 struct Dra {
     dir: tempfile::TempDir,
+    /// `--cdi-output-dir` (default `<dir>/cdi`).
+    cdi: Option<PathBuf>,
     api: KubeApi,
     inputs: watch::Sender<Option<Arc<DraInput>>>,
     stop: CancellationToken,
@@ -55,6 +57,7 @@ impl Dra {
         let (inputs, _) = watch::channel(Some(input));
         let mut d = Dra {
             dir,
+            cdi: None,
             api,
             inputs,
             stop: CancellationToken::new(),
@@ -70,7 +73,10 @@ impl Dra {
             node: NODE.to_string(),
             registry_dir: self.dir.path().join("plugins_registry"),
             plugins_dir: self.dir.path().join("plugins"),
-            cdi_dir: self.dir.path().join("cdi"),
+            cdi_dir: self
+                .cdi
+                .clone()
+                .unwrap_or_else(|| self.dir.path().join("cdi")),
             kubeconfig: Some(self.api.kubeconfig(self.dir.path())),
             dev_root: "/".to_string(),
         }
@@ -89,6 +95,12 @@ impl Dra {
     }
 
     async fn restart(&mut self) {
+        self.stop_component().await;
+        self.spawn().await;
+    }
+
+    /// Stops the component and waits until its sockets are gone.
+    async fn stop_component(&mut self) {
         self.stop.cancel();
         let h = self.handle.take().unwrap();
         tokio::time::timeout(WAIT, h.task)
@@ -101,7 +113,6 @@ impl Dra {
             .registry_dir
             .join("gpu.slicelet.io-reg.sock")
             .exists());
-        self.spawn().await;
     }
 
     async fn kubelet(&self) -> DraKubelet {
@@ -719,4 +730,69 @@ async fn the_daemon_serves_each_resource_through_exactly_one_path() {
         .is_ok());
     assert_eq!(emu.register_calls("nvidia.com/gpu-dra"), 0);
     d.stop().await;
+}
+
+/// A checkpoint entry's spec file is never trusted as a path: a tampered `../` entry is
+/// dropped at load, and unprepare removes only the file the claim's UID names inside
+/// `--cdi-output-dir` (it removed the `../` target before).
+#[tokio::test]
+async fn a_tampered_checkpoint_path_never_leaves_the_cdi_dir() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.wait_slices(1, 32).await;
+    let g0 = inv.gpus[0].uuid.clone();
+    d.api.set_claim(
+        "ns",
+        "one",
+        UID_A,
+        &[alloc("gpu", NODE, &device_name(&format!("{g0}::0")))],
+    );
+    let claim = [("ns", "one", UID_A)];
+    let k = d.kubelet().await;
+    assert_eq!(
+        k.prepare(Version::V1, &claim).await.unwrap()[UID_A].error,
+        ""
+    );
+    d.stop_component().await;
+    let checkpoint = d
+        .settings()
+        .plugins_dir
+        .join(DRIVER)
+        .join("checkpoint.json");
+    let mut c: Value = serde_json::from_str(&crate::common::read(&checkpoint)).unwrap();
+    c["claims"][UID_A]["spec_file"] = Value::from("../outside.json");
+    std::fs::write(&checkpoint, serde_json::to_vec(&c).unwrap()).unwrap();
+    let outside = d.dir.path().join("outside.json");
+    std::fs::write(&outside, "not slicelet's").unwrap();
+    d.spawn().await;
+    let k = d.kubelet().await;
+    for v in [Version::V1, Version::V1beta1] {
+        assert_eq!(k.unprepare(v, &claim).await.unwrap()[UID_A], "", "{v:?}");
+    }
+    assert!(
+        outside.exists(),
+        "unprepare removed a file outside the CDI directory"
+    );
+    assert!(spec_files(&d.cdi_dir()).is_empty());
+}
+
+/// Unprepare of a claim that was never prepared succeeds without touching the CDI directory,
+/// even where that directory cannot be written (here: under a regular file, so every unlink
+/// fails with ENOTDIR, as a read-only CDI overlay fails with EROFS); it failed forever before,
+/// so the kubelet's unprepare never completed.
+#[tokio::test]
+async fn unprepare_of_a_never_prepared_claim_needs_no_writable_cdi_dir() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.stop_component().await;
+    d.cdi = Some(file.join("cdi"));
+    d.spawn().await;
+    let k = d.kubelet().await;
+    for v in [Version::V1, Version::V1beta1] {
+        let un = k.unprepare(v, &[("ns", "never", UID_B)]).await.unwrap();
+        assert_eq!(un[UID_B], "", "{v:?}");
+    }
 }

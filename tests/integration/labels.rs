@@ -133,7 +133,7 @@ async fn an_unwritable_feature_file_never_stops_serving_and_is_retried() {
         .await;
     let reason = s.ready().unwrap_err();
     assert!(
-        reason.contains("node labels may be stale") && reason.contains("features.d/.slicelet.tmp"),
+        reason.contains("node labels may be stale") && reason.contains("features.d/slicelet"),
         "{reason}"
     );
     assert_eq!(s.nfd_writes, 0);

@@ -1,0 +1,96 @@
+//! Writing files in directories others can reach (the CDI spec directory, NFD's `features.d`,
+//! the kubelet's plugins directory): atomically, and never through a link someone planted.
+//!
+//! [`write_atomic`] writes a temporary file beside the target, created with `O_CREAT | O_EXCL`
+//! under an unpredictable name (the `tempfile` crate: `.<name>.<random>.tmp`), so a symlink or
+//! file planted at any name is never opened, let alone written through; then it is fsynced,
+//! renamed over the target (readers see the old file or the new one, never half of one) and
+//! the directory is fsynced. A failed step removes the temporary file.
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+/// The mode of every file written: readable by all (a container runtime reads CDI specs, NFD
+/// its feature files), writable by slicelet only.
+pub const MODE: u32 = 0o644;
+
+/// Writes `bytes` to `path` atomically (see the module docs). Blocking.
+///
+/// # Errors
+/// The I/O error of the step that failed (creating the temporary file, writing, syncing or
+/// renaming it).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(MODE))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_replace_the_file_and_leave_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert_eq!(names(dir.path()), ["spec.json"]);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, MODE);
+    }
+
+    /// A symlink planted at the temporary name the writers used before (`.<name>.tmp`) is
+    /// never followed: its target keeps its content (it was overwritten before).
+    #[test]
+    fn a_planted_link_at_the_old_temp_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let path = dir.path().join("checkpoint.json");
+        std::os::unix::fs::symlink(&victim, dir.path().join(".checkpoint.json.tmp")).unwrap();
+        write_atomic(&path, b"{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        assert!(std::fs::symlink_metadata(dir.path().join(".checkpoint.json.tmp")).is_ok());
+    }
+
+    #[test]
+    fn a_failed_rename_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("keep"), "x").unwrap();
+        assert!(write_atomic(&target, b"x").is_err());
+        assert_eq!(names(dir.path()), ["target"]);
+        assert!(write_atomic(&dir.path().join("missing/x"), b"x").is_err());
+    }
+}
