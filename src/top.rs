@@ -21,8 +21,11 @@ use crate::usage::view::{DeviceView, GpuView, NodeView};
 
 /// The default `--address`: the daemon's status endpoint on this host.
 pub const DEFAULT_ADDRESS: &str = "http://127.0.0.1:8080";
-/// Largest `/status` body read, bytes (4 MiB: a node of 2,688 devices is about 1.5 MiB).
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Largest `/status` body read, bytes (64 MiB). Sized from what a valid node can produce:
+/// `/status` spends about 600 bytes a device (a node of 2,688 devices is about 1.5 MiB, one of
+/// 16,000 about 9 MiB), and the kubelet's 4 MiB message limit caps one resource's list at
+/// roughly 60,000 devices, so 64 MiB covers over 100,000 devices.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// How long one fetch (connect, headers, body) may take.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// How often the view is redrawn without `--once`.
@@ -159,6 +162,25 @@ pub async fn fetch(address: &str) -> Result<NodeView, TopError> {
     }
 }
 
+/// `s` with every control character (ESC, BEL, newlines, C1 controls such as the 8-bit CSI)
+/// written as its Rust escape (`\u{1b}`), so text from the server (a holder's name, a
+/// `/readyz` reason quoting a ConfigMap) can never move the cursor, retitle the terminal or
+/// reach the clipboard (OSC 52).
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
@@ -233,11 +255,11 @@ pub fn node_line(view: &NodeView) -> String {
 /// MEM MiB and IDLE s right-aligned, trailing blanks trimmed), then a blank line and
 /// `free: <resource> <n>, …`. Pure.
 pub fn render(view: &NodeView) -> String {
-    let mut out = node_line(view);
+    let mut out = printable(&node_line(view));
     out.push('\n');
     for g in &view.gpus {
         out.push('\n');
-        out.push_str(&gpu_line(g));
+        out.push_str(&printable(&gpu_line(g)));
         out.push('\n');
         if g.devices.is_empty() {
             continue;
@@ -245,7 +267,7 @@ pub fn render(view: &NodeView) -> String {
         let mut table = Table::new();
         table.load_preset(presets::NOTHING).set_header(COLUMNS);
         for d in &g.devices {
-            table.add_row(device_cells(d));
+            table.add_row(device_cells(d).map(|c| printable(&c)));
         }
         for i in 4..COLUMNS.len() {
             if let Some(c) = table.column_mut(i) {
@@ -258,7 +280,11 @@ pub fn render(view: &NodeView) -> String {
         }
     }
     out.push('\n');
-    let free: Vec<String> = view.free.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    let free: Vec<String> = view
+        .free
+        .iter()
+        .map(|(r, n)| printable(&format!("{r} {n}")))
+        .collect();
     out.push_str(&format!(
         "free: {}\n",
         if free.is_empty() {

@@ -272,7 +272,7 @@ async fn clear_errors_naming_the_url() {
             closed,
             "no answer (is `slicelet run` serving its status endpoint there?)",
         ),
-        (too_large, "the answer is larger than 4194304 bytes"),
+        (too_large, "the answer is larger than 67108864 bytes"),
         (not_json, "not slicelet's /status JSON"),
         (not_found, "HTTP 404"),
     ] {
@@ -303,4 +303,44 @@ async fn a_silent_server_times_out() {
         e.to_string(),
         format!("GET {url}/status: no answer within 2 s")
     );
+}
+
+/// Text from the server never reaches the terminal as control sequences: an OSC 52 clipboard
+/// write in a holder's name and an ESC in the `/readyz` reason are printed escaped.
+#[test]
+fn control_characters_from_the_server_are_escaped() {
+    let mut view = two_pods();
+    view.ready = false;
+    view.ready_reason = Some("policy rejected: bad \u{1b}[2J value".into());
+    view.gpus[0].devices[0].holder = Some(HolderView {
+        namespace: "ml\u{1b}]52;c;SGVsbG8=\u{7}".into(),
+        pod: "a\u{9b}31m".into(),
+        container: "main".into(),
+    });
+    let out = render(&view);
+    assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+    assert!(out.contains("ml\\u{1b}]52;c;SGVsbG8=\\u{7}"), "{out}");
+    assert!(out.contains("bad \\u{1b}[2J value"), "{out}");
+}
+
+/// The body cap is sized from what a valid node produces: the `/status` of a node with
+/// 16,000 held devices fits (it is over the old 4 MiB cap).
+#[test]
+fn a_sixteen_thousand_device_node_fits_the_cap() {
+    let mut view = two_pods();
+    let long = "x".repeat(63);
+    view.gpus[0].devices = (0..16_000)
+        .map(|n| {
+            let mut d = device(
+                &format!("{GPU0}::{n}"),
+                Some((&long, &long, &long)),
+                Some((100, 81_559, 1.5)),
+            );
+            d.resource = format!("example.com/{long}");
+            d
+        })
+        .collect();
+    let body = serde_json::to_vec(&view).unwrap();
+    assert!(body.len() > 4 * 1024 * 1024, "{}", body.len());
+    assert!(body.len() < MAX_BODY_BYTES, "{}", body.len());
 }
