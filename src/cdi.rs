@@ -39,6 +39,9 @@ pub use crate::policy::cdi::{check_device_name, parse_kind, NameError, DEFAULT_K
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// The largest spec file read, bytes (a spec for 64 GPUs with MIG devices is far smaller).
 pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
+/// The most of a spec's parse error quoted, characters (the parsers quote a bad scalar whole;
+/// see [`crate::errors::shorten`]).
+pub const MAX_ERROR_CHARS: usize = 200;
 /// The most spec files read per directory; the rest are reported and skipped.
 pub const MAX_SPEC_FILES: usize = 256;
 
@@ -120,7 +123,7 @@ pub struct Spec {
 pub fn parse_spec(file: &Path, text: &str) -> Result<Spec, SpecError> {
     let invalid = |error: String| SpecError::Invalid {
         file: file.to_path_buf(),
-        error,
+        error: crate::errors::shorten(&error, MAX_ERROR_CHARS).into_owned(),
     };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let parsed: SpecFile = if file.extension().is_some_and(|e| e == "json") {

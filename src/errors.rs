@@ -17,6 +17,19 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// `text` for a log line, an error or a `/readyz` reason: whole up to `max_chars` characters,
+/// otherwise its first `max_chars` followed by `… (N bytes in all)`. Parsers (serde, YAML)
+/// quote a bad scalar whole, and a 4 MiB scalar must not become a 4 MiB log line or `/readyz`
+/// body, nor a whole file read by mistake (a symlink to `/etc/passwd`) reach the log.
+pub fn shorten(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes in all)", &text[..cut], text.len()))
+        }
+        None => std::borrow::Cow::Borrowed(text),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, thiserror::Error)]

@@ -304,3 +304,18 @@ fn at_most_max_spec_files_are_read_per_directory() {
         .resolve(&format!("nvidia.com/gpu={MAX_SPEC_FILES}"))
         .is_err());
 }
+
+/// A parse error quotes at most [`MAX_ERROR_CHARS`] of the bad value: a 4 MiB scalar in a
+/// spec gives a short error (it gave a 33.5 MB `/readyz` and log line), in both formats.
+#[test]
+fn a_huge_bad_scalar_is_quoted_short() {
+    let huge = "x".repeat(4 * 1024 * 1024);
+    let yaml = format!("cdiVersion: 0.6.0\nkind: {huge}\ndevices: []\n");
+    let json = format!("{{\"kind\": \"nvidia.com/gpu\", \"devices\": \"{huge}\"}}");
+    for (file, text) in [("/etc/cdi/x.yaml", yaml), ("/etc/cdi/x.json", json)] {
+        let e = parse_spec(Path::new(file), &text).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.len() < 1_000, "{file}: {} bytes", msg.len());
+        assert!(msg.contains(file), "{msg}");
+    }
+}

@@ -51,16 +51,12 @@ pub const MAX_MESSAGE_CHARS: usize = 300;
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.message.char_indices().nth(MAX_MESSAGE_CHARS) {
-            Some((cut, _)) => write!(
-                f,
-                "{}: {}… ({} bytes in all)",
-                self.path,
-                &self.message[..cut],
-                self.message.len()
-            )?,
-            None => write!(f, "{}: {}", self.path, self.message)?,
-        }
+        write!(
+            f,
+            "{}: {}",
+            self.path,
+            crate::errors::shorten(&self.message, MAX_MESSAGE_CHARS)
+        )?;
         if let Some(l) = &self.location {
             write!(f, " (line {}, column {})", l.line, l.column)?;
         }
