@@ -46,7 +46,7 @@ impl ComputeModes {
                     self.saved.insert(uuid.clone(), Some(previous));
                 }
                 Err(e) => {
-                    tracing::error!(gpu = %uuid, error = %e, "cannot set compute mode EXCLUSIVE_PROCESS; MPS runs without it")
+                    tracing::error!(gpu = %uuid, error = %crate::errors::chain(&e), "cannot set compute mode EXCLUSIVE_PROCESS; MPS runs without it")
                 }
             }
         }
@@ -67,7 +67,9 @@ impl ComputeModes {
         let mode = previous.unwrap_or(ComputeMode::Default);
         match source.set_compute_mode(uuid, mode) {
             Ok(_) => tracing::info!(gpu = %uuid, mode = ?mode, "compute mode restored"),
-            Err(e) => tracing::error!(gpu = %uuid, error = %e, "cannot restore the compute mode"),
+            Err(e) => {
+                tracing::error!(gpu = %uuid, error = %crate::errors::chain(&e), "cannot restore the compute mode")
+            }
         }
     }
 

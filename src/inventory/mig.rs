@@ -196,7 +196,7 @@ pub fn resolve_caps(inv: &mut Inventory, root: &Path) {
     let minors = match MigMinors::read(root) {
         Ok(m) => m,
         Err(e) => {
-            tracing::debug!(path = %MigMinors::path(root).display(), error = %e, "no nvidia-caps MIG minors");
+            tracing::debug!(path = %MigMinors::path(root).display(), error = %crate::errors::chain(&e), "no nvidia-caps MIG minors");
             MigMinors::default()
         }
     };

@@ -540,7 +540,7 @@ impl GpuSource for NvmlSource {
                     // Known before: keep it, Unhealthy, so one GPU's failure neither hides
                     // nor fails the others.
                     Some(prev) => {
-                        tracing::error!(gpu = i, uuid = %prev.uuid, error = %e, "GPU stopped answering NVML; marking it Unhealthy");
+                        tracing::error!(gpu = i, uuid = %prev.uuid, error = %crate::errors::chain(&e), "GPU stopped answering NVML; marking it Unhealthy");
                         gpus.push(Gpu {
                             health: Health::Unhealthy,
                             ..prev.clone()
@@ -551,7 +551,7 @@ impl GpuSource for NvmlSource {
                     // capacity it cannot use); without a UUID it cannot be named at all.
                     None => match self.nvml.device_by_index(i).and_then(|d| d.uuid()) {
                         Ok(uuid) if crate::uuid::Uuid::parse(&uuid).is_ok() => {
-                            tracing::error!(gpu = i, uuid = %uuid, error = %e, "GPU does not answer NVML; advertising it Unhealthy");
+                            tracing::error!(gpu = i, uuid = %uuid, error = %crate::errors::chain(&e), "GPU does not answer NVML; advertising it Unhealthy");
                             gpus.push(Gpu {
                                 index: i,
                                 uuid,
@@ -566,10 +566,10 @@ impl GpuSource for NvmlSource {
                             });
                         }
                         Ok(bad) => {
-                            tracing::error!(gpu = i, error = %e, uuid = %crate::uuid::truncate_id(&bad), "GPU does not answer NVML and its UUID is not in NVML's form; it is left out");
+                            tracing::error!(gpu = i, error = %crate::errors::chain(&e), uuid = %crate::uuid::truncate_id(&bad), "GPU does not answer NVML and its UUID is not in NVML's form; it is left out");
                         }
                         Err(uuid_err) => {
-                            tracing::error!(gpu = i, error = %e, uuid_error = %uuid_err, "GPU does not answer NVML, not even its UUID; it is left out");
+                            tracing::error!(gpu = i, error = %crate::errors::chain(&e), uuid_error = %uuid_err, "GPU does not answer NVML, not even its UUID; it is left out");
                         }
                     },
                 },
@@ -862,7 +862,7 @@ fn event_loop(
                 }
                 Ok(()) | Err(NvmlError::Timeout) => {}
                 Err(e) => {
-                    tracing::error!(error = %e, "NVML event wait failed; re-creating the event set and re-checking every GPU");
+                    tracing::error!(error = %crate::errors::chain(&e), "NVML event wait failed; re-creating the event set and re-checking every GPU");
                     // SAFETY: the set was created above and is freed once.
                     unsafe { free(set) };
                     break;
@@ -905,7 +905,7 @@ impl NvmlSource {
             Ok(m) => m.current == 1,
             Err(NvmlError::NotSupported) => false,
             Err(e) => {
-                tracing::warn!(gpu = i, error = %e, "nvmlDeviceGetMigMode failed; treating MIG as disabled");
+                tracing::warn!(gpu = i, error = %crate::errors::chain(&e), "nvmlDeviceGetMigMode failed; treating MIG as disabled");
                 false
             }
         };

@@ -77,10 +77,17 @@ impl Reporter {
     }
 
     /// Reports to the supervisor's bounded channel; a full channel (the supervisor stalled
-    /// with hundreds of reports queued) drops the report with an error line.
+    /// with hundreds of reports queued) drops the report with an error line. A closed one is
+    /// the supervisor shutting down: nobody reads reports any more, and that is no error.
     fn send(&self, ev: Event) {
-        if let Err(e) = self.events.try_send(ev) {
-            tracing::error!(gpu = %self.uuid, error = %e, "MPS event not delivered to the supervisor");
+        match self.events.try_send(ev) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::error!(gpu = %self.uuid, "MPS event not delivered to the supervisor: its channel is full");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!(gpu = %self.uuid, "MPS event after the supervisor stopped reading");
+            }
         }
     }
 
@@ -227,7 +234,7 @@ impl Task {
         }
         let mut child = control
             .spawn_daemon(&self.uuid)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::errors::chain(&e))?;
         let answered = tokio::time::timeout(self.config.start_timeout, async {
             let mut delays = startup_backoff();
             loop {
@@ -375,7 +382,7 @@ impl Task {
             }
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(gpu = %self.uuid, error = %e, "not removing the MPS directory")
+                tracing::warn!(gpu = %self.uuid, error = %crate::errors::chain(&e), "not removing the MPS directory")
             }
         }
     }

@@ -460,7 +460,7 @@ fn serve_limited(
         tokio::select! {
             result = &mut server => {
                 if let Err(e) = result {
-                    tracing::error!(socket = %path.display(), error = %e, "device plugin server failed");
+                    tracing::error!(socket = %path.display(), error = %crate::errors::chain(&e), "device plugin server failed");
                 }
             }
             () = drained => {

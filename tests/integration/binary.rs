@@ -771,6 +771,40 @@ async fn run_supervises_mps_daemons_and_quits_them_on_sigterm() {
     assert_daemons_quit(&root, &gpus);
 }
 
+/// An MPS control daemon that cannot start logs why (the spawn error's source, not only
+/// "starting <binary>"), and a clean SIGTERM logs no error: a closed event channel at shutdown
+/// is not a lost event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_daemon_that_cannot_start_says_why_and_sigterm_is_quiet() {
+    let node = Node::new("");
+    let root = crate::mps::mps_root(&node);
+    node.write_policy(&crate::mps::mps_policy(&root, 4));
+    let sim = crate::mps::h100s(&node, 2);
+    let _emu = KubeletEmulator::start(&node.plugins()).await.unwrap();
+    let mut child = spawn_run(
+        &node,
+        &[
+            "--simulate",
+            sim.to_str().unwrap(),
+            "--mps-control-binary",
+            "/nonexistent/nvidia-cuda-mps-control",
+        ],
+        &[],
+    );
+    let seen = wait_for_log(&mut child, "restarting the MPS control daemon").await;
+    let line = seen
+        .lines()
+        .find(|l| l.contains("restarting the MPS control daemon"))
+        .unwrap();
+    assert!(
+        line.contains("/nonexistent/nvidia-cuda-mps-control") && line.contains("No such file"),
+        "{line}"
+    );
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
 /// The split deployment: `slicelet mps` runs the daemons, `slicelet run --mps-external` only
 /// checks them; stopping `run` leaves them running, stopping `mps` quits them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
