@@ -278,11 +278,11 @@ fn main() {
                 let (a, b) = (ha.value_at_quantile(q), hb.value_at_quantile(q));
                 let ratio = a as f64 / b as f64;
                 let goal = if name == "p99" {
-                    "ratio <= 1.25"
+                    "ratio <= 1.15"
                 } else {
                     "(NVIDIA: ~1.5 p50, ~1.7 p99)"
                 };
-                let verdict = (name == "p99").then_some(ratio <= 1.25);
+                let verdict = (name == "p99").then_some(ratio <= 1.15);
                 table.row(
                     format!("1. Allocate {name}, {callers} caller(s): slicelet / floor"),
                     format!("{:.1} us / {:.1} us = {ratio:.2}", us(a), us(b)),

@@ -9,14 +9,18 @@
 //! stream (`RST_STREAM PROTOCOL_ERROR`; hyperium/h2#487, still open), so `GetInfo` fails and the
 //! kubelet never registers the plugin.
 //!
-//! [`AnyAuthority`] wraps an accepted connection on the way into h2. It reads the client's
-//! frames: every header block (`HEADERS` and its `CONTINUATION`s) is decoded with HPACK
-//! (`loona-hpack`, which tracks the client's dynamic table), an `:authority` that
-//! [`http::uri::Authority`] refuses is replaced by `localhost` (what kubelets ≥ 1.26 send on
-//! the device-plugin sockets, kubernetes/kubernetes#112597), and the block is re-encoded as
-//! literals without indexing, so h2's own decoder never needs a dynamic-table entry it was
-//! not sent. All other frames, and everything the server writes, pass through byte for byte.
-//! Well-formed requests reach h2 with the same headers in the same order.
+//! [`AnyAuthority`] wraps an accepted connection on the way into h2 and reads the client's
+//! frames. The connection's first header block (`HEADERS` and its `CONTINUATION`s) is
+//! decoded with HPACK (`loona-hpack`). When its `:authority` is one [`http::uri::Authority`]
+//! accepts (or absent), the block and everything after it pass byte for byte: gRPC clients
+//! send one authority per connection, so a well-formed client (tonic, the kubelet's device
+//! manager with `localhost`) costs one decode per connection, not per request. Otherwise the
+//! connection is rewritten: every block is decoded (the decoder keeps the client's dynamic
+//! table), the refused `:authority` becomes `localhost` (what kubelets ≥ 1.26 send on the
+//! device-plugin sockets, kubernetes/kubernetes#112597), and the block is re-encoded as
+//! literals without indexing, so h2's own decoder never needs a dynamic-table entry it was not
+//! sent. Non-header frames, and everything the server writes, always pass byte for byte;
+//! requests reach h2 with the same headers in the same order.
 //!
 //! Limits (a hostile peer is refused at least as h2 would refuse it, by ending the
 //! connection): a header frame over [`MAX_FRAME`] bytes, a header block over [`MAX_BLOCK`]
@@ -80,6 +84,8 @@ struct Block {
     end_stream: bool,
     priority: Option<[u8; 5]>,
     fragments: BytesMut,
+    /// The frames as the client sent them (headers included), for a block passed on as it is.
+    original: BytesMut,
 }
 
 /// An accepted connection whose client header blocks reach h2 with a valid `:authority` (see
@@ -94,6 +100,8 @@ pub struct AnyAuthority<S> {
     state: State,
     block: Option<Block>,
     decoder: Decoder,
+    /// Whether this connection's header blocks are rewritten: decided by its first block.
+    rewrite: bool,
     eof: bool,
 }
 
@@ -118,6 +126,7 @@ impl<S> AnyAuthority<S> {
             state: State::Preface,
             block: None,
             decoder: Decoder(decoder),
+            rewrite: false,
             eof: false,
         }
     }
@@ -189,16 +198,16 @@ impl<S> AnyAuthority<S> {
                     if self.raw.len() < FRAME_HEADER + len {
                         return Ok(());
                     }
-                    self.raw.advance(FRAME_HEADER);
-                    let payload = self.raw.split_to(len);
-                    self.header_frame(kind, flags, stream, &payload)?;
+                    let frame = self.raw.split_to(FRAME_HEADER + len);
+                    self.header_frame(kind, flags, stream, &frame)?;
                 }
             }
         }
     }
 
-    /// One `HEADERS` or `CONTINUATION` frame's payload.
-    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> io::Result<()> {
+    /// One `HEADERS` or `CONTINUATION` frame (its 9-byte header included).
+    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, frame: &[u8]) -> io::Result<()> {
+        let payload = &frame[FRAME_HEADER..];
         let fragment = if kind == HEADERS {
             if self.block.is_some() {
                 return Err(refused("HEADERS inside a header block"));
@@ -227,6 +236,7 @@ impl<S> AnyAuthority<S> {
                 end_stream: flags & END_STREAM != 0,
                 priority,
                 fragments: BytesMut::new(),
+                original: BytesMut::new(),
             });
             p
         } else {
@@ -242,23 +252,36 @@ impl<S> AnyAuthority<S> {
             return Err(refused("a header block over 64 KiB"));
         }
         block.fragments.extend_from_slice(fragment);
+        block.original.extend_from_slice(frame);
         if flags & END_HEADERS == 0 {
             return Ok(());
         }
         let Some(block) = self.block.take() else {
             return Ok(());
         };
-        let encoded = self.reencode(&block.fragments)?;
-        write_frames(&mut self.out, &block, &encoded);
+        let (encoded, rewritten) = self.reencode(&block.fragments)?;
+        if self.rewrite || rewritten {
+            self.rewrite = true;
+            write_frames(&mut self.out, &block, &encoded);
+        } else {
+            // The connection's first block needed nothing: every client sends one authority
+            // per connection, so from here on the client's bytes pass as they are (h2's own
+            // decoder keeps the client's dynamic table, and no decoding costs a request
+            // anything; a later bad authority is refused by h2 as it would be without us).
+            self.out.unsplit(block.original);
+            self.state = State::Verbatim;
+        }
         Ok(())
     }
 
     /// Decodes one whole header block and encodes it again with a valid `:authority`, every
-    /// field a literal without indexing (RFC 7541 §6.2.2, no Huffman).
-    fn reencode(&mut self, block: &[u8]) -> io::Result<BytesMut> {
+    /// field a literal without indexing (RFC 7541 §6.2.2, no Huffman); true when the
+    /// authority had to be replaced.
+    fn reencode(&mut self, block: &[u8]) -> io::Result<(BytesMut, bool)> {
         let mut encoded = BytesMut::with_capacity(block.len() + 16);
         let mut decoded = 0usize;
         let mut over = false;
+        let mut replaced = false;
         let result = self.decoder.0.decode_with_cb(block, |name, value| {
             decoded += name.len() + value.len() + 32;
             if decoded > MAX_BLOCK {
@@ -268,6 +291,7 @@ impl<S> AnyAuthority<S> {
             let value = if name.as_ref() == b":authority"
                 && http::uri::Authority::try_from(value.as_ref()).is_err()
             {
+                replaced = true;
                 Cow::Borrowed(REPLACEMENT.as_bytes())
             } else {
                 value
@@ -282,7 +306,7 @@ impl<S> AnyAuthority<S> {
         if over {
             return Err(refused("a header block decoding to over 64 KiB"));
         }
-        Ok(encoded)
+        Ok((encoded, replaced))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `:authority` rewrite on arbitrary client bytes (a preface is put first, so the frame
 //! reader runs). It may not panic; read in one piece or byte by byte it gives the same answer;
-//! and every header block it passes on decodes, with an `:authority` h2 accepts.
+//! and the first header block it passes on decodes, with an `:authority` h2 accepts (later
+//! ones pass as sent when the first needed nothing).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(out, bytewise.unwrap());
     let mut decoder = loona_hpack::Decoder::new();
+    decoder.set_max_allowed_table_size(4096);
     let mut rest = &out[PREFACE.len()..];
     let mut block = Vec::new();
     while rest.len() >= 9 {
@@ -27,16 +29,23 @@ fuzz_target!(|data: &[u8]| {
         };
         let (kind, flags) = (rest[3], rest[4]);
         if kind == 0x1 || kind == 0x9 {
-            // HEADERS as written by the rewrite: no padding; priority fields when flagged.
-            let skip = if kind == 0x1 && flags & 0x20 != 0 { 5 } else { 0 };
-            block.extend_from_slice(&payload[skip..]);
+            // HEADERS: padding and priority fields as flagged.
+            let mut p = payload;
+            if kind == 0x1 && flags & 0x8 != 0 {
+                let pad = usize::from(p[0]);
+                p = &p[1..p.len() - pad];
+            }
+            if kind == 0x1 && flags & 0x20 != 0 {
+                p = &p[5..];
+            }
+            block.extend_from_slice(p);
             if flags & 0x4 != 0 {
                 for (name, value) in decoder.decode(&block).expect("a block it wrote decodes") {
                     if name == b":authority" {
                         assert!(http::uri::Authority::try_from(value.as_slice()).is_ok());
                     }
                 }
-                block.clear();
+                return;
             }
         }
         rest = &rest[9 + len..];
