@@ -23,7 +23,7 @@
 //! Only `kind` and `devices[].name` are read (a few serde structs); every other field is left
 //! to the runtime. [`read_specs`] is blocking file I/O and runs off the async runtime; it is
 //! bounded: each file through [`crate::policy::read_bounded`] (a regular file, at most
-//! [`MAX_SPEC_BYTES`]), at most [`MAX_SPEC_FILES`] specs per directory.
+//! [`MAX_SPEC_BYTES`]), at most [`MAX_DIR_BYTES`] of specs per directory (DRA claim specs skipped).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -42,8 +42,34 @@ pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
 /// The most of a spec's parse error quoted, characters (the parsers quote a bad scalar whole;
 /// see [`crate::errors::shorten`]).
 pub const MAX_ERROR_CHARS: usize = 200;
-/// The most spec files read per directory; the rest are reported and skipped.
-pub const MAX_SPEC_FILES: usize = 256;
+/// The most spec bytes read per directory, in all (64 MiB: sixteen specs at the largest; the
+/// toolkit's spec for 64 GPUs with MIG devices is far smaller); the rest are reported and
+/// skipped. A budget of bytes, not of files: slicelet's own claim specs (one per prepared DRA
+/// claim, skipped, [`is_claim_spec`]) and anything else small can never crowd the node's
+/// NVIDIA spec out.
+pub const MAX_DIR_BYTES: u64 = 64 * 1024 * 1024;
+/// The most directory entries looked at per directory (bounds the listing's memory).
+pub const MAX_DIR_ENTRIES: usize = 100_000;
+/// What a claim spec's file name holds between the driver and the claim's UID.
+const CLAIM_SPEC_MARK: &str = "-claim_";
+
+/// The file name of DRA claim `uid`'s CDI spec: `<driver>-claim_<uid>.json`.
+pub fn claim_spec_file(driver: &str, uid: &str) -> String {
+    format!("{driver}{CLAIM_SPEC_MARK}{uid}.json")
+}
+
+/// Whether `name` is a DRA claim spec's file name ([`claim_spec_file`] with a 36-character
+/// UID): its kind is the driver's claim kind, never a name Allocate hands out, so the check
+/// skips it.
+pub fn is_claim_spec(name: &str) -> bool {
+    name.strip_suffix(".json")
+        .and_then(|n| n.rsplit_once(CLAIM_SPEC_MARK))
+        .is_some_and(|(driver, uid)| {
+            !driver.is_empty()
+                && uid.len() == 36
+                && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        })
+}
 
 /// How a device is named to the container runtime under `strategy`: its GPU or MIG UUID, or
 /// its index (`3`; `3:1` for MIG device 1 of GPU 3). A replica is named by its GPU (or MIG
@@ -76,8 +102,9 @@ pub enum SpecError {
         /// Why.
         error: String,
     },
-    /// More spec files than [`MAX_SPEC_FILES`] in one directory.
-    #[error("{} holds more than {MAX_SPEC_FILES} spec files; the rest are not read", dir.display())]
+    /// More spec bytes than [`MAX_DIR_BYTES`], or more entries than [`MAX_DIR_ENTRIES`], in
+    /// one directory.
+    #[error("{} holds more than {MAX_DIR_BYTES} bytes of spec files or {MAX_DIR_ENTRIES} entries; the rest are not read", dir.display())]
     TooMany {
         /// The directory.
         dir: PathBuf,
@@ -265,6 +292,11 @@ impl SpecIndex {
 /// A directory that does not exist holds no specs (as for runtimes); everything else that
 /// cannot be used is in [`SpecIndex::errors`].
 pub fn read_specs(dirs: &[PathBuf]) -> SpecIndex {
+    read_specs_within(dirs, MAX_DIR_BYTES)
+}
+
+/// [`read_specs`] with a per-directory budget of `max_dir_bytes`.
+fn read_specs_within(dirs: &[PathBuf], max_dir_bytes: u64) -> SpecIndex {
     let mut index = SpecIndex::new(dirs);
     let limits = policy::Limits {
         max_bytes: MAX_SPEC_BYTES,
@@ -282,20 +314,38 @@ pub fn read_specs(dirs: &[PathBuf]) -> SpecIndex {
                 continue;
             }
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "json" || e == "yaml"))
-            .collect();
-        files.sort();
-        if files.len() > MAX_SPEC_FILES {
-            index.errors.push(SpecError::TooMany { dir: dir.clone() });
-            files.truncate(MAX_SPEC_FILES);
+        let mut listed = 0usize;
+        let mut files: Vec<PathBuf> = Vec::new();
+        for e in entries.filter_map(Result::ok) {
+            listed += 1;
+            if listed > MAX_DIR_ENTRIES {
+                index.errors.push(SpecError::TooMany { dir: dir.clone() });
+                break;
+            }
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if (name.ends_with(".json") || name.ends_with(".yaml")) && !is_claim_spec(&name) {
+                files.push(e.path());
+            }
         }
+        files.sort();
+        let mut spent = 0u64;
         for file in files {
             // A subdirectory named `x.yaml` is not a spec (runtimes skip subdirectories).
-            if std::fs::metadata(&file).is_ok_and(|m| m.is_dir()) {
+            let Ok(meta) = std::fs::metadata(&file) else {
+                index.errors.push(SpecError::Read(format!(
+                    "{}: gone or unreadable",
+                    file.display()
+                )));
                 continue;
+            };
+            if meta.is_dir() {
+                continue;
+            }
+            spent = spent.saturating_add(meta.len().min(MAX_SPEC_BYTES));
+            if spent > max_dir_bytes {
+                index.errors.push(SpecError::TooMany { dir: dir.clone() });
+                break;
             }
             let spec = policy::read_bounded(&file, &limits)
                 .map_err(|e| SpecError::Read(crate::errors::chain(&e)))

@@ -284,25 +284,65 @@ fn mig_devices_are_named_gpu_colon_mig_by_index() {
     assert_eq!(got.keys().cloned().collect::<Vec<_>>(), vec![mig0]);
 }
 
+/// 300 DRA claim specs beside the toolkit's spec (their names sort first) change nothing: the
+/// claim specs are skipped and the NVIDIA spec is read (with 256 files per directory read, it
+/// was left out and every `cdi-*` GPU turned Unhealthy).
 #[test]
-fn at_most_max_spec_files_are_read_per_directory() {
+fn claim_specs_never_crowd_the_nvidia_spec_out() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cdi");
-    for i in 0..=MAX_SPEC_FILES {
+    for i in 0..300 {
+        let uid = format!("{i:08x}-0000-4000-8000-000000000000");
         write(
             &dir,
-            &format!("{i:04}.yaml"),
+            &claim_spec_file("gpu.slicelet.io", &uid),
+            &format!("{{\"cdiVersion\": \"0.6.0\", \"kind\": \"gpu.slicelet.io/claim\", \"devices\": [{{\"name\": \"{uid}\"}}]}}"),
+        );
+    }
+    write(
+        &dir,
+        "nvidia.yaml",
+        &yaml_spec("nvidia.com/gpu", &["0", "1"]),
+    );
+    let index = read_specs(std::slice::from_ref(&dir));
+    assert_eq!(index.errors, Vec::<SpecError>::new());
+    assert_eq!(index.files, 1);
+    assert!(index.resolve("nvidia.com/gpu=1").is_ok());
+}
+
+#[test]
+fn claim_spec_names_are_recognised() {
+    let uid = "aaaaaaaa-0000-4000-8000-000000000001";
+    assert!(is_claim_spec(&claim_spec_file("gpu.slicelet.io", uid)));
+    for other in [
+        "nvidia.yaml",
+        "gpu.slicelet.io-claim_short.json",
+        "-claim_aaaaaaaa-0000-4000-8000-000000000001.json",
+        "gpu.slicelet.io-claim_aaaaaaaa-0000-4000-8000-000000000001.yaml",
+    ] {
+        assert!(!is_claim_spec(other), "{other}");
+    }
+}
+
+/// The read is bounded by bytes per directory: past the budget the rest is reported and
+/// skipped, in name order.
+#[test]
+fn a_directory_is_read_within_its_byte_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    for i in 0..4 {
+        write(
+            &dir,
+            &format!("{i}.yaml"),
             &yaml_spec("nvidia.com/gpu", &[&i.to_string()]),
         );
     }
-    let index = read_specs(std::slice::from_ref(&dir));
-    assert_eq!(index.files, MAX_SPEC_FILES);
+    let one = std::fs::metadata(dir.join("0.yaml")).unwrap().len();
+    let index = read_specs_within(std::slice::from_ref(&dir), one * 2 + one / 2);
+    assert_eq!(index.files, 2);
     assert_eq!(index.errors, vec![SpecError::TooMany { dir: dir.clone() }]);
-    // Read in name order: the last file is the one left out.
-    assert!(index.resolve("nvidia.com/gpu=0").is_ok());
-    assert!(index
-        .resolve(&format!("nvidia.com/gpu={MAX_SPEC_FILES}"))
-        .is_err());
+    assert!(index.resolve("nvidia.com/gpu=1").is_ok());
+    assert!(index.resolve("nvidia.com/gpu=2").is_err());
 }
 
 /// A parse error quotes at most [`MAX_ERROR_CHARS`] of the bad value: a 4 MiB scalar in a

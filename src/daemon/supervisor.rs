@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::hardware::{Command, Hardware, Report, SampleRequest};
 use super::{
-    labels_report, open_source, publish_label, read_policy_off_loop, servers, CdiCheck,
+    labels_report, open_source, publish_label, read_policy_off_loop, servers, CdiAnswer, CdiCheck,
     DaemonError, HealthEnv, InUseReader, Input, Shell, State, Target, ALLOCATE_SETTLE, BIND_RETRY,
     CHANNEL_CAPACITY, POLICY_DEBOUNCE, RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
 };
@@ -31,7 +31,7 @@ struct Inputs {
     reports: mpsc::Receiver<Report>,
     mps_events: mpsc::Receiver<mps::Event>,
     in_use_answers: mpsc::Receiver<Result<crate::podres::InUse, String>>,
-    cdi_specs: mpsc::Receiver<crate::cdi::SpecIndex>,
+    cdi_specs: mpsc::Receiver<CdiAnswer>,
     view_requests: mpsc::Receiver<crate::status::ViewRequest>,
     server: servers::ServerEvents,
 }
@@ -94,7 +94,7 @@ enum Event {
     Label(bool),
     Mps(mps::Event),
     ViewRequest(oneshot::Sender<crate::usage::view::NodeView>),
-    Cdi(crate::cdi::SpecIndex),
+    Cdi(CdiAnswer),
     Registered(servers::Registered),
     Stream(crate::plugin::StreamEvent),
     SettleDue,
@@ -556,7 +556,15 @@ impl Supervisor {
         let _ = answer.send(self.shell.usage.view(&self.state.plan, &self.state.in_use));
     }
 
-    fn on_cdi(&mut self, index: crate::cdi::SpecIndex) {
+    fn on_cdi(&mut self, answer: CdiAnswer) {
+        let index = match answer {
+            CdiAnswer::Slow => {
+                tracing::warn!(dirs = ?self.settings.cdi_spec_dirs, deadline = ?super::CDI_READ_DEADLINE,
+                    "reading the CDI specs takes longer than its deadline; the last answer stays until it finishes");
+                return;
+            }
+            CdiAnswer::Done(index) => index,
+        };
         self.shell.cdi.busy = false;
         self.fold(Input::CdiSpecs(index));
         if std::mem::take(&mut self.shell.cdi.again) {
@@ -760,7 +768,7 @@ fn wire_shell(
     );
     let (dra_inputs, dra) = spawn_dra(settings, plugin_mode, shutdown);
     let (in_use_tx, in_use_answers) = mpsc::channel(1);
-    let (cdi_tx, cdi_specs) = mpsc::channel(1);
+    let (cdi_tx, cdi_specs) = mpsc::channel(2);
     // /status asks for its view; the answer is built from the state at that moment.
     let (view_tx, view_requests) = mpsc::channel::<crate::status::ViewRequest>(8);
     if plugin_mode {
@@ -781,12 +789,7 @@ fn wire_shell(
         plugin_mode,
         labels,
         labels_content: None,
-        cdi: CdiCheck {
-            dirs: settings.cdi_spec_dirs.clone(),
-            tx: cdi_tx,
-            busy: false,
-            again: false,
-        },
+        cdi: CdiCheck::new(settings.cdi_spec_dirs.clone(), cdi_tx),
         in_use: InUseReader {
             socket: settings
                 .pod_resources_socket

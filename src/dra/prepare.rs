@@ -221,9 +221,10 @@ pub fn cdi_kind(driver: &str) -> String {
     format!("{driver}/claim")
 }
 
-/// The claim spec's file name: `<driver>-claim_<uid>.json`.
+/// The claim spec's file name: `<driver>-claim_<uid>.json` ([`crate::cdi::claim_spec_file`],
+/// which the CDI check skips).
 pub fn spec_file(driver: &str, uid: &str) -> String {
-    format!("{driver}-claim_{uid}.json")
+    crate::cdi::claim_spec_file(driver, uid)
 }
 
 /// Prepares `want` from the API's `claim`.
