@@ -2,7 +2,10 @@
 //! IDs: pure, so the drain rules can match a DRA claim's devices to the plan's IDs and
 //! [`crate::dra::slices`] publishes the same names.
 
-use super::physical_uuid;
+use std::borrow::Cow;
+
+use super::{physical_uuid, Plan};
+use crate::podres::InUse;
 
 /// The longest DNS label (a device name), characters.
 pub const MAX_DNS_LABEL: usize = 63;
@@ -58,4 +61,25 @@ pub fn hex_digest(text: &str, bytes: usize) -> String {
         let _ = write!(out, "{b:02x}");
     }
     out
+}
+
+/// `in_use` with every DRA claim (pod-resources' `dynamic_resources`, by published device
+/// name) also recorded under the device ID it names in `plan`'s DRA resources, so a device a
+/// claim holds counts as held wherever holders are counted (metrics, `/status`, `slicelet
+/// top`), exactly as a device-plugin holder does. Borrowed when no claim is reported.
+pub fn with_claims<'a>(plan: &Plan, in_use: &'a InUse) -> Cow<'a, InUse> {
+    if in_use.claimed.is_empty() {
+        return Cow::Borrowed(in_use);
+    }
+    let mut out = in_use.clone();
+    for res in plan.resources.values().filter(|r| r.dra) {
+        for d in &res.devices {
+            if let Some(holders) = in_use.claimed.get(&device_name(&d.id)) {
+                for h in holders {
+                    out.insert(res.name.as_str(), &d.id, h.clone());
+                }
+            }
+        }
+    }
+    Cow::Owned(out)
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::family::Family;
 
+use crate::plan::dra_names::with_claims;
 use crate::plan::{physical_uuid, Plan};
 use crate::podres::{Holder, InUse};
 use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
@@ -111,6 +112,7 @@ impl Usage {
         in_use: &InUse,
         metrics: &UsageMetrics,
     ) {
+        let in_use = &*with_claims(plan, in_use);
         let figures = attribute(samples, plan, in_use);
         // Milliseconds to seconds: exact for any real date (below 2^53 ms).
         let now = samples.at_unix_ms as f64 / 1000.0;
@@ -222,6 +224,7 @@ impl Usage {
     /// removes the series (and last active times) of containers and devices that are gone; and
     /// publishes the new `/status` view.
     pub fn allocation(&mut self, plan: &Plan, in_use: &InUse, metrics: &UsageMetrics) {
+        let in_use = &*with_claims(plan, in_use);
         let m = metrics;
         let mut allocation = HashSet::new();
         let mut live: HashSet<ContainerLabels> = HashSet::new();
@@ -318,6 +321,7 @@ impl Usage {
     /// clock is read). `generation`/`ready` are left 0/false: the status endpoint fills them
     /// per request.
     pub fn view(&self, plan: &Plan, in_use: &InUse) -> NodeView {
+        let in_use = &*with_claims(plan, in_use);
         let mut gpus: HashMap<&str, GpuView> = HashMap::new();
         let mut figures_of: HashMap<(&str, &str, &Holder), &ContainerFigures> = HashMap::new();
         let sampled_at = self.figures.as_ref().map(|f| f.at_unix_ms as f64 / 1000.0);

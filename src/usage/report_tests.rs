@@ -346,3 +346,47 @@ fn a_large_node_renders_every_series() {
         2688
     );
 }
+
+/// A device a DRA claim holds (pod-resources' `dynamic_resources`, by published device name)
+/// counts as held, exactly as a device-plugin holder: in `slicelet_allocation_info`, the
+/// allocated and free counts and the `/status` holder (it counted as free before).
+#[test]
+fn dra_claims_are_holders() {
+    let mut plan = plan();
+    let shared = plan.resources.get_mut("nvidia.com/gpu-shared").unwrap();
+    std::sync::Arc::make_mut(shared).dra = true;
+    let id = replica_id(GPU0, 2);
+    let mut in_use = InUse::default();
+    in_use.claimed.insert(
+        crate::plan::dra_names::device_name(&id),
+        vec![holder("ml", "dra-pod", "main")],
+    );
+    let metrics = Metrics::new();
+    let mut usage = Usage::new();
+    usage.allocation(&plan, &in_use, metrics.usage());
+    let text = metrics.encode();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("slicelet_allocation_info{")
+                && l.contains(&format!("device=\"{id}\""))
+                && l.contains("pod=\"dra-pod\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains("slicelet_resource_allocated_devices{resource=\"nvidia.com/gpu-shared\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("slicelet_resource_free_devices{resource=\"nvidia.com/gpu-shared\"} 7"),
+        "{text}"
+    );
+    let view = usage.view(&plan, &in_use);
+    let device = view
+        .gpus
+        .iter()
+        .flat_map(|g| &g.devices)
+        .find(|d| d.id == id)
+        .unwrap();
+    assert_eq!(device.holder.as_ref().unwrap().pod, "dra-pod");
+    assert_eq!(view.free["nvidia.com/gpu-shared"], 7);
+}
