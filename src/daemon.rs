@@ -360,6 +360,8 @@ struct Shell {
     usage: crate::usage::report::Usage,
     /// The last sampling error logged (each distinct one once).
     sample_error: Option<String>,
+    /// The last checkpoint error logged (each distinct one once).
+    checkpoint_error: Option<String>,
     /// Each published plan, for DRA (`--dra`).
     dra_inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
     /// Something changed since the last [`crate::residency::settle`] was scheduled.
@@ -575,8 +577,12 @@ impl Shell {
                 if self.sample_error.take().is_some() {
                     tracing::info!("GPU use sampling works again");
                 }
-                if let Some(e) = &s.checkpoint_error {
-                    tracing::debug!(error = %e, "the kubelet's device checkpoint is not usable: GPU use is attributed to GPUs only");
+                if s.checkpoint_error != self.checkpoint_error {
+                    match &s.checkpoint_error {
+                        Some(e) => tracing::warn!(error = %e, "the kubelet's device checkpoint is not usable: per-container GPU use is unknown and withheld (slicelet_attribution_up 0); GPU-level series only"),
+                        None => tracing::info!("the kubelet's device checkpoint is usable again: GPU use is attributed to containers"),
+                    }
+                    self.checkpoint_error.clone_from(&s.checkpoint_error);
                 }
                 self.usage
                     .sampled(&s, &state.plan, &state.in_use, &self.metrics.usage);

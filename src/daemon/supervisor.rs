@@ -802,6 +802,7 @@ fn wire_shell(
         },
         usage: crate::usage::report::Usage::new(),
         sample_error: None,
+        checkpoint_error: None,
         dra_inputs,
         unsettled: false,
     };

@@ -11,9 +11,13 @@
 //!    device IDs are on this GPU → (container name, resource, device IDs) → the holder of one
 //!    of those IDs in [`InUse`] with that container name gives the namespace and pod. Its SM %
 //!    and memory are added to that container's entry.
-//! 3. A process whose pod is unknown (no pod UID, no checkpoint, no checkpoint entry on this
-//!    GPU, or pod-resources does not list the container yet) counts at GPU level only, in
+//! 3. A process whose pod is unknown (no pod UID, no checkpoint entry on this GPU, or
+//!    pod-resources does not list the container yet) counts at GPU level only, in
 //!    [`GpuFigures::unattributed_processes`].
+//! 4. Without a usable checkpoint ([`Samples::checkpoint_error`]) no container of a whole GPU
+//!    or replica gets an entry at all: its use is unknown, and unknown is not idle (a 0 % entry
+//!    would read as idle and scale a busy Deployment to zero). Its series disappear; MIG
+//!    holders keep theirs (they need no checkpoint).
 //!
 //! Two containers of one pod with devices on one GPU: a process's cgroup names its container
 //! ID, which only the Pod API maps to a container name, so the process goes to the container
@@ -141,6 +145,7 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
         entries.sort_by(|a, b| a.container.cmp(&b.container));
     }
 
+    let known = samples.checkpoint.is_some();
     let gpus = samples
         .gpus
         .iter()
@@ -149,6 +154,7 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                 .get(g.uuid.as_str())
                 .into_iter()
                 .flatten()
+                .filter(|(key, _)| known || key.0.starts_with("MIG-"))
                 .map(|(key, ids)| {
                     let figures = ContainerFigures {
                         holder: key.2.clone(),
@@ -534,10 +540,10 @@ pub(crate) mod tests {
                 unattributed: 2,
             },
             Case {
-                name: "no checkpoint: the containers stay, idle",
+                name: "no checkpoint: unknown, so no container entries (not idle ones)",
                 samples: no_checkpoint,
                 in_use: two_in_use.clone(),
-                gpu0: vec![("ml/a/main", GPU0, 0, 0, 0), ("ml/b/main", GPU0, 0, 0, 0)],
+                gpu0: vec![],
                 unattributed: 2,
             },
             Case {

@@ -104,6 +104,10 @@ pub struct UsageMetrics {
     pub(crate) samples: Counter,
     /// `slicelet_sample_failures_total`.
     pub(crate) sample_failures: Counter,
+    /// `slicelet_attribution_up`: 1 while GPU use is attributed to containers, 0 while the
+    /// kubelet's device checkpoint cannot be used (the per-container series are gone then:
+    /// unknown, not idle).
+    pub(crate) attribution_up: Gauge,
 }
 
 impl UsageMetrics {
@@ -139,7 +143,14 @@ impl UsageMetrics {
             "GPU use samples that failed (NVML errors)",
             sample_failures.clone(),
         );
+        let attribution_up = Gauge::default();
+        registry.register(
+            "attribution_up",
+            "1 while GPU use is attributed to containers; 0 while the kubelet's device checkpoint cannot be used and the per-container series are withheld",
+            attribution_up.clone(),
+        );
         UsageMetrics {
+            attribution_up,
             allocation: family(registry, "allocation_info", "A device held by a container (value 1)"),
             gpu_utilization: family(registry, "gpu_utilization_percent", "GPU utilisation, percent (0-100)"),
             gpu_memory_used: family(registry, "gpu_memory_used_bytes", "GPU framebuffer memory in use, bytes"),

@@ -204,6 +204,8 @@ impl Usage {
         sync(&m.unattributed, &mut w.unattributed, unattributed);
         self.sync_containers(metrics, containers);
         m.samples.inc();
+        m.attribution_up
+            .set(i64::from(figures.checkpoint_error.is_none()));
         self.figures = Some(figures);
     }
 

@@ -390,3 +390,36 @@ fn dra_claims_are_holders() {
     assert_eq!(device.holder.as_ref().unwrap().pod, "dra-pod");
     assert_eq!(view.free["nvidia.com/gpu-shared"], 7);
 }
+
+/// When the kubelet's device checkpoint stops being usable, the per-container series go (the
+/// use is unknown: 0 % would read as idle and let the KEDA example scale a busy Deployment to
+/// zero) and `slicelet_attribution_up` says so; they come back with the checkpoint.
+#[test]
+fn an_unusable_checkpoint_withholds_the_container_series() {
+    let plan = plan();
+    let (samples, in_use) = two_pods();
+    let metrics = Metrics::new();
+    let mut usage = Usage::new();
+    let series = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("slicelet_container_gpu_sm_util_percent{"))
+            .count()
+    };
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
+    let text = metrics.encode();
+    assert_eq!(series(&text), 2, "{text}");
+    assert!(text.contains("slicelet_attribution_up 1"), "{text}");
+    let mut broken = samples.clone();
+    broken.checkpoint = None;
+    broken.checkpoint_error = Some("a format this parser does not know".into());
+    usage.sampled(&broken, &plan, &in_use, metrics.usage());
+    let text = metrics.encode();
+    assert_eq!(series(&text), 0, "{text}");
+    assert!(
+        !text.contains("slicelet_container_gpu_last_active_timestamp_seconds{"),
+        "{text}"
+    );
+    assert!(text.contains("slicelet_attribution_up 0"), "{text}");
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
+    assert_eq!(series(&metrics.encode()), 2);
+}
