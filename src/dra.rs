@@ -122,8 +122,56 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> DraHandle {
     let (status_tx, status) = watch::channel(publish::PublishStatus::default());
-    let task = tokio::spawn(run(settings, inputs, status_tx, shutdown));
+    let task = tokio::spawn(supervise(settings, inputs, status_tx, shutdown));
     DraHandle { task, status }
+}
+
+/// Shortest and longest wait before DRA is started again after it failed.
+pub const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
+/// See [`RETRY_MIN`].
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs DRA until `shutdown`, starting it again (capped exponential backoff with jitter,
+/// [`RETRY_MIN`] to [`RETRY_MAX`]) whenever it fails: missing API credentials, a socket
+/// another process still serves during a rollout, a server that ended. Each failure is logged
+/// with its cause and shown in the status ([`publish::PublishStatus::down`]) until DRA serves
+/// again.
+async fn supervise(
+    settings: DraSettings,
+    inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    status: watch::Sender<publish::PublishStatus>,
+    shutdown: CancellationToken,
+) -> Result<(), DraError> {
+    use backon::BackoffBuilder as _;
+    let mut delays = backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_MIN)
+        .with_max_delay(RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build();
+    loop {
+        let result = run(
+            settings.clone(),
+            inputs.clone(),
+            status.clone(),
+            shutdown.child_token(),
+        )
+        .await;
+        if shutdown.is_cancelled() {
+            return result;
+        }
+        let cause = match result {
+            Ok(()) => "a DRA server ended".to_string(),
+            Err(e) => crate::errors::chain(&e),
+        };
+        let delay = delays.next().unwrap_or(RETRY_MAX);
+        tracing::error!(error = %cause, retry_in = ?delay, "DRA is not serving; starting it again after a backoff");
+        status.send_modify(|s| s.down = Some(cause));
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
 }
 
 async fn run(
@@ -160,7 +208,7 @@ async fn run(
         params,
         inputs,
         reg_rx,
-        status,
+        status.clone(),
         shutdown.child_token(),
     ));
     let service = plugin::Service(plugin);
@@ -199,6 +247,7 @@ async fn run(
             .await
     });
     tracing::info!(driver = %settings.driver, registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA: kubelet plugin serving");
+    status.send_modify(|s| s.down = None);
     let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
                   path: &PathBuf| match r {
         Ok(Ok(())) => Ok(()),

@@ -90,6 +90,9 @@ pub struct Status {
     pub in_use_error: Option<String>,
     /// GPU use samples taken since start (`--sample-seconds`), failed ones not counted.
     pub samples: u64,
+    /// Why DRA (`--dra`) is not serving, while it is down (it is started again after a
+    /// backoff); a readiness failure.
+    pub dra_down: Option<String>,
 }
 
 impl Status {
@@ -106,6 +109,9 @@ impl Status {
         }
         if self.generation == 0 {
             return Err("no policy applied yet".to_string());
+        }
+        if let Some(e) = &self.dra_down {
+            return Err(format!("DRA not serving (retried): {e}"));
         }
         let missing: Vec<&str> = self
             .resources
@@ -185,6 +191,8 @@ pub struct Metrics {
     devices: Family<DeviceLabels, Gauge>,
     registrations: Family<ResourceLabels, Counter>,
     policy_generation: Gauge,
+    /// `slicelet_dra_up`: 1 while `--dra` serves, 0 while it is down (and retried).
+    dra_up: Gauge,
     policy_reload_failures: Counter,
     xid_events: Family<XidLabels, Counter>,
     health_transitions: Family<TransitionLabels, Counter>,
@@ -236,6 +244,12 @@ impl Metrics {
             "Generation of the applied policy",
             policy_generation.clone(),
         );
+        let dra_up = Gauge::default();
+        registry.register(
+            "dra_up",
+            "1 while the DRA kubelet plugin serves (with --dra), 0 while it is down and retried",
+            dra_up.clone(),
+        );
         let policy_reload_failures = Counter::default();
         registry.register(
             "policy_reload_failures",
@@ -260,6 +274,7 @@ impl Metrics {
             devices,
             registrations,
             policy_generation,
+            dra_up,
             policy_reload_failures,
             xid_events,
             health_transitions,
@@ -367,6 +382,11 @@ impl Metrics {
     /// Counts a rejected policy read.
     pub fn policy_rejected(&self) {
         self.policy_reload_failures.inc();
+    }
+
+    /// Sets `slicelet_dra_up` (1 serving, 0 down).
+    pub fn set_dra_up(&self, up: bool) {
+        self.dra_up.set(i64::from(up));
     }
 
     /// Counts an Xid event.

@@ -92,6 +92,7 @@ enum Event {
     PolicyRead(Result<Input, tokio::task::JoinError>),
     Report(Option<Report>),
     Label(bool),
+    Dra(bool),
     Mps(mps::Event),
     ViewRequest(oneshot::Sender<crate::usage::view::NodeView>),
     Cdi(CdiAnswer),
@@ -133,6 +134,8 @@ pub(super) struct Supervisor {
     status: Arc<watch::Sender<Status>>,
     status_server: Option<JoinHandle<()>>,
     dra: Option<crate::dra::DraHandle>,
+    /// DRA's status, folded into [`Status::dra_down`] and `slicelet_dra_up`.
+    dra_status: Option<watch::Receiver<crate::dra::publish::PublishStatus>>,
     node_label: Option<watch::Receiver<LabelView>>,
     label_value: Option<String>,
     hangup: Option<tokio::signal::unix::Signal>,
@@ -210,6 +213,7 @@ impl Supervisor {
             watches,
             status,
             status_server,
+            dra_status: dra.as_ref().map(|d| d.status.clone()),
             dra,
             node_label: None,
             label_value: None,
@@ -349,6 +353,7 @@ impl Supervisor {
                 Event::PolicyRead(done) => self.on_policy_read(done),
                 Event::Report(report) => self.on_report(report),
                 Event::Label(ended) => self.on_label(ended),
+                Event::Dra(ended) => self.on_dra(ended),
                 Event::Mps(ev) => self.fold(Input::Mps(ev)),
                 Event::ViewRequest(answer) => self.on_view_request(answer),
                 Event::Cdi(index) => self.on_cdi(index),
@@ -406,6 +411,7 @@ impl Supervisor {
             policy,
             inputs,
             node_label,
+            dra_status,
             deadlines,
             servers,
             timers,
@@ -424,6 +430,7 @@ impl Supervisor {
             done = async { policy.running.as_mut().expect("guarded").await }, if policy.running.is_some() => Event::PolicyRead(done),
             report = inputs.reports.recv(), if !hardware_gone => Event::Report(report),
             changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => Event::Label(changed.is_err()),
+            changed = async { dra_status.as_mut().expect("guarded").changed().await }, if dra_status.is_some() => Event::Dra(changed.is_err()),
             Some(ev) = inputs.mps_events.recv() => Event::Mps(ev),
             Some(answer) = inputs.view_requests.recv() => Event::ViewRequest(answer),
             Some(index) = inputs.cdi_specs.recv() => Event::Cdi(index),
@@ -549,6 +556,19 @@ impl Supervisor {
             self.label_value = v.value;
             self.want_policy(false);
         }
+    }
+
+    /// DRA's status changed: whether it serves goes into `/readyz` and `slicelet_dra_up`.
+    fn on_dra(&mut self, ended: bool) {
+        let Some(rx) = self.dra_status.as_mut() else {
+            return;
+        };
+        let down = rx.borrow_and_update().down.clone();
+        if ended {
+            self.dra_status = None;
+        }
+        self.shell.metrics.set_dra_up(down.is_none());
+        self.status.send_modify(|s| s.dra_down = down);
     }
 
     /// `/status` asks for its view: built from the state at this moment.

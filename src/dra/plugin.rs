@@ -118,6 +118,25 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Bound), DraError> {
     ))
 }
 
+/// A checkpoint that cannot be read (corrupt, empty, a directory or FIFO in its place) is
+/// renamed to `checkpoint.json.corrupt-<unix seconds>` (kept for inspection) and the driver
+/// starts empty: the kubelet prepares the claims of its running pods again, and each is
+/// rebuilt from the API's allocation then. Only a rename that fails keeps DRA down.
+fn set_aside(path: &Path, e: checkpoint::CheckpointError) -> Result<Checkpoint, DraError> {
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = path.with_file_name(format!("{}.corrupt-{at}", checkpoint::FILE));
+    match std::fs::rename(path, &aside) {
+        Ok(()) => {
+            tracing::error!(error = %crate::errors::chain(&e), moved_to = %aside.display(),
+                "DRA: the checkpoint cannot be used; set aside, starting empty (the kubelet prepares its running claims again)");
+            Ok(Checkpoint::new())
+        }
+        Err(_) => Err(DraError::Checkpoint(e)),
+    }
+}
+
 /// The plugin's state: the checkpoint, and where things go.
 pub struct Plugin {
     settings: DraSettings,
@@ -139,7 +158,10 @@ impl Plugin {
         inputs: watch::Receiver<Option<Arc<DraInput>>>,
     ) -> Result<Self, DraError> {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
-        let mut state = checkpoint::load(&checkpoint_path)?;
+        let mut state = match checkpoint::load(&checkpoint_path) {
+            Ok(state) => state,
+            Err(e) => set_aside(&checkpoint_path, e)?,
+        };
         // Paths come from validated UIDs only: an entry whose UID is not one, or whose spec
         // file is not the one its UID names (`../` in a tampered checkpoint), is dropped, so
         // prepare never writes and unprepare never removes outside `--cdi-output-dir`.

@@ -75,6 +75,9 @@ pub struct PublishStatus {
     pub devices: usize,
     /// The last error, cleared by the next success.
     pub error: Option<String>,
+    /// Why DRA is not serving (its start failed or a server ended; it is started again after
+    /// a backoff), `None` while its sockets serve.
+    pub down: Option<String>,
 }
 
 /// The publisher's memory between reconciles.

@@ -796,3 +796,70 @@ async fn unprepare_of_a_never_prepared_claim_needs_no_writable_cdi_dir() {
         assert_eq!(un[UID_B], "", "{v:?}");
     }
 }
+
+/// A DRA start failure is visible and recovers by itself: the registration socket still held
+/// by a live process (the previous pod during a rollout) keeps DRA down, `/readyz` says why
+/// while the device plugin serves on, and once the socket is free DRA serves and is ready
+/// (it stayed down silently, `/readyz` 200, until SIGTERM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_start_failure_is_shown_and_retried_until_it_serves() {
+    use crate::common::{emulator, wait_lists, Daemon, Node};
+    let policy = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
+    let node = Node::new(policy);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let registry = node.tmp.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let held =
+        std::os::unix::net::UnixListener::bind(registry.join("gpu.slicelet.io-reg.sock")).unwrap();
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(DraSettings {
+        driver: DRIVER.to_string(),
+        node: NODE.to_string(),
+        registry_dir: registry.clone(),
+        plugins_dir: node.tmp.path().join("dra-plugins"),
+        cdi_dir: node.tmp.path().join("cdi"),
+        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
+        dev_root: "/".to_string(),
+    });
+    let mut d = Daemon::start(settings);
+    wait_lists(&emu, &[("nvidia.com/gpu", 4)]).await;
+    let s = d.wait_status(|s| s.dra_down.is_some()).await;
+    let reason = s.ready().unwrap_err();
+    assert!(
+        reason.contains("DRA not serving") && reason.contains("served by another live process"),
+        "{reason}"
+    );
+    drop(held);
+    let s = d
+        .wait_status(|s| s.dra_down.is_none() && s.ready().is_ok())
+        .await;
+    assert!(s.ready().is_ok());
+    // DRA registers with a kubelet now.
+    let k = DraKubelet::register(&registry).await.unwrap();
+    assert_eq!(k.info.name, DRIVER);
+    d.stop().await;
+}
+
+/// A checkpoint that cannot be read (here a directory in its place) is set aside for
+/// inspection and DRA starts empty and serves (it never started).
+#[tokio::test]
+async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.stop_component().await;
+    let driver_dir = d.settings().plugins_dir.join(DRIVER);
+    let checkpoint = driver_dir.join("checkpoint.json");
+    let _ = std::fs::remove_file(&checkpoint);
+    std::fs::create_dir_all(checkpoint.join("not-a-file")).unwrap();
+    d.spawn().await;
+    let k = d.kubelet().await;
+    assert_eq!(k.info.name, DRIVER);
+    let aside: Vec<String> = std::fs::read_dir(&driver_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+}
