@@ -126,6 +126,27 @@ pub fn spawn(
     DraHandle { task, status }
 }
 
+/// Whether claim specs can be written into `dir` (`--cdi-output-dir`): it is created if
+/// missing and a temporary file is created and removed in it.
+///
+/// # Errors
+/// A sentence naming the directory and the cause.
+fn writable(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| {
+            tempfile::Builder::new()
+                .prefix(".slicelet-probe.")
+                .tempfile_in(dir)
+        })
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "--cdi-output-dir {} cannot be written ({e}): no claim can be prepared",
+                dir.display()
+            )
+        })
+}
+
 /// Shortest and longest wait before DRA is started again after it failed.
 pub const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
 /// See [`RETRY_MIN`].
@@ -161,8 +182,8 @@ async fn supervise(
             return result;
         }
         let cause = match result {
-            Ok(()) => "a DRA server ended".to_string(),
-            Err(e) => crate::errors::chain(&e),
+            Ok(()) => "not serving (retried): a DRA server ended".to_string(),
+            Err(e) => format!("not serving (retried): {}", crate::errors::chain(&e)),
         };
         let delay = delays.next().unwrap_or(RETRY_MAX);
         tracing::error!(error = %cause, retry_in = ?delay, "DRA is not serving; starting it again after a backoff");
@@ -247,7 +268,13 @@ async fn run(
             .await
     });
     tracing::info!(driver = %settings.driver, registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA: kubelet plugin serving");
-    status.send_modify(|s| s.down = None);
+    // Serving; but claims cannot be prepared where their CDI specs cannot be written: a
+    // readiness failure named now, not at the first claim (unprepare works all the same).
+    let unwritable = writable(&settings.cdi_dir).err();
+    if let Some(e) = &unwritable {
+        tracing::error!(error = %e, "DRA serves, but no claim can be prepared");
+    }
+    status.send_modify(|s| s.down = unwritable);
     let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
                   path: &PathBuf| match r {
         Ok(Ok(())) => Ok(()),

@@ -90,8 +90,8 @@ pub struct Status {
     pub in_use_error: Option<String>,
     /// GPU use samples taken since start (`--sample-seconds`), failed ones not counted.
     pub samples: u64,
-    /// Why DRA (`--dra`) is not serving, while it is down (it is started again after a
-    /// backoff); a readiness failure.
+    /// Why DRA (`--dra`) is not ready: not serving (it is started again after a backoff), or
+    /// unable to prepare claims; a readiness failure.
     pub dra_down: Option<String>,
 }
 
@@ -111,7 +111,7 @@ impl Status {
             return Err("no policy applied yet".to_string());
         }
         if let Some(e) = &self.dra_down {
-            return Err(format!("DRA not serving (retried): {e}"));
+            return Err(format!("DRA {e}"));
         }
         let missing: Vec<&str> = self
             .resources

@@ -75,8 +75,9 @@ pub struct PublishStatus {
     pub devices: usize,
     /// The last error, cleared by the next success.
     pub error: Option<String>,
-    /// Why DRA is not serving (its start failed or a server ended; it is started again after
-    /// a backoff), `None` while its sockets serve.
+    /// Why DRA is not ready: it is not serving (its start failed or a server ended; it is
+    /// started again after a backoff), or it serves but cannot prepare claims (an unwritable
+    /// `--cdi-output-dir`). `None` while it serves and can prepare.
     pub down: Option<String>,
 }
 

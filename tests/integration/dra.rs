@@ -795,6 +795,19 @@ async fn unprepare_of_a_never_prepared_claim_needs_no_writable_cdi_dir() {
         let un = k.unprepare(v, &[("ns", "never", UID_B)]).await.unwrap();
         assert_eq!(un[UID_B], "", "{v:?}");
     }
+    // DRA serves, and says at start that it cannot prepare claims (a readiness failure).
+    let mut status = d.handle.as_ref().unwrap().status.clone();
+    let down = tokio::time::timeout(WAIT, status.wait_for(|s| s.down.is_some()))
+        .await
+        .expect("DRA never said its CDI directory cannot be written")
+        .unwrap()
+        .down
+        .clone();
+    assert!(
+        down.as_deref()
+            .is_some_and(|e| e.contains("--cdi-output-dir") && e.contains("cannot be written")),
+        "{down:?}"
+    );
 }
 
 /// A DRA start failure is visible and recovers by itself: the registration socket still held
