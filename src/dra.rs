@@ -185,6 +185,7 @@ async fn supervise(
             Ok(()) => "not serving (retried): a DRA server ended".to_string(),
             Err(e) => format!("not serving (retried): {}", crate::errors::chain(&e)),
         };
+        status.send_modify(|s| s.serving = false);
         let delay = delays.next().unwrap_or(RETRY_MAX);
         tracing::error!(error = %cause, retry_in = ?delay, "DRA is not serving; starting it again after a backoff");
         status.send_modify(|s| s.down = Some(cause));
@@ -214,6 +215,7 @@ async fn run(
         settings.clone(),
         client.clone(),
         inputs.clone(),
+        status.clone(),
     )?);
     let (dra_listener, dra_bound) = plugin::bind(&plugin::dra_socket(&settings))?;
     let (reg_listener, reg_bound) = plugin::bind(&plugin::registration_socket(&settings))?;
@@ -274,7 +276,10 @@ async fn run(
     if let Some(e) = &unwritable {
         tracing::error!(error = %e, "DRA serves, but no claim can be prepared");
     }
-    status.send_modify(|s| s.down = unwritable);
+    status.send_modify(|s| {
+        s.down = unwritable;
+        s.serving = true;
+    });
     let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
                   path: &PathBuf| match r {
         Ok(Ok(())) => Ok(()),

@@ -93,6 +93,8 @@ pub struct Status {
     /// Why DRA (`--dra`) is not ready: not serving (it is started again after a backoff), or
     /// unable to prepare claims; a readiness failure.
     pub dra_down: Option<String>,
+    /// Whether the DRA kubelet plugin's sockets serve (`--dra`).
+    pub dra_serving: bool,
 }
 
 impl Status {

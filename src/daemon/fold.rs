@@ -42,6 +42,10 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60
 /// What the outside reported.
 #[derive(Debug)]
 pub enum Input {
+    /// What the DRA checkpoint says is prepared (the book of record for DRA holders, whatever
+    /// the kubelet's version): published device name → the claims holding it. Read from the
+    /// file at start, before the first plan, then from the DRA component after each change.
+    DraPrepared(BTreeMap<String, Vec<crate::podres::Holder>>),
     /// The policy file was read (off the loop) and parsed.
     Policy {
         /// The file.
@@ -161,6 +165,8 @@ pub struct State {
     cdi_errors: Vec<String>,
     /// What running containers hold (pod-resources), as last read.
     pub in_use: InUse,
+    /// DRA devices prepared for claims (the DRA checkpoint), by published device name.
+    pub dra_prepared: BTreeMap<String, Vec<crate::podres::Holder>>,
     /// Whether anybody is asked what is in use (`--pod-resources-socket`); without it no plan
     /// waits for an answer.
     in_use_source: bool,
@@ -198,6 +204,7 @@ impl State {
             cdi_kind: cdi::DEFAULT_KIND.to_string(),
             cdi_errors: Vec::new(),
             in_use: InUse::default(),
+            dra_prepared: BTreeMap::new(),
             in_use_source: false,
             in_use_error: None,
             in_use_wanted: false,
@@ -310,6 +317,12 @@ impl State {
                 self.transitions(ts, &mut out);
             }
             Input::InUse(result) => self.in_use_read(result, &mut out),
+            Input::DraPrepared(prepared) => {
+                if prepared != self.dra_prepared {
+                    self.dra_prepared = prepared;
+                    self.replan(&mut out);
+                }
+            }
             Input::Mps(ev) => {
                 if ev.removed {
                     self.mps_applied.remove(&ev.uuid);
@@ -570,12 +583,22 @@ impl State {
             out.push(Action::WantMps(wanted));
         }
         let mut plan = built.plan;
-        plan::drain::apply(
-            &mut plan,
-            &self.plan,
-            &self.in_use,
-            &self.tracker.effective(inv),
-        );
+        // Holders: pod-resources' answer, and the claims the DRA checkpoint has prepared
+        // (pod-resources lists claims only from kubelet 1.34 on).
+        let with_prepared;
+        let in_use = if self.dra_prepared.is_empty() {
+            &self.in_use
+        } else {
+            let mut u = self.in_use.clone();
+            for (name, holders) in &self.dra_prepared {
+                for h in holders {
+                    u.insert_claimed(name, h.clone());
+                }
+            }
+            with_prepared = u;
+            &with_prepared
+        };
+        plan::drain::apply(&mut plan, &self.plan, in_use, &self.tracker.effective(inv));
         if self.in_use_source && !self.in_use_fresh && withdraws(&self.plan, &plan) {
             // Ask the kubelet what is held now; this plan is built again with the answer.
             if !self.in_use_wanted {

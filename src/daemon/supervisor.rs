@@ -260,6 +260,7 @@ impl Supervisor {
         };
         let discovered = first.is_ok();
         self.first_in_use().await;
+        self.first_dra_prepared();
         self.fold(Input::Discovered(first));
         self.fold(first_policy);
         // The periods count from here (discovery is retried sooner while it fails).
@@ -339,6 +340,23 @@ impl Supervisor {
             Some(answer) = self.inputs.in_use_answers.recv() => {
                 self.shell.in_use.busy = false;
                 self.fold(Input::InUse(answer));
+            }
+        }
+    }
+
+    /// What the DRA checkpoint says is prepared, read from the file before the first plan (the
+    /// DRA component reports changes later): after a restart a claim's device keeps its path
+    /// and shape while the claim runs, on any kubelet. An unreadable file counts as empty here
+    /// (the DRA component sets it aside and says so).
+    fn first_dra_prepared(&mut self) {
+        let Some(dra) = self.settings.dra.as_ref() else {
+            return;
+        };
+        let path = crate::dra::plugin::driver_dir(dra).join(crate::dra::checkpoint::FILE);
+        if let Ok(c) = crate::dra::checkpoint::load(&path) {
+            let prepared = crate::dra::checkpoint::holders(&c);
+            if !prepared.is_empty() {
+                self.fold(Input::DraPrepared(prepared));
             }
         }
     }
@@ -563,12 +581,19 @@ impl Supervisor {
         let Some(rx) = self.dra_status.as_mut() else {
             return;
         };
-        let down = rx.borrow_and_update().down.clone();
+        let (down, serving, prepared) = {
+            let s = rx.borrow_and_update();
+            (s.down.clone(), s.serving, s.prepared.clone())
+        };
         if ended {
             self.dra_status = None;
         }
         self.shell.metrics.set_dra_up(down.is_none());
-        self.status.send_modify(|s| s.dra_down = down);
+        self.status.send_modify(|s| {
+            s.dra_down = down;
+            s.dra_serving = serving;
+        });
+        self.fold(Input::DraPrepared(prepared));
     }
 
     /// `/status` asks for its view: built from the state at this moment.

@@ -110,6 +110,28 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(c)
 }
 
+/// The holders the checkpoint records: each prepared device's published name → the claims
+/// holding it, as [`crate::podres::Holder`]s `<namespace>/claim:<name>` (no container: a claim
+/// is held by its pod, which the checkpoint does not name).
+pub fn holders(c: &Checkpoint) -> BTreeMap<String, Vec<crate::podres::Holder>> {
+    let mut out: BTreeMap<String, Vec<crate::podres::Holder>> = BTreeMap::new();
+    for p in c.claims.values() {
+        let h = crate::podres::Holder {
+            namespace: p.claim.namespace.clone(),
+            pod: format!("claim:{}", p.claim.name),
+            container: String::new(),
+        };
+        for d in &p.devices {
+            let list = out.entry(d.device.clone()).or_default();
+            if !list.contains(&h) {
+                list.push(h.clone());
+                list.sort();
+            }
+        }
+    }
+    out
+}
+
 /// Writes the checkpoint to `path` atomically.
 ///
 /// # Errors

@@ -145,6 +145,8 @@ pub struct Plugin {
     checkpoint_path: PathBuf,
     /// The one owner of the prepared claims; never held across an `.await`.
     state: Mutex<Checkpoint>,
+    /// Where what is prepared is published (the supervisor's drain rules read it).
+    status: watch::Sender<super::publish::PublishStatus>,
 }
 
 impl Plugin {
@@ -156,6 +158,7 @@ impl Plugin {
         settings: DraSettings,
         client: Client,
         inputs: watch::Receiver<Option<Arc<DraInput>>>,
+        status: watch::Sender<super::publish::PublishStatus>,
     ) -> Result<Self, DraError> {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
         let mut state = match checkpoint::load(&checkpoint_path) {
@@ -176,13 +179,26 @@ impl Plugin {
         if !state.claims.is_empty() {
             tracing::info!(claims = state.claims.len(), path = %checkpoint_path.display(), "DRA: prepared claims reloaded from the checkpoint");
         }
+        let prepared = checkpoint::holders(&state);
+        status.send_modify(|s| s.prepared = prepared);
         Ok(Plugin {
             settings,
             client,
             inputs,
             checkpoint_path,
             state: Mutex::new(state),
+            status,
         })
+    }
+
+    /// Publishes what `state` has prepared ([`super::publish::PublishStatus::prepared`]).
+    fn publish_prepared(&self, state: &Checkpoint) {
+        let prepared = checkpoint::holders(state);
+        self.status.send_if_modified(|s| {
+            let changed = s.prepared != prepared;
+            s.prepared = prepared;
+            changed
+        });
     }
 
     /// Where claim `uid`'s CDI spec lives: `--cdi-output-dir` and the name the (validated) UID
@@ -270,6 +286,7 @@ impl Plugin {
             let _ = std::fs::remove_file(&path);
             return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
         }
+        self.publish_prepared(&state);
         tracing::info!(claim = %c, devices = devices.len(), spec = %path.display(), "DRA: claim prepared");
         Ok(devices)
     }
@@ -305,6 +322,7 @@ impl Plugin {
                 state.claims.insert(c.uid.clone(), old);
                 return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
             }
+            self.publish_prepared(&state);
             tracing::info!(claim = %c, "DRA: claim unprepared");
         }
         Ok(())

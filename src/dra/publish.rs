@@ -79,6 +79,11 @@ pub struct PublishStatus {
     /// started again after a backoff), or it serves but cannot prepare claims (an unwritable
     /// `--cdi-output-dir`). `None` while it serves and can prepare.
     pub down: Option<String>,
+    /// Whether the kubelet plugin's sockets serve now.
+    pub serving: bool,
+    /// What the checkpoint says is prepared: published device name → the claims holding it
+    /// ([`super::checkpoint::holders`]), after every prepare and unprepare.
+    pub prepared: std::collections::BTreeMap<String, Vec<crate::podres::Holder>>,
 }
 
 /// The publisher's memory between reconciles.

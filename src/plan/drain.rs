@@ -37,16 +37,22 @@ use crate::policy::ResourceName;
 /// `inventory`), given what is held (`in_use`) and the plan served until now (`previous`, which
 /// holds the shapes of devices retained before). Sets [`Plan::drain`].
 pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inventory) {
+    // Held through the device plugin (pod-resources' `devices`), whatever plan came before.
+    let plugin_held = in_use;
     let with_claims;
+    let mut claim_units = BTreeMap::new();
     let in_use = if in_use.claimed.is_empty() {
         in_use
     } else {
-        with_claims = claims_as_ids(in_use, previous);
+        let (ids, units) = claims_as_ids(in_use, previous, plan, inventory);
+        with_claims = ids;
+        claim_units = units;
         &with_claims
     };
     let mut drain = Drain::default();
-    // Physical unit (GPU or MIG UUID) → the pods holding its old devices.
-    let mut repurposed: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
+    // Physical unit (GPU or MIG UUID) → the pods holding its old devices; a claim whose
+    // device no plan names any more holds its whole unit.
+    let mut repurposed: BTreeMap<String, BTreeSet<Holder>> = claim_units;
     let mut retained: BTreeMap<String, Vec<VirtualDevice>> = BTreeMap::new();
     // Resources that keep their previous DRA flag while a holder of the old path runs.
     let mut keep_dra: BTreeMap<String, bool> = BTreeMap::new();
@@ -72,6 +78,27 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
                             .get(resource)
                             .filter(|old| old.device(id).is_some())
                             .map(|old| shape(old))
+                    })
+                    .or_else(|| {
+                        // No plan knows it (slicelet restarted with a changed policy): what
+                        // pod-resources lists as a device was handed out by the device plugin,
+                        // so at least its path is known, and a resource now on DRA stays on
+                        // the device plugin while the holder runs, as on a live reload.
+                        (res.dra && plugin_held.is_held(resource, id)).then_some((
+                            res.strategy,
+                            res.replicas,
+                            false,
+                        ))
+                    })
+                    .or_else(|| {
+                        // The other way: a claim holds it (pod-resources' `dynamic_resources`
+                        // or the DRA checkpoint) while the resource is now the device
+                        // plugin's: it stays on DRA while the claim runs.
+                        (!res.dra && !plugin_held.is_held(resource, id)).then_some((
+                            res.strategy,
+                            res.replicas,
+                            true,
+                        ))
                     });
                 let now = shape(res);
                 let changed = given.is_some_and(|was| {
@@ -199,21 +226,90 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
     plan.drain = drain;
 }
 
-/// `in_use` with the DRA devices claims hold as device IDs of the DRA resources of `previous`
-/// (the plan that published them; a device's slice name is [`super::dra_names::device_name`]
-/// of its ID).
-fn claims_as_ids(in_use: &InUse, previous: &Plan) -> InUse {
+/// `in_use` with the DRA devices claims hold (by published device name) as device IDs: of the
+/// DRA resources of `previous` (the plan that published them), else of any resource of the
+/// new `plan` with that device; and, for a claimed device neither names (slicelet restarted
+/// with a reshaped policy), its physical unit (read back from the name: `gpu-<uuid>[-r<n>]`,
+/// `mig-<uuid>[-r<n>]`) with its holders, so every new device on that unit drains.
+fn claims_as_ids(
+    in_use: &InUse,
+    previous: &Plan,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> (InUse, BTreeMap<String, BTreeSet<Holder>>) {
     let mut out = in_use.clone();
-    for (name, res) in previous.resources.iter().filter(|(_, r)| r.dra) {
+    let mut resolved: BTreeSet<&str> = BTreeSet::new();
+    let record = |out: &mut InUse, name: &ResourceName, id: &str, claim: &str| {
+        if let Some(holders) = in_use.claimed.get(claim) {
+            for h in holders {
+                out.insert(name.as_str(), id, h.clone());
+            }
+        }
+    };
+    for res in previous.resources.values().filter(|r| r.dra) {
         for d in &res.devices {
-            if let Some(holders) = in_use.claimed.get(&super::dra_names::device_name(&d.id)) {
-                for h in holders {
-                    out.insert(name, &d.id, h.clone());
-                }
+            let claim = super::dra_names::device_name(&d.id);
+            if let Some((key, _)) = in_use.claimed.get_key_value(&claim) {
+                record(&mut out, &res.name, &d.id, &claim);
+                resolved.insert(key.as_str());
             }
         }
     }
-    out
+    if resolved.len() < in_use.claimed.len() {
+        for res in plan.resources.values() {
+            for d in &res.devices {
+                let claim = super::dra_names::device_name(&d.id);
+                if let Some((key, _)) = in_use.claimed.get_key_value(&claim) {
+                    if !resolved.contains(key.as_str()) {
+                        record(&mut out, &res.name, &d.id, &claim);
+                    }
+                }
+            }
+        }
+        for res in plan.resources.values() {
+            for d in &res.devices {
+                resolved.insert(
+                    in_use
+                        .claimed
+                        .get_key_value(&super::dra_names::device_name(&d.id))
+                        .map_or("", |(k, _)| k.as_str()),
+                );
+            }
+        }
+    }
+    let mut units: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
+    for (claim, holders) in &in_use.claimed {
+        if resolved.contains(claim.as_str()) {
+            continue;
+        }
+        if let Some(unit) = unit_of_name(claim, inventory) {
+            units
+                .entry(unit)
+                .or_default()
+                .extend(holders.iter().cloned());
+        }
+    }
+    (out, units)
+}
+
+/// The GPU or MIG UUID a published device name is of, when it names one of `inventory`'s
+/// units ([`super::dra_names::device_name`] read back; a hashed `dev-…` name names none).
+fn unit_of_name(name: &str, inventory: &Inventory) -> Option<String> {
+    inventory
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            std::iter::once(g.uuid.as_str()).chain(g.mig_devices.iter().map(|m| m.uuid.as_str()))
+        })
+        .find(|uuid| {
+            let base = super::dra_names::device_name(uuid);
+            name == base
+                || name
+                    .strip_prefix(base.as_str())
+                    .and_then(|r| r.strip_prefix("-r"))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
 }
 
 /// What a holder was given: the resource's strategy, replica count and path (DRA or not).

@@ -65,6 +65,12 @@ impl InUse {
         insert_holder(list, holder);
     }
 
+    /// Records that `holder` holds the DRA device published as `device_name`.
+    pub fn insert_claimed(&mut self, device_name: &str, holder: Holder) {
+        let list = self.claimed.entry(device_name.to_string()).or_default();
+        insert_holder(list, holder);
+    }
+
     /// Every (resource, device ID, holders), in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &[Holder])> {
         self.devices.iter().flat_map(|(r, ids)| {

@@ -876,3 +876,65 @@ async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
 }
+
+/// One holder across a restart, on a kubelet whose pod-resources reports no claims (before
+/// 1.34): a claim prepared on GPU 0 through DRA; slicelet stops; the policy drops `dra`;
+/// slicelet starts again. The DRA checkpoint, read before the first plan, still holds GPU 0,
+/// so the resource stays on DRA and the device plugin never advertises GPU 0 (it did, Healthy,
+/// while the claim's container ran). Once the claim is unprepared the resource moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    let with_dra = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0]\n        replicas: 2\n        dra: true\n";
+    let without = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0]\n        replicas: 2\n";
+    let node = Node::new(with_dra);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let registry = node.tmp.path().join("plugins_registry");
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(DraSettings {
+        driver: DRIVER.to_string(),
+        node: NODE.to_string(),
+        registry_dir: registry.clone(),
+        plugins_dir: node.tmp.path().join("dra-plugins"),
+        cdi_dir: node.tmp.path().join("cdi"),
+        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
+        dev_root: "/".to_string(),
+    });
+    let mut d = Daemon::start(settings.clone());
+    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    api.wait_slices(|s| count(&parse(s)) == 2).await;
+    let r0 = device_name(&format!("{g0}::0"));
+    api.set_claim("ns", "one", UID_A, &[alloc("gpu", NODE, &r0)]);
+    let k = DraKubelet::register(&registry).await.unwrap();
+    let claim = [("ns", "one", UID_A)];
+    assert_eq!(
+        k.prepare(Version::V1, &claim).await.unwrap()[UID_A].error,
+        ""
+    );
+    d.stop().await;
+
+    node.write_policy(without);
+    let mut d = Daemon::start(settings);
+    let s = d
+        .wait_status(|s| s.generation > 0 && s.dra_serving && s.dra_down.is_none())
+        .await;
+    assert!(
+        !s.resources.contains("nvidia.com/gpu-dra"),
+        "the device plugin serves GPU 0 while a claim holds it: {:?}",
+        s.resources
+    );
+    assert_eq!(emu.state().device_count("nvidia.com/gpu-dra"), None);
+    // The claim ends: the resource moves to the device plugin.
+    let k = DraKubelet::register(&registry).await.unwrap_or_else(|e| {
+        panic!(
+            "{e}: {s:?} {:?}",
+            std::fs::read_dir(&registry).map(|r| r.count())
+        )
+    });
+    assert_eq!(k.unprepare(Version::V1, &claim).await.unwrap()[UID_A], "");
+    crate::common::wait_lists(&emu, &[("nvidia.com/gpu-dra", 2)]).await;
+    d.stop().await;
+}

@@ -279,6 +279,64 @@ fn a_gpu_moved_to_dra_while_a_device_plugin_pod_holds_it_is_not_published_throug
     );
 }
 
+/// The same after a restart of slicelet with the changed policy: no plan came before, but
+/// pod-resources lists the GPU as a device-plugin device, so the resource stays on the device
+/// plugin while the pod runs (DRA published GPU 0 and prepared a claim on it).
+#[test]
+fn after_a_restart_a_gpu_a_device_plugin_pod_holds_is_not_published_through_dra() {
+    let inv = test_node(1);
+    let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
+    let mut p = build(&dra, &inv).unwrap().plan;
+    apply(&mut p, &Plan::default(), &held(&[(&uuid(0), "a")]), &inv);
+    assert!(!p.resources[GPU].dra, "{:?}", p.drain);
+    let (published, _) = crate::dra::slices::published(crate::dra::slices::dra_resources(&p));
+    assert!(published.is_empty(), "{published:?}");
+    // Released: the next plan moves it to DRA.
+    let mut p = build(&dra, &inv).unwrap().plan;
+    let before = p.clone();
+    apply(&mut p, &before, &InUse::default(), &inv);
+    assert!(p.resources[GPU].dra);
+}
+
+fn claimed(names: &[(String, &str)]) -> InUse {
+    let mut u = InUse::default();
+    for (name, pod) in names {
+        u.claimed.insert(name.clone(), vec![holder(pod)]);
+    }
+    u
+}
+
+/// After a restart with `dra` dropped, a claim still holding GPU 0 (known from pod-resources'
+/// `dynamic_resources` or the DRA checkpoint) keeps the resource on DRA: the device plugin
+/// does not advertise GPU 0 to a second holder (it did: no plan before, so no path known).
+#[test]
+fn after_a_restart_a_gpu_a_claim_holds_stays_on_dra() {
+    let inv = test_node(2);
+    let mut p = build(&policy(0), &inv).unwrap().plan;
+    let claim = crate::plan::dra_names::device_name(&uuid(0));
+    apply(&mut p, &Plan::default(), &claimed(&[(claim, "a")]), &inv);
+    assert!(p.resources[GPU].dra, "{:?}", p.drain);
+}
+
+/// After a restart with a reshaped policy, a claim on a device no plan names any more (a
+/// replica of a DRA resource that is now whole GPUs) holds its whole GPU: GPU 0's new devices
+/// drain, GPU 1's do not.
+#[test]
+fn after_a_restart_a_claim_on_a_device_no_plan_names_drains_its_gpu() {
+    let inv = test_node(2);
+    let mut p = build(&policy(0), &inv).unwrap().plan;
+    let claim = crate::plan::dra_names::device_name(&format!("{}::1", uuid(0)));
+    apply(&mut p, &Plan::default(), &claimed(&[(claim, "a")]), &inv);
+    assert_eq!(
+        listed(&p, GPU),
+        [(uuid(0), "Unhealthy"), (uuid(1), "Healthy")]
+    );
+    assert_eq!(
+        p.drain.draining[GPU][&uuid(0)],
+        "draining: held by default/a"
+    );
+}
+
 #[test]
 fn a_retained_device_does_not_move_a_dra_resource_back_to_the_device_plugin() {
     // nvidia.com/gpu, 4 replicas through the device plugin, GPU 0's ::3 held; the policy
