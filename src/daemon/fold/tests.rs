@@ -893,3 +893,41 @@ fn an_mps_daemon_stays_wanted_while_a_client_holds_one_of_its_replicas() {
         "GPU 0's MPS daemon is stopped while its client runs: {all:?}"
     );
 }
+
+/// A kubelet before 1.34 reports no claims, so the DRA checkpoint is the only record of DRA
+/// holders: with it folded in, time-slicing → MPS under a time-sliced claim drains GPU 0's
+/// new devices (without it, no holder was known and an MPS claim could be prepared there).
+#[test]
+fn the_dra_checkpoint_is_the_record_of_claim_holders() {
+    const TS2_DRA: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n";
+    const MPS2_DRA: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n";
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(test_node(1)), t);
+    s.fold(policy(TS2_DRA, true), t);
+    let held0 = format!("{}::0", gpu(0));
+    let holder = crate::podres::Holder {
+        namespace: "ns".into(),
+        pod: "claim:one".into(),
+        container: String::new(),
+    };
+    s.fold(
+        Input::DraPrepared(std::collections::BTreeMap::from([(
+            crate::plan::dra_names::device_name(&held0),
+            vec![holder],
+        )])),
+        t,
+    );
+    s.fold(policy(MPS2_DRA, false), t);
+    // (Both are Unhealthy until GPU 0's MPS daemon is ready; ::1 also drains.)
+    assert_eq!(
+        s.plan.drain.draining["nvidia.com/gpu"].len(),
+        1,
+        "{:?}",
+        s.plan.drain
+    );
+    assert_eq!(
+        s.plan.drain.draining["nvidia.com/gpu"][&format!("{}::1", gpu(0))],
+        "draining: held by ns/claim:one"
+    );
+}

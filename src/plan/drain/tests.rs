@@ -306,6 +306,29 @@ fn claimed(names: &[(String, &str)]) -> InUse {
     u
 }
 
+/// Under DRA alone, time-slicing → MPS while a time-sliced claim holds GPU 0's replica 0 (the
+/// holder known from the DRA checkpoint or pod-resources): GPU 0's new MPS devices drain, so no
+/// MPS claim is prepared on a GPU a time-sliced claim still uses; GPU 1 is MPS at once.
+#[test]
+fn a_strategy_change_under_a_claim_drains_its_gpu() {
+    let inv = test_node(2);
+    let ts = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n").unwrap();
+    let mps = parse("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: true\n").unwrap();
+    let before = build(&ts, &inv).unwrap().plan;
+    let mut p = build(&mps, &inv).unwrap().plan;
+    let claim = crate::plan::dra_names::device_name(&format!("{}::0", uuid(0)));
+    apply(&mut p, &before, &claimed(&[(claim, "a")]), &inv);
+    assert_eq!(
+        listed(&p, GPU),
+        [
+            (format!("{}::0", uuid(0)), "Healthy"),
+            (format!("{}::1", uuid(0)), "Unhealthy"),
+            (format!("{}::0", uuid(1)), "Healthy"),
+            (format!("{}::1", uuid(1)), "Healthy"),
+        ]
+    );
+}
+
 /// After a restart with `dra` dropped, a claim still holding GPU 0 (known from pod-resources'
 /// `dynamic_resources` or the DRA checkpoint) keeps the resource on DRA: the device plugin
 /// does not advertise GPU 0 to a second holder (it did: no plan before, so no path known).
