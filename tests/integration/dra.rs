@@ -24,6 +24,20 @@ const DRIVER: &str = "gpu.slicelet.io";
 /// The done-when policy: GPUs 0-3 time-sliced x4 and every MIG profile, all through DRA.
 const DONE_WHEN: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n";
 
+/// `--dra` for the whole daemon on `node`: the driver's directories under the node's temp
+/// dir (`plugins_registry/`, `dra-plugins/`, `cdi/`) and the API emulator's kubeconfig.
+pub(crate) fn daemon_dra(node: &crate::common::Node, api: &KubeApi) -> DraSettings {
+    DraSettings {
+        driver: DRIVER.to_string(),
+        node: NODE.to_string(),
+        registry_dir: node.tmp.path().join("plugins_registry"),
+        plugins_dir: node.tmp.path().join("dra-plugins"),
+        cdi_dir: node.tmp.path().join("cdi"),
+        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
+        dev_root: "/".to_string(),
+    }
+}
+
 fn inventory(node: &str) -> Inventory {
     let path = node_file(node);
     simulated::parse(&path, &crate::common::read(&path)).unwrap()
@@ -686,15 +700,7 @@ async fn the_daemon_serves_each_resource_through_exactly_one_path() {
     let api = KubeApi::start(NODE, &[]).await;
     let emu = emulator(&node).await;
     let mut settings = node.settings(&sim);
-    settings.dra = Some(DraSettings {
-        driver: DRIVER.to_string(),
-        node: NODE.to_string(),
-        registry_dir: node.tmp.path().join("plugins_registry"),
-        plugins_dir: node.tmp.path().join("dra-plugins"),
-        cdi_dir: node.tmp.path().join("cdi"),
-        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
-        dev_root: "/".to_string(),
-    });
+    settings.dra = Some(daemon_dra(&node, &api));
     let mut d = Daemon::start(settings);
     let state = wait_lists(&emu, &[("nvidia.com/gpu", 4)]).await;
     let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 16).await);
@@ -827,15 +833,7 @@ async fn a_dra_start_failure_is_shown_and_retried_until_it_serves() {
     let held =
         std::os::unix::net::UnixListener::bind(registry.join("gpu.slicelet.io-reg.sock")).unwrap();
     let mut settings = node.settings(&sim);
-    settings.dra = Some(DraSettings {
-        driver: DRIVER.to_string(),
-        node: NODE.to_string(),
-        registry_dir: registry.clone(),
-        plugins_dir: node.tmp.path().join("dra-plugins"),
-        cdi_dir: node.tmp.path().join("cdi"),
-        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
-        dev_root: "/".to_string(),
-    });
+    settings.dra = Some(daemon_dra(&node, &api));
     let mut d = Daemon::start(settings);
     wait_lists(&emu, &[("nvidia.com/gpu", 4)]).await;
     let s = d.wait_status(|s| s.dra_down.is_some()).await;
@@ -894,15 +892,7 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     let emu = emulator(&node).await;
     let registry = node.tmp.path().join("plugins_registry");
     let mut settings = node.settings(&sim);
-    settings.dra = Some(DraSettings {
-        driver: DRIVER.to_string(),
-        node: NODE.to_string(),
-        registry_dir: registry.clone(),
-        plugins_dir: node.tmp.path().join("dra-plugins"),
-        cdi_dir: node.tmp.path().join("cdi"),
-        kubeconfig: Some(api.kubeconfig(node.tmp.path())),
-        dev_root: "/".to_string(),
-    });
+    settings.dra = Some(daemon_dra(&node, &api));
     let mut d = Daemon::start(settings.clone());
     d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
     api.wait_slices(|s| count(&parse(s)) == 2).await;

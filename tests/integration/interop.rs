@@ -19,7 +19,6 @@ use std::sync::OnceLock;
 use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::{json, Value};
 use slicelet::dra::slices::device_name;
-use slicelet::dra::DraSettings;
 
 use crate::common::{emulator, node_file, uuids, wait_lists, Daemon, Node, WAIT};
 
@@ -127,15 +126,7 @@ impl Setup {
         let api = KubeApi::start(NODE, &[]).await;
         let kubelet = emulator(&node).await;
         let mut settings = node.settings(&sim);
-        settings.dra = Some(DraSettings {
-            driver: DRIVER.to_string(),
-            node: NODE.to_string(),
-            registry_dir: node.tmp.path().join("plugins_registry"),
-            plugins_dir: node.tmp.path().join("dra-plugins"),
-            cdi_dir: node.tmp.path().join("cdi"),
-            kubeconfig: Some(api.kubeconfig(node.tmp.path())),
-            dev_root: "/".to_string(),
-        });
+        settings.dra = Some(crate::dra::daemon_dra(&node, &api));
         let daemon = Daemon::start(settings);
         wait_lists(&kubelet, &[("nvidia.com/gpu", 4)]).await;
         api.wait_slices(|s| {
