@@ -248,7 +248,11 @@ impl<S> AnyAuthority<S> {
         let Some(block) = self.block.as_mut() else {
             return Err(refused("a CONTINUATION without its HEADERS"));
         };
-        if block.fragments.len() + fragment.len() > MAX_BLOCK {
+        // Both the fragments and the frames as sent are bounded: a flood of empty
+        // CONTINUATIONs adds nothing to the fragments but 9 bytes a frame to the original.
+        if block.fragments.len() + fragment.len() > MAX_BLOCK
+            || block.original.len() + frame.len() > 2 * MAX_BLOCK
+        {
             return Err(refused("a header block over 64 KiB"));
         }
         block.fragments.extend_from_slice(fragment);

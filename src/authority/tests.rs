@@ -304,6 +304,13 @@ fn hostile_frames_end_the_connection() {
         input.extend(frame(CONTINUATION, 0, 1, &vec![0; MAX_FRAME]));
     }
     assert!(run(&input).is_err());
+    // A flood of empty CONTINUATIONs (nothing for the fragments, 9 bytes a frame to keep).
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(HEADERS, 0, 1, &block[..4]));
+    for _ in 0..(2 * MAX_BLOCK / FRAME_HEADER + 1) {
+        input.extend(frame(CONTINUATION, 0, 1, &[]));
+    }
+    assert!(run(&input).is_err());
 }
 
 #[test]

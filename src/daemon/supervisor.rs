@@ -593,7 +593,11 @@ impl Supervisor {
             s.dra_down = down;
             s.dra_serving = serving;
         });
-        self.fold(Input::DraPrepared(prepared));
+        // Only once DRA has loaded its checkpoint: before that it knows nothing, and folding
+        // an empty map would drop the holders read from the file at start.
+        if let Some(prepared) = prepared {
+            self.fold(Input::DraPrepared(prepared));
+        }
     }
 
     /// `/status` asks for its view: built from the state at this moment.

@@ -6,8 +6,10 @@
 //! temporary file in the same directory, fsynced, then renamed over the old one (a crash
 //! leaves the old or the new file, never half of one). It is read through
 //! [`crate::policy::read_bounded`] (a regular file, at most [`MAX_CHECKPOINT_BYTES`]); a file
-//! of another version or that does not parse is an error naming it, and the daemon refuses to
-//! start DRA rather than forget what it prepared.
+//! that cannot be used is an error naming it: one of another version (a rollback) or one that
+//! cannot be read (permissions) keeps DRA down, retried, rather than forget what was prepared;
+//! a corrupt one (not JSON, empty, not a regular file, too large) is set aside and DRA starts
+//! empty ([`CheckpointError::is_corrupt`]; the kubelet prepares its running claims again).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,13 +41,21 @@ pub enum CheckpointError {
     /// The file was refused or could not be read.
     #[error(transparent)]
     Read(#[from] crate::policy::ReadError),
-    /// The file is not a checkpoint of this version.
+    /// The file does not parse as a checkpoint.
     #[error("checkpoint {}: {message}", path.display())]
     Invalid {
         /// The file.
         path: PathBuf,
         /// What is wrong.
         message: String,
+    },
+    /// The file is a checkpoint of another version (a newer slicelet wrote it).
+    #[error("checkpoint {} is version {found}; this slicelet reads version {VERSION}", path.display())]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version it holds.
+        found: u32,
     },
     /// Writing the new file failed.
     #[error("writing checkpoint {}", path.display())]
@@ -56,6 +66,18 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl CheckpointError {
+    /// Whether the file is corrupt (not JSON, empty, not a regular file, too large, not
+    /// UTF-8): set aside, not kept. Another version and an unreadable file are not.
+    pub fn is_corrupt(&self) -> bool {
+        match self {
+            CheckpointError::Invalid { .. } => true,
+            CheckpointError::Read(e) => !matches!(e, crate::policy::ReadError::Io { .. }),
+            CheckpointError::Version { .. } | CheckpointError::Write { .. } => false,
+        }
+    }
 }
 
 impl Checkpoint {
@@ -102,10 +124,10 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     };
     let c: Checkpoint = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
     if c.version != VERSION {
-        return Err(invalid(format!(
-            "version {} (this slicelet reads version {VERSION})",
-            c.version
-        )));
+        return Err(CheckpointError::Version {
+            path: path.to_path_buf(),
+            found: c.version,
+        });
     }
     Ok(c)
 }
@@ -210,5 +232,25 @@ mod tests {
             let e = load(&path).unwrap_err().to_string();
             assert!(e.contains(want) && e.contains(FILE), "{text}: {e}");
         }
+    }
+
+    /// A checkpoint of another version (a rollback) is kept, not set aside as corrupt: the
+    /// claims it records must not be forgotten; a file that does not parse is corrupt.
+    #[test]
+    fn another_version_is_not_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        std::fs::write(&path, r#"{"version": 99, "claims": {}}"#).unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(
+            matches!(e, CheckpointError::Version { found: 99, .. }),
+            "{e}"
+        );
+        assert!(!e.is_corrupt());
+        std::fs::write(&path, "").unwrap();
+        assert!(load(&path).unwrap_err().is_corrupt());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(load(&path).unwrap_err().is_corrupt());
     }
 }

@@ -163,7 +163,8 @@ impl Plugin {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
         let mut state = match checkpoint::load(&checkpoint_path) {
             Ok(state) => state,
-            Err(e) => set_aside(&checkpoint_path, e)?,
+            Err(e) if e.is_corrupt() => set_aside(&checkpoint_path, e)?,
+            Err(e) => return Err(DraError::Checkpoint(e)),
         };
         // Paths come from validated UIDs only: an entry whose UID is not one, or whose spec
         // file is not the one its UID names (`../` in a tampered checkpoint), is dropped, so
@@ -180,7 +181,7 @@ impl Plugin {
             tracing::info!(claims = state.claims.len(), path = %checkpoint_path.display(), "DRA: prepared claims reloaded from the checkpoint");
         }
         let prepared = checkpoint::holders(&state);
-        status.send_modify(|s| s.prepared = prepared);
+        status.send_modify(|s| s.prepared = Some(prepared));
         Ok(Plugin {
             settings,
             client,
@@ -195,8 +196,8 @@ impl Plugin {
     fn publish_prepared(&self, state: &Checkpoint) {
         let prepared = checkpoint::holders(state);
         self.status.send_if_modified(|s| {
-            let changed = s.prepared != prepared;
-            s.prepared = prepared;
+            let changed = s.prepared.as_ref() != Some(&prepared);
+            s.prepared = Some(prepared);
             changed
         });
     }

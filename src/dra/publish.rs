@@ -82,8 +82,10 @@ pub struct PublishStatus {
     /// Whether the kubelet plugin's sockets serve now.
     pub serving: bool,
     /// What the checkpoint says is prepared: published device name → the claims holding it
-    /// ([`super::checkpoint::holders`]), after every prepare and unprepare.
-    pub prepared: std::collections::BTreeMap<String, Vec<crate::podres::Holder>>,
+    /// ([`super::checkpoint::holders`]), after every prepare and unprepare; `None` until the
+    /// checkpoint was loaded (a DRA that failed before loading it knows nothing, which is not
+    /// "nothing prepared").
+    pub prepared: Option<std::collections::BTreeMap<String, Vec<crate::podres::Holder>>>,
 }
 
 /// The publisher's memory between reconciles.

@@ -907,6 +907,23 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     d.stop().await;
 
     node.write_policy(without);
+    // First with DRA failing before it loads its checkpoint (no API credentials at node
+    // boot): the holders read from the file at start stay (an empty "prepared" from the
+    // failed DRA wiped them, and the device plugin served GPU 0).
+    let mut broken = settings.clone();
+    if let Some(dra) = broken.dra.as_mut() {
+        dra.kubeconfig = Some(node.tmp.path().join("missing-kubeconfig"));
+    }
+    let mut d = Daemon::start(broken);
+    let s = d
+        .wait_status(|s| s.generation > 0 && s.dra_down.is_some())
+        .await;
+    assert!(
+        !s.resources.contains("nvidia.com/gpu-dra"),
+        "the device plugin serves GPU 0 while a claim holds it (DRA down): {:?}",
+        s.resources
+    );
+    d.stop().await;
     let mut d = Daemon::start(settings);
     let s = d
         .wait_status(|s| s.generation > 0 && s.dra_serving && s.dra_down.is_none())
@@ -918,12 +935,7 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     );
     assert_eq!(emu.state().device_count("nvidia.com/gpu-dra"), None);
     // The claim ends: the resource moves to the device plugin.
-    let k = DraKubelet::register(&registry).await.unwrap_or_else(|e| {
-        panic!(
-            "{e}: {s:?} {:?}",
-            std::fs::read_dir(&registry).map(|r| r.count())
-        )
-    });
+    let k = DraKubelet::register(&registry).await.unwrap();
     assert_eq!(k.unprepare(Version::V1, &claim).await.unwrap()[UID_A], "");
     crate::common::wait_lists(&emu, &[("nvidia.com/gpu-dra", 2)]).await;
     d.stop().await;
