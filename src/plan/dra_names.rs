@@ -3,8 +3,9 @@
 //! [`crate::dra::slices`] publishes the same names.
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 
-use super::{physical_uuid, Plan};
+use super::{physical_uuid, Plan, ResourcePlan};
 use crate::podres::InUse;
 
 /// The longest DNS label (a device name), characters.
@@ -72,14 +73,34 @@ pub fn with_claims<'a>(plan: &Plan, in_use: &'a InUse) -> Cow<'a, InUse> {
         return Cow::Borrowed(in_use);
     }
     let mut out = in_use.clone();
-    for res in plan.resources.values().filter(|r| r.dra) {
+    let dra = plan.resources.values().filter(|r| r.dra).map(|r| &**r);
+    record_claims(dra, in_use, &BTreeSet::new(), &mut out);
+    Cow::Owned(out)
+}
+
+/// Records in `out`, for every device of `resources` whose published name a claim of `in_use`
+/// holds (a name `skip` lists excepted), those holders under the device's resource and ID;
+/// returns the names found.
+pub(crate) fn record_claims<'a>(
+    resources: impl Iterator<Item = &'a ResourcePlan>,
+    in_use: &InUse,
+    skip: &BTreeSet<String>,
+    out: &mut InUse,
+) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for res in resources {
         for d in &res.devices {
-            if let Some(holders) = in_use.claimed.get(&device_name(&d.id)) {
+            let name = device_name(&d.id);
+            if skip.contains(&name) {
+                continue;
+            }
+            if let Some(holders) = in_use.claimed.get(&name) {
                 for h in holders {
                     out.insert(res.name.as_str(), &d.id, h.clone());
                 }
+                found.insert(name);
             }
         }
     }
-    Cow::Owned(out)
+    found
 }

@@ -237,49 +237,18 @@ fn claims_as_ids(
     plan: &Plan,
     inventory: &Inventory,
 ) -> (InUse, BTreeMap<String, BTreeSet<Holder>>) {
+    use super::dra_names::record_claims;
     let mut out = in_use.clone();
-    let mut resolved: BTreeSet<&str> = BTreeSet::new();
-    let record = |out: &mut InUse, name: &ResourceName, id: &str, claim: &str| {
-        if let Some(holders) = in_use.claimed.get(claim) {
-            for h in holders {
-                out.insert(name.as_str(), id, h.clone());
-            }
-        }
-    };
-    for res in previous.resources.values().filter(|r| r.dra) {
-        for d in &res.devices {
-            let claim = super::dra_names::device_name(&d.id);
-            if let Some((key, _)) = in_use.claimed.get_key_value(&claim) {
-                record(&mut out, &res.name, &d.id, &claim);
-                resolved.insert(key.as_str());
-            }
-        }
-    }
+    let dra = previous.resources.values().filter(|r| r.dra).map(|r| &**r);
+    let mut resolved = record_claims(dra, in_use, &BTreeSet::new(), &mut out);
     if resolved.len() < in_use.claimed.len() {
-        for res in plan.resources.values() {
-            for d in &res.devices {
-                let claim = super::dra_names::device_name(&d.id);
-                if let Some((key, _)) = in_use.claimed.get_key_value(&claim) {
-                    if !resolved.contains(key.as_str()) {
-                        record(&mut out, &res.name, &d.id, &claim);
-                    }
-                }
-            }
-        }
-        for res in plan.resources.values() {
-            for d in &res.devices {
-                resolved.insert(
-                    in_use
-                        .claimed
-                        .get_key_value(&super::dra_names::device_name(&d.id))
-                        .map_or("", |(k, _)| k.as_str()),
-                );
-            }
-        }
+        let all = plan.resources.values().map(|r| &**r);
+        let more = record_claims(all, in_use, &resolved, &mut out);
+        resolved.extend(more);
     }
     let mut units: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
     for (claim, holders) in &in_use.claimed {
-        if resolved.contains(claim.as_str()) {
+        if resolved.contains(claim) {
             continue;
         }
         if let Some(unit) = unit_of_name(claim, inventory) {
