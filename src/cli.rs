@@ -144,6 +144,93 @@ pub struct NodeArgs {
     /// proc/driver/nvidia-caps/mig-minors there).
     #[arg(long, env = "SLICELET_PROC_ROOT", default_value = "/")]
     pub proc_root: PathBuf,
+    /// NVIDIA's flags over the policy file's `flags`.
+    #[command(flatten)]
+    pub nvidia: NvidiaFlagArgs,
+}
+
+/// NVIDIA's device-plugin flags, with NVIDIA's variable names: one that is set overrides the
+/// policy file's `flags` key of the same name (NVIDIA's precedence: flag or variable, then
+/// file, then default). NVIDIA's Helm chart sets the variables from its values.
+#[derive(Debug, Clone, Default, Args)]
+pub struct NvidiaFlagArgs {
+    /// Overrides `flags.migStrategy`: none, single or mixed.
+    #[arg(long, env = "MIG_STRATEGY", value_parser = parse_nvidia::<crate::policy::MigStrategy>)]
+    pub mig_strategy: Option<Unset<crate::policy::MigStrategy>>,
+    /// Overrides `flags.failOnInitError` (true or false; Go's spellings 1/0/t/f/TRUE/… too).
+    #[arg(long, env = "FAIL_ON_INIT_ERROR", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub fail_on_init_error: Option<Unset<bool>>,
+    /// Overrides `flags.plugin.passDeviceSpecs` (true or false).
+    #[arg(long, env = "PASS_DEVICE_SPECS", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub pass_device_specs: Option<Unset<bool>>,
+    /// Overrides `flags.plugin.deviceListStrategy`: envvar, volume-mounts, cdi-annotations,
+    /// cdi-cri, comma-separated.
+    #[arg(long, env = "DEVICE_LIST_STRATEGY", value_delimiter = ',', value_parser = parse_nvidia::<crate::policy::DeviceListStrategy>)]
+    pub device_list_strategy: Option<Vec<Unset<crate::policy::DeviceListStrategy>>>,
+    /// Overrides `flags.plugin.deviceIDStrategy`: uuid or index.
+    #[arg(long, env = "DEVICE_ID_STRATEGY", value_parser = parse_nvidia::<crate::policy::DeviceIdStrategy>)]
+    pub device_id_strategy: Option<Unset<crate::policy::DeviceIdStrategy>>,
+    /// Overrides `flags.mpsRoot`.
+    #[arg(long, env = "MPS_ROOT")]
+    pub mps_root: Option<String>,
+    /// Overrides `flags.plugin.cdiAnnotationPrefix`.
+    #[arg(long, env = "CDI_ANNOTATION_PREFIX")]
+    pub cdi_annotation_prefix: Option<String>,
+    /// Overrides `flags.nvidiaDriverRoot` (recognised, not acted on: slicelet loads NVML from
+    /// the loader's path or `--nvml-library`).
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT")]
+    pub nvidia_driver_root: Option<String>,
+}
+
+/// A flag value where an empty string (an empty variable, as NVIDIA's chart leaves a value it
+/// was not given) means "not set".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unset<T>(pub Option<T>);
+
+impl NvidiaFlagArgs {
+    /// The overrides these flags set; an empty variable counts as unset.
+    pub fn overrides(&self) -> crate::policy::FlagOverrides {
+        let text = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+        let list: Vec<crate::policy::DeviceListStrategy> = self
+            .device_list_strategy
+            .iter()
+            .flatten()
+            .filter_map(|u| u.0)
+            .collect();
+        crate::policy::FlagOverrides {
+            mig_strategy: self.mig_strategy.and_then(|u| u.0),
+            fail_on_init_error: self.fail_on_init_error.and_then(|u| u.0),
+            pass_device_specs: self.pass_device_specs.and_then(|u| u.0),
+            device_list_strategy: (!list.is_empty())
+                .then(|| crate::policy::DeviceListStrategies::of(&list)),
+            device_id_strategy: self.device_id_strategy.and_then(|u| u.0),
+            mps_root: text(&self.mps_root),
+            cdi_annotation_prefix: text(&self.cdi_annotation_prefix),
+            nvidia_driver_root: text(&self.nvidia_driver_root),
+        }
+    }
+}
+
+/// A value of a policy enum in the policy file's spelling (`mixed`, `cdi-cri`, `index`); empty
+/// is unset.
+fn parse_nvidia<T: serde::de::DeserializeOwned>(s: &str) -> Result<Unset<T>, String> {
+    use serde::de::IntoDeserializer;
+    if s.is_empty() {
+        return Ok(Unset(None));
+    }
+    T::deserialize(s.into_deserializer())
+        .map(|v| Unset(Some(v)))
+        .map_err(|e: serde::de::value::Error| e.to_string())
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (NVIDIA's flags are Go's); empty is unset.
+fn parse_go_bool(s: &str) -> Result<Unset<bool>, String> {
+    match s {
+        "" => Ok(Unset(None)),
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(Unset(Some(true))),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(Unset(Some(false))),
+        _ => Err(format!("{s:?} is not true or false")),
+    }
 }
 
 /// Where CDI device names come from (`deviceListStrategy: cdi-annotations` or `cdi-cri`).
@@ -486,6 +573,7 @@ impl NodeArgs {
         s.nvml_library = self.nvml_library.clone();
         s.sysfs_root = self.sysfs_root.clone();
         s.proc_root = self.proc_root.clone();
+        s.flag_overrides = self.nvidia.overrides();
         Ok(s)
     }
 }

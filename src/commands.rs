@@ -40,14 +40,15 @@ pub enum CommandError {
         failed: Vec<(String, String)>,
     },
     /// `validate --strict`: the policy serves only because slicelet reads it as NVIDIA's
-    /// plugin does.
+    /// plugin does (a plan fallback, or a [`crate::policy::Policy::lenient`] entry; `node` is
+    /// `any node` for those).
     #[error("invalid policy {path} for {node} under --strict: {fallback}")]
     Strict {
         /// The policy file.
         path: String,
         /// The node.
         node: String,
-        /// The first fallback, with its fix.
+        /// The first fallback or lenient reading, with its fix.
         fallback: String,
     },
     /// The plan could not be encoded as JSON.
@@ -78,7 +79,11 @@ pub fn validate(settings: &Settings) -> Result<String, CommandError> {
 /// As [`validate`], and [`CommandError::Strict`].
 pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let mut policy = policy::load(&settings.config)?;
+    let mut policy = policy::load_overridden(
+        &settings.config,
+        &policy::Limits::default(),
+        &settings.flag_overrides,
+    )?;
     policy.delivery = policy.delivery.with_cdi_kind(&settings.cdi_kind);
     let entries = policy.time_slicing.resources.len();
     let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
@@ -87,6 +92,13 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
             ", {}",
             plural(policy.mps.resources.len(), "MPS entry", "MPS entries")
         ));
+    }
+    if let (true, Some(l)) = (strict, policy.lenient.first()) {
+        return Err(CommandError::Strict {
+            path,
+            node: "any node".to_string(),
+            fallback: l.clone(),
+        });
     }
     let mut out = String::new();
     let node = daemon::discover(settings);
@@ -149,6 +161,9 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
             out,
             "warning: {k} is recognised (NVIDIA config v1) but slicelet does not act on it yet"
         );
+    }
+    for l in &policy.lenient {
+        let _ = writeln!(out, "warning: {l}");
     }
     for n in &policy.notices {
         let _ = writeln!(out, "notice: {n}");
@@ -287,7 +302,11 @@ fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
 /// cannot be built.
 pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     let path = settings.config.display().to_string();
-    let policy = policy::load(&settings.config)?;
+    let policy = policy::load_overridden(
+        &settings.config,
+        &policy::Limits::default(),
+        &settings.flag_overrides,
+    )?;
     let (inv, source) = daemon::discover(settings)?;
     let built = plan::build(&policy, &inv).map_err(|error| CommandError::Plan {
         path: path.clone(),

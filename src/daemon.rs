@@ -204,6 +204,7 @@ fn read_policy(
     force: bool,
     sel: &select::Selection,
     label: Option<&str>,
+    overrides: &policy::FlagOverrides,
 ) -> Input {
     let file = match chosen_file(path, config_dir, sel, label) {
         Ok(Some(file)) => file,
@@ -212,7 +213,7 @@ fn read_policy(
                 path: path.to_path_buf(),
                 hash: Sha256::digest(b"").into(),
                 force,
-                parsed: policy::parse("").map(Box::new),
+                parsed: policy::parse_with("", overrides).map(Box::new),
             }
         }
         Err(error) => {
@@ -227,7 +228,7 @@ fn read_policy(
             path: file,
             hash: Sha256::digest(text.as_bytes()).into(),
             force,
-            parsed: policy::parse(&text).map(Box::new),
+            parsed: policy::parse_with(&text, overrides).map(Box::new),
         },
         Err(e) => Input::PolicyUnreadable {
             path: file,
@@ -304,11 +305,12 @@ async fn read_policy_off_loop(
     force: bool,
     sel: select::Selection,
     label: Option<String>,
+    overrides: policy::FlagOverrides,
 ) -> Input {
     let p = path.clone();
     let what = format!("reading {}", path.display());
     blocking_within(&what, POLICY_READ_DEADLINE, move || {
-        read_policy(&p, config_dir, force, &sel, label.as_deref())
+        read_policy(&p, config_dir, force, &sel, label.as_deref(), &overrides)
     })
     .await
     .unwrap_or_else(|error| Input::PolicyUnreadable { path, error })
@@ -732,6 +734,37 @@ pub fn socket_path(dir: &Path, resource: &str) -> PathBuf {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The daemon's policy read applies NVIDIA's overrides (`MIG_STRATEGY`, …) to the file it
+    /// reads and to the `empty` fallback's no-config alike.
+    #[test]
+    fn the_policy_read_applies_the_flag_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
+        let overrides = policy::FlagOverrides {
+            mig_strategy: Some(policy::MigStrategy::Mixed),
+            ..Default::default()
+        };
+        let sel = select::Selection::default();
+        let strategy = |input: Input| match input {
+            Input::Policy { parsed: Ok(p), .. } => p.mig_strategy,
+            _ => panic!("not a parsed policy"),
+        };
+        let read = read_policy(&file, false, false, &sel, None, &overrides);
+        assert_eq!(strategy(read), policy::MigStrategy::Mixed);
+        let plain = read_policy(&file, false, false, &sel, None, &Default::default());
+        assert_eq!(strategy(plain), policy::MigStrategy::None);
+        // A directory whose fallback is `empty`: no config, the overrides still apply.
+        let configs = dir.path().join("configs");
+        std::fs::create_dir(&configs).unwrap();
+        let empty = select::Selection {
+            fallbacks: vec![select::Fallback::Empty],
+            ..Default::default()
+        };
+        let none = read_policy(&configs, true, false, &empty, None, &overrides);
+        assert_eq!(strategy(none), policy::MigStrategy::Mixed);
+    }
 
     /// A read past [`CDI_READ_DEADLINE`] is reported slow once and then answered when it
     /// finishes; a request meanwhile starts no second read beside it (each timed-out read

@@ -1193,11 +1193,18 @@ fn select<'a>(
                         DeviceRef::MigIndex(g, m) => {
                             u.gpu.index == *g && u.mig.is_some_and(|d| d.index == *m)
                         }
+                        DeviceRef::LegacyMig { gpu, gi, ci } => {
+                            u.gpu.uuid == *gpu
+                                && u.mig.is_some_and(|d| d.gi_id == *gi && d.ci_id == *ci)
+                        }
+                        DeviceRef::Unmatchable(_) => false,
                     })
                     .copied()
                     .collect();
                 if matches.is_empty() {
-                    let msg = if gpus_only && !matches!(r, DeviceRef::MigIndex(..)) {
+                    let msg = if gpus_only
+                        && !matches!(r, DeviceRef::MigIndex(..) | DeviceRef::LegacyMig { .. })
+                    {
                         format!("{path}: this node has no GPU {r}")
                     } else {
                         format!(

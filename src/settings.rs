@@ -14,6 +14,9 @@ pub struct Settings {
     pub config: PathBuf,
     /// How a directory's config is chosen: the node label's key, the default, the fallbacks.
     pub selection: crate::policy::select::Selection,
+    /// NVIDIA's flags and variables (`MIG_STRATEGY`, …) that override the policy file's
+    /// `flags`, NVIDIA's precedence ([`crate::policy::overrides`]); default: none.
+    pub flag_overrides: crate::policy::FlagOverrides,
     /// Watch this node's config label through the Kubernetes API (`--node-name`); `None`: no
     /// API access, a directory's config is chosen by the default and the fallbacks.
     pub label_watch: Option<crate::k8s::LabelWatch>,
@@ -88,6 +91,7 @@ impl Settings {
         Settings {
             config: config.into(),
             selection: crate::policy::select::Selection::default(),
+            flag_overrides: crate::policy::FlagOverrides::default(),
             label_watch: None,
             label_start_wait: Duration::from_secs(5),
             device_plugin_path: device_plugin_path.into(),

@@ -3,9 +3,11 @@
 //! NVML (`nvmlDeviceGetUUID`) names a GPU `GPU-` and, since driver R470, a MIG device `MIG-`,
 //! each followed by 32 hex digits in dash-separated groups of 8-4-4-4-12:
 //! `GPU-df942ca2-b7c5-e6fa-29b0-3e2134fef416`. Only that form is accepted (hex in either case).
-//! The older MIG form of drivers R450/R460, `MIG-GPU-<uuid>/<gi>/<ci>`, is refused: it
+//! The older MIG form of drivers R450/R460, `MIG-GPU-<uuid>/<gi>/<ci>`, is refused here: it
 //! contains `/`, and a UUID becomes a path component (`<mpsRoot>/<uuid>/pipe`), a mount path
-//! and `NVIDIA_VISIBLE_DEVICES`, so nothing that could traverse a path may pass.
+//! and `NVIDIA_VISIBLE_DEVICES`, so nothing that could traverse a path may pass. A policy's
+//! `devices` list still accepts that form, as NVIDIA's plugin does: it is read into its parts
+//! (`policy::DeviceRef::LegacyMig`, the parent's UUID checked here) and only ever matched.
 //!
 //! Every UUID from outside is checked here: simulated node files, a policy's `devices`, and
 //! NVML's answers ([`Uuid::parse`]).

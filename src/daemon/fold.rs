@@ -484,6 +484,9 @@ impl State {
                 for n in &policy.notices {
                     tracing::info!(notice = %n, "policy notice");
                 }
+                for l in &policy.lenient {
+                    tracing::warn!(warning = %l, "policy accepted as NVIDIA's plugin accepts it");
+                }
                 for w in &built.warnings {
                     tracing::warn!(warning = %w, "policy does not match this node fully");
                 }

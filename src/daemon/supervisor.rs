@@ -239,6 +239,7 @@ impl Supervisor {
             true,
             self.settings.selection.clone(),
             self.label_value.clone(),
+            self.settings.flag_overrides.clone(),
         )
         .await;
         let fail_on_init_error = match &first_policy {
@@ -410,6 +411,7 @@ impl Supervisor {
                     force,
                     self.settings.selection.clone(),
                     self.label_value.clone(),
+                    self.settings.flag_overrides.clone(),
                 )));
             }
         }

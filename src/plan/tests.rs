@@ -608,6 +608,12 @@ fn time_sliced_mig_replicas_use_the_mig_uuid() {
     assert!(!built.plan.resources.contains_key("nvidia.com/mig-3g.40gb"));
 }
 
+/// `devices` naming MIG device `i` of GPU `g` in the legacy `MIG-GPU-<uuid>/<gi>/<ci>` form.
+fn legacy(node: &Inventory, g: usize, i: usize) -> String {
+    let d = &node.gpus[g].mig_devices[i];
+    format!("[\"MIG-{}/{}/{}\"]", node.gpus[g].uuid, d.gi_id, d.ci_id)
+}
+
 #[test]
 fn devices_select_mig_devices_by_index_mig_index_and_uuid() {
     let node = h100_mixed();
@@ -646,6 +652,24 @@ fn devices_select_mig_devices_by_index_mig_index_and_uuid() {
             ],
         ),
         ("2".into(), vec![m(0, 0), m(0, 1)], vec![]),
+        // The MIG-GPU-<uuid>/<gi>/<ci> form of drivers before R470: the MIG device with that
+        // parent and those instance ids, whatever UUID NVML gives it now.
+        (legacy(&node, 1, 3), vec![m(1, 3)], vec![]),
+        (
+            format!(
+                "[\"0:1\", \"MIG-{}/{}/0\"]",
+                node.gpus[0].uuid,
+                node.gpus[0]
+                    .mig_devices
+                    .iter()
+                    .map(|d| d.gi_id)
+                    .max()
+                    .unwrap()
+                    + 1
+            ),
+            vec![m(0, 1)],
+            vec!["matches no device of nvidia.com/mig-1g.10gb on this node"],
+        ),
     ];
     for (devices, want, warns) in cases {
         let built = build(&entry(&devices), &node).unwrap_or_else(|e| panic!("{devices}: {e}"));

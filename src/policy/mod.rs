@@ -9,6 +9,7 @@ pub mod cdi;
 pub mod delivery;
 pub mod mps;
 pub mod names;
+pub mod overrides;
 pub mod quantity;
 pub mod read;
 pub mod schema;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 pub use delivery::{Delivery, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy};
 pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
+pub use overrides::FlagOverrides;
 pub use read::{read_bounded, Limits, ReadError};
 pub use schema::{DeviceRef, DeviceSelector, MigStrategy, SharedAllocation};
 
@@ -151,6 +153,10 @@ pub struct Policy {
     pub ignored_keys: Vec<String>,
     /// Where slicelet reads an NVIDIA file differently from NVIDIA's plugin.
     pub notices: Vec<String>,
+    /// What NVIDIA's plugin accepts and slicelet therefore serves, but that is probably a
+    /// mistake (a device listed twice, a UUID in a form NVML never reports, one replica per
+    /// GPU): warnings, and errors under `slicelet validate --strict`. Each names its field path.
+    pub lenient: Vec<String>,
 }
 
 impl Default for Policy {
@@ -168,6 +174,7 @@ impl Default for Policy {
             mps_root: PathBuf::from(mps::DEFAULT_MPS_ROOT),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
+            lenient: Vec::new(),
         }
     }
 }
@@ -190,8 +197,22 @@ pub fn load(path: &Path) -> Result<Policy, LoadError> {
 /// [`LoadError::Read`] when the file is refused before parsing or cannot be read,
 /// [`LoadError::Invalid`] with the field path when it is not a valid policy.
 pub fn load_with(path: &Path, limits: &Limits) -> Result<Policy, LoadError> {
+    load_overridden(path, limits, &FlagOverrides::default())
+}
+
+/// [`load_with`], then NVIDIA's flag overrides (`MIG_STRATEGY`, …) over the file's `flags`
+/// ([`parse_with`]).
+///
+/// # Errors
+/// As [`load_with`]; an override that is not a valid value of its key is
+/// [`LoadError::Invalid`] naming the key.
+pub fn load_overridden(
+    path: &Path,
+    limits: &Limits,
+    overrides: &FlagOverrides,
+) -> Result<Policy, LoadError> {
     let text = read_bounded(path, limits)?;
-    parse(&text).map_err(|error| LoadError::Invalid {
+    parse_with(&text, overrides).map_err(|error| LoadError::Invalid {
         path: path.to_path_buf(),
         error,
     })
@@ -204,16 +225,29 @@ pub fn load_with(path: &Path, limits: &Limits) -> Result<Policy, LoadError> {
 /// # Errors
 /// [`PolicyError`] naming the field path, with line and column when the parser knows them.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
+    parse_with(text, &FlagOverrides::default())
+}
+
+/// [`parse`] with NVIDIA's flag overrides applied to the file's `flags` before validation
+/// ([`overrides`]: a flag or variable that is set wins over the file, as in NVIDIA's plugin);
+/// every override that replaced a different value of the file is a [`Policy::notices`] entry.
+///
+/// # Errors
+/// As [`parse`]; an override is validated as the file's value would be (`flags.mpsRoot`, …).
+pub fn parse_with(text: &str, overrides: &FlagOverrides) -> Result<Policy, PolicyError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let de = yaml_serde::Deserializer::from_str(text);
-    let file: schema::ConfigFile = match serde_path_to_error::deserialize(de) {
+    let mut file: schema::ConfigFile = match serde_path_to_error::deserialize(de) {
         Ok(f) => f,
         // YAML merge keys (`<<: *anchor`), which NVIDIA's parser resolves: resolve them and try
         // again; if that fails too, report the first error (it has line and column).
         Err(e) if text.contains("<<") => merged(text).ok_or_else(|| from_serde(e))?,
         Err(e) => return Err(from_serde(e)),
     };
-    validate(file)
+    let notices = overrides.apply(&mut file);
+    let mut policy = validate(file)?;
+    policy.notices.splice(0..0, notices);
+    Ok(policy)
 }
 
 fn merged(text: &str) -> Option<schema::ConfigFile> {
@@ -363,11 +397,20 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
 
     if let Some(sharing) = file.sharing {
         if let Some(ts) = sharing.time_slicing {
-            policy.time_slicing =
-                validate_replicated(ts, "sharing.timeSlicing", &mut policy.notices)?;
+            policy.time_slicing = validate_replicated(
+                ts,
+                "sharing.timeSlicing",
+                &mut policy.notices,
+                &mut policy.lenient,
+            )?;
         }
         if let Some(m) = sharing.mps {
-            policy.mps = mps::validate_mps(m, &policy.time_slicing, &mut policy.notices)?;
+            policy.mps = mps::validate_mps(
+                m,
+                &policy.time_slicing,
+                &mut policy.notices,
+                &mut policy.lenient,
+            )?;
         }
     }
     if let Some(d) = &file.dra {
@@ -396,6 +439,7 @@ fn validate_replicated(
     ts: schema::ReplicatedResources,
     base: &str,
     notices: &mut Vec<String>,
+    lenient: &mut Vec<String>,
 ) -> Result<TimeSlicing, PolicyError> {
     let rename_by_default = ts.rename_by_default.unwrap_or(false);
     let mut out = TimeSlicing {
@@ -424,7 +468,11 @@ fn validate_replicated(
                 "{path}.rename: slicelet honours rename (NVIDIA's plugin ignores it): pods must request {rename}"
             ));
         }
-        let devices = entry.devices.clone().unwrap_or_default();
+        let devices = lenient_devices(
+            entry.devices.clone().unwrap_or_default(),
+            &format!("{path}.devices"),
+            lenient,
+        );
         if devices != DeviceSelector::All {
             notices.push(if advertised == entry.name {
                 format!(
@@ -448,6 +496,35 @@ fn validate_replicated(
     Ok(out)
 }
 
+/// `devices` with each device once; a warning in `lenient` for each device listed twice and
+/// each UUID in a form NVML never reports (NVIDIA's plugin accepts both).
+fn lenient_devices(
+    devices: DeviceSelector,
+    path: &str,
+    lenient: &mut Vec<String>,
+) -> DeviceSelector {
+    let DeviceSelector::List(list) = devices else {
+        return devices;
+    };
+    let mut once: Vec<DeviceRef> = Vec::with_capacity(list.len());
+    for (i, d) in list.into_iter().enumerate() {
+        if once.contains(&d) {
+            lenient.push(format!("{path}[{i}]: {d} is listed twice; it counts once"));
+            continue;
+        }
+        if let DeviceRef::Unmatchable(u) = &d {
+            lenient.push(format!(
+                "{path}[{i}]: {} is a UUID form NVML never reports (it names devices GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); it matches no device, as in NVIDIA's plugin",
+                crate::uuid::truncate_id(u)
+            ));
+        }
+        once.push(d);
+    }
+    DeviceSelector::List(once)
+}
+
+#[cfg(test)]
+mod nvidia_forms_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

@@ -67,6 +67,7 @@ pub(super) fn validate_mps(
     mps: schema::MpsSharing,
     time_slicing: &TimeSlicing,
     notices: &mut Vec<String>,
+    lenient: &mut Vec<String>,
 ) -> Result<Mps, PolicyError> {
     let base = "sharing.mps";
     let entries = mps.resources.unwrap_or_default();
@@ -90,6 +91,7 @@ pub(super) fn validate_mps(
         },
         base,
         notices,
+        lenient,
     )?;
     let mut out = Mps {
         fail_requests_greater_than_one: mps.fail_requests_greater_than_one.unwrap_or(true),

@@ -468,6 +468,22 @@ pub enum DeviceRef {
     MigIndex(u32, u32),
     /// A GPU (`GPU-…`) or MIG (`MIG-…`) UUID.
     Uuid(String),
+    /// `MIG-GPU-<gpu uuid>/<gi>/<ci>`: a MIG device named by its parent GPU's UUID, its
+    /// GPU-instance id and its compute-instance id, the form NVML used before driver R470
+    /// (NVIDIA's `IsMigUUID` accepts it). slicelet matches it to the MIG device with that
+    /// parent and those ids on any driver; the `/` never reaches a path, only this match.
+    LegacyMig {
+        /// The parent GPU's `GPU-…` UUID, in NVML's form.
+        gpu: String,
+        /// GPU-instance id.
+        gi: u32,
+        /// Compute-instance id.
+        ci: u32,
+    },
+    /// A UUID in a form Go's `uuid.Parse` accepts but NVML never reports (in braces, with
+    /// `urn:uuid:`, or 32 hex digits without dashes): NVIDIA's plugin accepts it and matches it
+    /// to no device, and so does slicelet, with a warning (an error under `validate --strict`).
+    Unmatchable(String),
 }
 
 impl fmt::Display for DeviceRef {
@@ -475,22 +491,65 @@ impl fmt::Display for DeviceRef {
         match self {
             DeviceRef::Index(i) => write!(f, "{i}"),
             DeviceRef::MigIndex(g, m) => write!(f, "{g}:{m}"),
-            DeviceRef::Uuid(u) => f.write_str(u),
+            DeviceRef::Uuid(u) | DeviceRef::Unmatchable(u) => f.write_str(u),
+            DeviceRef::LegacyMig { gpu, gi, ci } => write!(f, "MIG-{gpu}/{gi}/{ci}"),
         }
     }
 }
 
+/// A decimal as Go's `strconv.ParseUint` reads it: digits only (no sign, no space).
+fn go_uint(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Whether `s` is a UUID Go's `uuid.Parse` accepts in one of the forms NVML never reports:
+/// `{8-4-4-4-12}`, `urn:uuid:8-4-4-4-12` (prefix in any case), or 32 hex digits.
+fn go_only_uuid_form(s: &str) -> bool {
+    let dashed = |t: &str| crate::uuid::Uuid::parse(&format!("GPU-{t}")).is_ok();
+    if let Some(inner) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+        return dashed(inner);
+    }
+    if s.len() > 9 && s.is_char_boundary(9) && s[..9].eq_ignore_ascii_case("urn:uuid:") {
+        return dashed(&s[9..]);
+    }
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 impl DeviceRef {
+    /// Reads one `devices` string with NVIDIA's rules (`api/config/v1/replicas.go`,
+    /// `ReplicaDeviceRef`): a GPU index, `<gpu>:<mig>`, a `GPU-`/`MIG-` UUID, or the legacy
+    /// `MIG-GPU-<uuid>/<gi>/<ci>`.
     fn parse(s: &str) -> Result<Self, DeviceRefError> {
-        if let Ok(i) = s.parse::<u32>() {
+        if let Some(i) = go_uint(s) {
             return Ok(DeviceRef::Index(i));
         }
         if let Some((g, m)) = s.split_once(':') {
-            if let (Ok(g), Ok(m)) = (g.parse::<u32>(), m.parse::<u32>()) {
+            if let (Some(g), Some(m)) = (go_uint(g), go_uint(m)) {
                 return Ok(DeviceRef::MigIndex(g, m));
             }
         }
-        if s.starts_with("GPU-") || s.starts_with("MIG-") {
+        if let Some(rest) = s.strip_prefix("MIG-GPU-") {
+            let parts: Vec<&str> = rest.splitn(3, '/').collect();
+            if let [gpu, gi, ci] = parts[..] {
+                let gpu = crate::uuid::Uuid::parse(&format!("GPU-{gpu}"))
+                    .map_err(DeviceRefError::Uuid)?;
+                if let (Some(gi), Some(ci)) = (go_uint(gi), go_uint(ci)) {
+                    return Ok(DeviceRef::LegacyMig {
+                        gpu: gpu.into_string(),
+                        gi,
+                        ci,
+                    });
+                }
+            }
+            return Err(DeviceRefError::NotADevice(s.to_string()));
+        }
+        if let Some(rest) = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-")) {
+            if go_only_uuid_form(rest) {
+                return Ok(DeviceRef::Unmatchable(s.to_string()));
+            }
             // The one UUID check (crate::uuid): a UUID in `devices` must never carry `/`.
             return crate::uuid::Uuid::parse(s)
                 .map(|u| DeviceRef::Uuid(u.into_string()))
@@ -507,7 +566,7 @@ pub enum DeviceRefError {
     #[error(transparent)]
     Uuid(crate::uuid::UuidError),
     /// Neither an index, a `<gpu>:<mig>` pair nor a UUID.
-    #[error("`{}` is not a GPU index, a \"<gpu>:<mig>\" MIG index or a GPU-/MIG- UUID", crate::uuid::truncate_id(.0))]
+    #[error("`{}` is not a GPU index, a \"<gpu>:<mig>\" MIG index, a GPU-/MIG- UUID or MIG-GPU-<uuid>/<gi>/<ci>", crate::uuid::truncate_id(.0))]
     NotADevice(String),
 }
 
@@ -544,13 +603,9 @@ impl<'de> Visitor<'de> for DeviceSelectorVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::new();
+        // A device listed twice is kept twice here (NVIDIA's plugin accepts it); validation
+        // counts it once and warns.
         while let Some(item) = seq.next_element::<DeviceRefItem>()? {
-            if out.contains(&item.0) {
-                return Err(de::Error::custom(format!(
-                    "device `{}` is listed twice",
-                    item.0
-                )));
-            }
             out.push(item.0);
         }
         // An empty list is valid (NVIDIA's plugin accepts it): the entry claims nothing, which

@@ -1176,3 +1176,87 @@ async fn the_daemon_serves_after_settling() {
     let (code, log) = sigterm_and_wait(child).await;
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// NVIDIA's variables override the policy file's `flags` as in NVIDIA's plugin (its Helm chart
+/// sets `MIG_STRATEGY` from the `migStrategy` value): the variable wins, `validate` says so,
+/// and a value NVIDIA would refuse is refused naming the variable.
+#[tokio::test]
+async fn nvidia_flag_variables_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
+    let sim = node_file("h100-80gb-x8-mig-mixed.yaml");
+    let plan = |env: Option<(&'static str, &'static str)>, cmd: &'static str| {
+        let mut c = slicelet();
+        c.args([cmd, "--config", policy.to_str().unwrap()])
+            .args(["--simulate", sim.to_str().unwrap()]);
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        c.output()
+    };
+    let names = |out: &Output| -> Vec<String> {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut json = slicelet();
+    json.env("SLICELET_OUTPUT", "json");
+    let file_only = names(
+        &json
+            .args(["plan", "--config", policy.to_str().unwrap()])
+            .args(["--simulate", sim.to_str().unwrap()])
+            .output()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        file_only,
+        vec!["nvidia.com/gpu"],
+        "migStrategy none: GPUs whole"
+    );
+    let mut json = slicelet();
+    json.env("SLICELET_OUTPUT", "json")
+        .env("MIG_STRATEGY", "mixed");
+    let overridden = names(
+        &json
+            .args(["plan", "--config", policy.to_str().unwrap()])
+            .args(["--simulate", sim.to_str().unwrap()])
+            .output()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        overridden.iter().any(|n| n.starts_with("nvidia.com/mig-")),
+        "MIG_STRATEGY=mixed: {overridden:?}"
+    );
+    let out = plan(Some(("MIG_STRATEGY", "mixed")), "validate")
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    assert!(
+        report.contains(
+            "notice: flags.migStrategy: the file says none; MIG_STRATEGY=mixed takes precedence"
+        ),
+        "{report}"
+    );
+    let out = plan(Some(("MIG_STRATEGY", "bogus")), "validate")
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--mig-strategy") && err.contains("bogus"),
+        "{err}"
+    );
+    // An empty variable is unset, as NVIDIA's chart leaves a null value.
+    let out = plan(Some(("MIG_STRATEGY", "")), "validate").await.unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains("takes precedence"));
+}
