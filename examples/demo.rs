@@ -7,6 +7,9 @@
 //! ```text
 //! cargo run --example demo -- --config config/policy.yaml --simulate config/nodes/h100-80gb-x8-busy.yaml
 //! ```
+//!
+//! With `--hold` it keeps running after printing, so `slicelet top --address <printed>` can
+//! follow it from another terminal, until Ctrl-C.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -31,6 +34,10 @@ struct Args {
     /// Simulated node.
     #[arg(long, default_value = "config/nodes/h100-80gb-x8-busy.yaml")]
     simulate: PathBuf,
+    /// Keep the daemon and the emulators running after printing (so `slicelet top` can be
+    /// pointed at the printed address from another terminal); Ctrl-C stops it.
+    #[arg(long)]
+    hold: bool,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -195,6 +202,13 @@ async fn main() -> anyhow::Result<()> {
         );
     }
 
+    if args.hold {
+        let address = status.borrow().address.expect("status endpoint");
+        println!(
+            "\nholding: in another terminal, cargo run -- top --address http://{address}  (Ctrl-C stops the demo)"
+        );
+        tokio::signal::ctrl_c().await?;
+    }
     token.cancel();
     daemon.await??;
     println!("\ndaemon stopped: streams ended, sockets removed");

@@ -63,6 +63,38 @@ pub struct TopArgs {
     /// Print once and exit (scripts, tests) instead of redrawing every second until Ctrl-C.
     #[arg(long, env = "SLICELET_TOP_ONCE")]
     pub once: bool,
+    /// Show the daemon on this node, reached through the API server's pod proxy (the
+    /// kubeconfig as kubectl reads it) instead of `--address`.
+    #[arg(long, conflicts_with_all = ["address", "all_nodes"])]
+    pub node: Option<String>,
+    /// Show every node's GPUs and holders as one table, through the pod proxy.
+    #[arg(long, conflicts_with = "address")]
+    pub all_nodes: bool,
+    /// The namespace slicelet runs in (`--node`, `--all-nodes`).
+    #[arg(long, short = 'n', env = "SLICELET_TOP_NAMESPACE", default_value = crate::top::cluster::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// The label selector of slicelet's pods (`--node`, `--all-nodes`).
+    #[arg(long, short = 'l', env = "SLICELET_TOP_SELECTOR", default_value = crate::top::cluster::DEFAULT_SELECTOR)]
+    pub selector: String,
+    /// A kubeconfig (default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl TopArgs {
+    /// Whose status to show.
+    pub fn source(&self) -> crate::top::Source {
+        let cluster = || crate::top::cluster::Cluster {
+            kubeconfig: self.kubeconfig.clone(),
+            namespace: self.namespace.clone(),
+            selector: self.selector.clone(),
+        };
+        match (&self.node, self.all_nodes) {
+            (Some(node), _) => crate::top::Source::Node(cluster(), node.clone()),
+            (None, true) => crate::top::Source::AllNodes(cluster()),
+            (None, false) => crate::top::Source::Local(self.address.clone()),
+        }
+    }
 }
 
 /// How MPS control daemons are run.

@@ -94,7 +94,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .build()
                 .context("starting the tokio runtime")?;
             runtime
-                .block_on(slicelet::top::run(&args.address, args.once))
+                .block_on(slicelet::top::run(&args.source(), args.once))
                 .context("slicelet top")
         }
         Command::Validate(args) => {

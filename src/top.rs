@@ -19,6 +19,19 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::usage::view::{DeviceView, GpuView, NodeView};
 
+pub mod cluster;
+
+/// Whose status `slicelet top` shows.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// One daemon's status endpoint (`--address`), as an http:// URL.
+    Local(String),
+    /// The daemon on one node, through the API server's pod proxy (`--node`).
+    Node(cluster::Cluster, String),
+    /// Every node's daemon, through the pod proxy, as one table (`--all-nodes`).
+    AllNodes(cluster::Cluster),
+}
+
 /// The default `--address`: the daemon's status endpoint on this host.
 pub const DEFAULT_ADDRESS: &str = "http://127.0.0.1:8080";
 /// Largest `/status` body read, bytes (64 MiB). Sized from what a valid node can produce:
@@ -90,6 +103,28 @@ pub enum TopError {
         /// Where and why it did not parse.
         #[source]
         source: serde_json::Error,
+    },
+    /// No kubeconfig or in-cluster config could be used (`--node`, `--all-nodes`).
+    #[error("connecting to the cluster")]
+    Kubeconfig(#[source] crate::k8s::ClientError),
+    /// The API server refused or failed a request (RBAC: `list` pods, `get` `pods/proxy`).
+    #[error("{what}")]
+    Kube {
+        /// The request, in words.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// No slicelet pod runs on the node (`--node`).
+    #[error("no pod with {selector} runs on node {node} in namespace {namespace} (see --namespace, --selector)")]
+    NoPod {
+        /// The node asked for.
+        node: String,
+        /// The namespace searched.
+        namespace: String,
+        /// The label selector used.
+        selector: String,
     },
     /// Writing to the terminal failed.
     #[error("writing to standard output")]
@@ -307,16 +342,43 @@ pub async fn once(address: &str) -> Result<String, TopError> {
 /// Clears the terminal and moves the cursor home (ANSI: `ESC [ H`, `ESC [ 2 J`).
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
+/// One rendering of `source`; a cluster source uses `client` (connecting when `None`).
+async fn view(source: &Source, client: Option<&kube::Client>) -> Result<String, TopError> {
+    let cluster = match source {
+        Source::Local(address) => return once(address).await,
+        Source::Node(c, _) | Source::AllNodes(c) => c,
+    };
+    let connected;
+    let client = match client {
+        Some(client) => client,
+        None => {
+            connected = cluster.client().await?;
+            &connected
+        }
+    };
+    match source {
+        Source::Node(c, node) => cluster::node(c, client, node).await,
+        _ => cluster::all_nodes(cluster, client).await,
+    }
+}
+
 /// `slicelet top`: with `once`, prints one view and returns; otherwise redraws every
 /// [`REFRESH`] until Ctrl-C (a failed fetch is shown in place of the view and retried).
 ///
 /// # Errors
-/// With `once`, as [`fetch`]; a bad `address` at once; writing to standard output.
-pub async fn run(address: &str, once: bool) -> Result<(), TopError> {
+/// With `once`, as [`fetch`] (or [`cluster::node`], [`cluster::all_nodes`]); a bad
+/// `address`, or no usable kubeconfig, at once; writing to standard output.
+pub async fn run(source: &Source, once: bool) -> Result<(), TopError> {
     use std::io::Write as _;
-    status_url(address)?;
+    let client = match source {
+        Source::Local(address) => {
+            status_url(address)?;
+            None
+        }
+        Source::Node(c, _) | Source::AllNodes(c) => Some(c.client().await?),
+    };
     if once {
-        let text = self::once(address).await?;
+        let text = view(source, client.as_ref()).await?;
         let mut out = std::io::stdout().lock();
         return out.write_all(text.as_bytes()).map_err(TopError::Output);
     }
@@ -329,8 +391,8 @@ pub async fn run(address: &str, once: bool) -> Result<(), TopError> {
             _ = &mut ctrl_c => return Ok(()),
             _ = tick.tick() => {}
         }
-        let text = match fetch(address).await {
-            Ok(view) => render(&view),
+        let text = match view(source, client.as_ref()).await {
+            Ok(text) => text,
             Err(e) => format!("{}\n", crate::errors::chain(&e)),
         };
         let mut out = std::io::stdout().lock();

@@ -156,6 +156,7 @@ async fn two_pods_on_one_gpu_get_their_own_figures() {
             .unwrap_or_else(|| panic!("{pod} not in\n{top}"));
         assert!(at > gpu0 && at < gpu1, "{pod} not under GPU 0:\n{top}");
     }
+    top_through_the_pod_proxy(&node, addr, &uuids[0]).await;
 
     // 0 % on GPU 0: last_active stops advancing while samples go on.
     let last = |text: &str, pod: &str| {
@@ -190,4 +191,125 @@ async fn two_pods_on_one_gpu_get_their_own_figures() {
     assert_eq!(last(&text, "llm-a"), before);
     assert!(last(&text, "llm-b") > b0, "{text}");
     d.stop().await;
+}
+
+/// `slicelet top --node` and `--all-nodes`, the real binary, reaching the daemon at `addr`
+/// only through the API emulator's `pods/proxy` subresource (a pod on `gpu-a` whose IP and
+/// `status` port are the daemon's), with a second node whose daemon does not answer.
+async fn top_through_the_pod_proxy(node: &Node, addr: std::net::SocketAddr, gpu0: &str) {
+    use kubelet_emulator::kube_api::KubeApi;
+    let api = KubeApi::start("gpu-a", &[]).await;
+    let labels = [
+        ("app.kubernetes.io/name", "slicelet"),
+        ("app.kubernetes.io/component", "device-plugin"),
+    ];
+    api.add_pod(
+        "slicelet-system",
+        "slicelet-x1",
+        "gpu-a",
+        &labels,
+        addr.ip(),
+        addr.port(),
+    );
+    // A closed port: bound, then released.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    api.add_pod(
+        "slicelet-system",
+        "slicelet-y2",
+        "gpu-b",
+        &labels,
+        closed.ip(),
+        closed.port(),
+    );
+    // Not slicelet's: another namespace, and another label.
+    api.add_pod(
+        "default",
+        "slicelet-z3",
+        "gpu-a",
+        &labels,
+        addr.ip(),
+        addr.port(),
+    );
+    api.add_pod(
+        "slicelet-system",
+        "other",
+        "gpu-a",
+        &[("app", "x")],
+        addr.ip(),
+        addr.port(),
+    );
+    let kubeconfig = api.kubeconfig(node.tmp.path());
+    let top = |args: &'static [&'static str]| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
+            .args([
+                "top",
+                "--once",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ])
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+    };
+    let out = top(&["--node", "gpu-a"]).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with("node gpu-a  pod slicelet-system/slicelet-x1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(gpu0) && text.contains("ml/llm-a/server"),
+        "{text}"
+    );
+    assert_eq!(
+        api.counters().proxied,
+        1,
+        "the view came through pods/proxy"
+    );
+
+    let out = top(&["--all-nodes"]).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains("gpu-a") && l.contains("ml/llm-a,ml/llm-b"))
+        .unwrap_or_else(|| panic!("no gpu-a row with both holders:\n{text}"));
+    assert!(
+        row.split_whitespace().nth(1) == Some("0"),
+        "GPU 0's row: {row}"
+    );
+    let down = text
+        .lines()
+        .find(|l| l.contains("gpu-b"))
+        .unwrap_or_else(|| panic!("no gpu-b row:\n{text}"));
+    // The API server answers 503 for a pod that does not answer; kube's client retries 503
+    // itself, so the bounded fetch gives up at its deadline.
+    assert!(
+        down.contains("HTTP 503") || down.contains("no answer within"),
+        "{down}"
+    );
+    assert!(
+        text.contains("2 nodes, 8 GPUs, 2 of 32 devices held"),
+        "{text}"
+    );
+
+    let out = top(&["--node", "gpu-c"]).await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no pod with app.kubernetes.io/name=slicelet runs on node gpu-c"),
+        "{err}"
+    );
 }

@@ -11,6 +11,9 @@
 //! name); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
 //! them, read the slices ([`KubeApi::slices`]) and wait for slice changes
 //! ([`KubeApi::wait_slices`]).
+//!
+//! For `slicelet top --node`/`--all-nodes` it serves pods and their `pods/proxy` subresource
+//! ([`KubeApi::add_pod`]), the proxy forwarding to the pod's address over real HTTP.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,7 +48,11 @@ struct Inner {
     slices: BTreeMap<String, Value>,
     /// ResourceClaims by (namespace, name).
     claims: BTreeMap<(String, String), Value>,
+    /// Pods by (namespace, name) ([`pods`]).
+    pods: BTreeMap<(String, String), pods::PodEntry>,
 }
+
+mod pods;
 
 /// What tests can wait on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,6 +71,10 @@ pub struct Counters {
     pub slice_lists: u32,
     /// ResourceClaim gets answered (found or not).
     pub claim_gets: u32,
+    /// Pod lists answered.
+    pub pod_lists: u32,
+    /// Requests forwarded through the `pods/proxy` subresource.
+    pub proxied: u32,
 }
 
 #[derive(Clone)]
@@ -434,6 +445,11 @@ impl KubeApi {
             .route(
                 "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
                 get(get_claim),
+            )
+            .route("/api/v1/namespaces/{namespace}/pods", get(pods::list_pods))
+            .route(
+                "/api/v1/namespaces/{namespace}/pods/{target}/proxy/{*path}",
+                get(pods::proxy),
             )
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
