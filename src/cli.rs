@@ -65,10 +65,10 @@ pub struct TopArgs {
     pub once: bool,
     /// Show the daemon on this node, reached through the API server's pod proxy (the
     /// kubeconfig as kubectl reads it) instead of `--address`.
-    #[arg(long, conflicts_with_all = ["address", "all_nodes"])]
+    #[arg(long, env = "SLICELET_TOP_NODE", conflicts_with_all = ["address", "all_nodes"])]
     pub node: Option<String>,
     /// Show every node's GPUs and holders as one table, through the pod proxy.
-    #[arg(long, conflicts_with = "address")]
+    #[arg(long, env = "SLICELET_TOP_ALL_NODES", conflicts_with = "address")]
     pub all_nodes: bool,
     /// The namespace slicelet runs in (`--node`, `--all-nodes`).
     #[arg(long, short = 'n', env = "SLICELET_TOP_NAMESPACE", default_value = crate::top::cluster::DEFAULT_NAMESPACE)]
@@ -76,8 +76,9 @@ pub struct TopArgs {
     /// The label selector of slicelet's pods (`--node`, `--all-nodes`).
     #[arg(long, short = 'l', env = "SLICELET_TOP_SELECTOR", default_value = crate::top::cluster::DEFAULT_SELECTOR)]
     pub selector: String,
-    /// A kubeconfig (default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster).
-    #[arg(long)]
+    /// A kubeconfig file. Unset: as kubectl finds one (`KUBECONFIG`, a list of files too,
+    /// then `~/.kube/config`, then the in-cluster service account).
+    #[arg(long, env = "SLICELET_TOP_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 }
 

@@ -251,71 +251,12 @@ impl State {
                 force,
                 parsed,
             } => self.policy_read(&path, hash, force, parsed, &mut out),
-            Input::PolicyUnreadable { path, error } => {
-                if self.policy_error.as_deref() != Some(error.as_str()) {
-                    let keeping = if self.policy.is_some() {
-                        "keeping the last good policy"
-                    } else {
-                        "nothing is advertised until it is readable"
-                    };
-                    tracing::error!(policy = %path.display(), error = %error, "cannot read the policy; {keeping}");
-                }
-                self.policy_hash = None;
-                self.rejected_for_node = None;
-                self.policy_error = Some(error);
-            }
+            Input::PolicyUnreadable { path, error } => self.policy_unreadable(&path, error),
             Input::Discovered(result) => self.discovered(result, &mut out),
-            Input::Health(ev) => {
-                if let HealthEvent::Xid { uuid, xid } = &ev {
-                    self.xid_events += 1;
-                    let critical = self.xid_policy.is_critical(*xid);
-                    tracing::warn!(gpu = %uuid, xid, critical, "Xid event");
-                    out.push(Action::Xid {
-                        uuid: uuid.clone(),
-                        xid: *xid,
-                    });
-                }
-                let t = self.tracker.apply(&self.xid_policy, &ev, now);
-                self.transitions(t.into_iter().collect(), &mut out);
-            }
-            Input::Probed(answers) => {
-                self.probing = None;
-                let ts = answers
-                    .into_iter()
-                    .filter_map(|(u, ok)| self.tracker.probed(&u, ok, now))
-                    .collect();
-                self.transitions(ts, &mut out);
-            }
-            Input::RecoveryDue => {
-                let due = self.tracker.due(now);
-                if self
-                    .probing
-                    .is_some_and(|since| now.saturating_duration_since(since) >= PROBE_TIMEOUT)
-                {
-                    tracing::warn!(timeout = ?PROBE_TIMEOUT, "a probe got no answer; probing again");
-                    self.probing = None;
-                }
-                if !due.is_empty() && self.probing.is_none() {
-                    self.probing = Some(now);
-                    out.push(Action::Probe(due));
-                }
-            }
-            Input::CdiSpecs(index) => {
-                let errors: Vec<String> = index.errors.iter().map(ToString::to_string).collect();
-                if errors != self.cdi_errors {
-                    for e in &errors {
-                        tracing::warn!(error = %e, "CDI spec skipped");
-                    }
-                    self.cdi_errors = errors;
-                }
-                let found = if self.uses_cdi() {
-                    cdi::unresolved(&self.plan, &index)
-                } else {
-                    BTreeMap::new()
-                };
-                let ts = self.tracker.set_cdi_unresolved(&found);
-                self.transitions(ts, &mut out);
-            }
+            Input::Health(ev) => self.health_event(&ev, now, &mut out),
+            Input::Probed(answers) => self.probed(answers, now, &mut out),
+            Input::RecoveryDue => self.recovery_due(now, &mut out),
+            Input::CdiSpecs(index) => self.cdi_specs(&index, &mut out),
             Input::InUse(result) => self.in_use_read(result, &mut out),
             Input::DraPrepared(prepared) => {
                 if prepared != self.dra_prepared {
@@ -323,29 +264,109 @@ impl State {
                     self.replan(&mut out);
                 }
             }
-            Input::Mps(ev) => {
-                if ev.removed {
-                    self.mps_applied.remove(&ev.uuid);
-                } else if let Some(l) = ev.applied {
-                    self.mps_applied.insert(ev.uuid.clone(), l);
-                } else {
-                    self.mps_applied.remove(&ev.uuid);
-                }
-                if ev.pending.is_some() && !ev.removed {
-                    self.mps_pending.insert(ev.uuid.clone());
-                } else {
-                    self.mps_pending.remove(&ev.uuid);
-                }
-                let ready = HealthEvent::MpsReady {
-                    uuid: ev.uuid,
-                    ready: ev.ready && !ev.removed,
-                };
-                let t = self.tracker.apply(&self.xid_policy, &ready, now);
-                note(t, &mut out);
-                self.replan(&mut out);
-            }
+            Input::Mps(ev) => self.mps_event(ev, now, &mut out),
         }
         out
+    }
+
+    /// The policy could not be read: said once per distinct error; the last good one stays.
+    fn policy_unreadable(&mut self, path: &std::path::Path, error: String) {
+        if self.policy_error.as_deref() != Some(error.as_str()) {
+            let keeping = if self.policy.is_some() {
+                "keeping the last good policy"
+            } else {
+                "nothing is advertised until it is readable"
+            };
+            tracing::error!(policy = %path.display(), error = %error, "cannot read the policy; {keeping}");
+        }
+        self.policy_hash = None;
+        self.rejected_for_node = None;
+        self.policy_error = Some(error);
+    }
+
+    /// An Xid or another health event: an Xid is counted and reported, then the tracker's
+    /// transitions are applied.
+    fn health_event(&mut self, ev: &HealthEvent, now: Instant, out: &mut Vec<Action>) {
+        if let HealthEvent::Xid { uuid, xid } = ev {
+            self.xid_events += 1;
+            let critical = self.xid_policy.is_critical(*xid);
+            tracing::warn!(gpu = %uuid, xid, critical, "Xid event");
+            out.push(Action::Xid {
+                uuid: uuid.clone(),
+                xid: *xid,
+            });
+        }
+        let t = self.tracker.apply(&self.xid_policy, ev, now);
+        self.transitions(t.into_iter().collect(), out);
+    }
+
+    /// The answers of a recovery probe.
+    fn probed(&mut self, answers: Vec<(String, bool)>, now: Instant, out: &mut Vec<Action>) {
+        self.probing = None;
+        let ts = answers
+            .into_iter()
+            .filter_map(|(u, ok)| self.tracker.probed(&u, ok, now))
+            .collect();
+        self.transitions(ts, out);
+    }
+
+    /// A recovery deadline passed: probe what is due (again, when a probe got no answer
+    /// within [`PROBE_TIMEOUT`]).
+    fn recovery_due(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let due = self.tracker.due(now);
+        if self
+            .probing
+            .is_some_and(|since| now.saturating_duration_since(since) >= PROBE_TIMEOUT)
+        {
+            tracing::warn!(timeout = ?PROBE_TIMEOUT, "a probe got no answer; probing again");
+            self.probing = None;
+        }
+        if !due.is_empty() && self.probing.is_none() {
+            self.probing = Some(now);
+            out.push(Action::Probe(due));
+        }
+    }
+
+    /// The CDI specs were read: skipped specs said once, unresolved names marked Unhealthy.
+    fn cdi_specs(&mut self, index: &cdi::SpecIndex, out: &mut Vec<Action>) {
+        let errors: Vec<String> = index.errors.iter().map(ToString::to_string).collect();
+        if errors != self.cdi_errors {
+            for e in &errors {
+                tracing::warn!(error = %e, "CDI spec skipped");
+            }
+            self.cdi_errors = errors;
+        }
+        let found = if self.uses_cdi() {
+            cdi::unresolved(&self.plan, index)
+        } else {
+            BTreeMap::new()
+        };
+        let ts = self.tracker.set_cdi_unresolved(&found);
+        self.transitions(ts, out);
+    }
+
+    /// An MPS control daemon's state: the limits it applies, whether a change is pending,
+    /// and its readiness (a health input); then a new plan.
+    fn mps_event(&mut self, ev: mps::Event, now: Instant, out: &mut Vec<Action>) {
+        if ev.removed {
+            self.mps_applied.remove(&ev.uuid);
+        } else if let Some(l) = ev.applied {
+            self.mps_applied.insert(ev.uuid.clone(), l);
+        } else {
+            self.mps_applied.remove(&ev.uuid);
+        }
+        if ev.pending.is_some() && !ev.removed {
+            self.mps_pending.insert(ev.uuid.clone());
+        } else {
+            self.mps_pending.remove(&ev.uuid);
+        }
+        let ready = HealthEvent::MpsReady {
+            uuid: ev.uuid,
+            ready: ev.ready && !ev.removed,
+        };
+        let t = self.tracker.apply(&self.xid_policy, &ready, now);
+        note(t, out);
+        self.replan(out);
     }
 
     fn in_use_read(&mut self, result: Result<InUse, String>, out: &mut Vec<Action>) {
@@ -540,6 +561,35 @@ impl State {
         wanted
     }
 
+    /// Tells the hardware which GPUs `wanted` puts in exclusive-process mode, and the MPS
+    /// supervisor which daemons it wants, when either changed.
+    fn want_mps(&mut self, wanted: MpsWanted, out: &mut Vec<Action>) {
+        let exclusive = wanted.exclusive_gpus();
+        if exclusive != self.exclusive {
+            self.exclusive = exclusive.clone();
+            out.push(Action::ComputeModes(exclusive));
+        }
+        if wanted != self.mps_wanted {
+            self.mps_wanted = wanted.clone();
+            out.push(Action::WantMps(wanted));
+        }
+    }
+
+    /// What is held: pod-resources' answer, and the claims the DRA checkpoint has prepared
+    /// (pod-resources lists claims only from kubelet 1.34 on).
+    fn holders(&self) -> std::borrow::Cow<'_, InUse> {
+        if self.dra_prepared.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.in_use);
+        }
+        let mut u = self.in_use.clone();
+        for (name, holders) in &self.dra_prepared {
+            for h in holders {
+                u.insert_claimed(name, h.clone());
+            }
+        }
+        std::borrow::Cow::Owned(u)
+    }
+
     /// Builds the plan from the applied policy and the effective inventory; publishes it and
     /// tells the MPS supervisor and the hardware what changed.
     fn replan(&mut self, out: &mut Vec<Action>) {
@@ -576,32 +626,16 @@ impl State {
                 }
             }
         }
-        let exclusive = wanted.exclusive_gpus();
-        if exclusive != self.exclusive {
-            self.exclusive = exclusive.clone();
-            out.push(Action::ComputeModes(exclusive));
-        }
-        if wanted != self.mps_wanted {
-            self.mps_wanted = wanted.clone();
-            out.push(Action::WantMps(wanted));
-        }
         let mut plan = built.plan;
-        // Holders: pod-resources' answer, and the claims the DRA checkpoint has prepared
-        // (pod-resources lists claims only from kubelet 1.34 on).
-        let with_prepared;
-        let in_use = if self.dra_prepared.is_empty() {
-            &self.in_use
-        } else {
-            let mut u = self.in_use.clone();
-            for (name, holders) in &self.dra_prepared {
-                for h in holders {
-                    u.insert_claimed(name, h.clone());
-                }
-            }
-            with_prepared = u;
-            &with_prepared
-        };
-        plan::drain::apply(&mut plan, &self.plan, in_use, &self.tracker.effective(inv));
+        let holders = self.holders();
+        plan::drain::apply(
+            &mut plan,
+            &self.plan,
+            &holders,
+            &self.tracker.effective(inv),
+        );
+        drop(holders);
+        self.want_mps(wanted, out);
         if self.in_use_source && !self.in_use_fresh && withdraws(&self.plan, &plan) {
             // Ask the kubelet what is held now; this plan is built again with the answer.
             if !self.in_use_wanted {

@@ -183,13 +183,86 @@ fn next_command(queue: &mut std::collections::VecDeque<Command>) -> Option<Comma
     Some(command)
 }
 
-fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) {
-    let mut source: Option<Box<dyn GpuSource>> = None;
-    let mut compute = ComputeModes::default();
-    let mut last: Option<Inventory> = None;
+/// The actor's state: the GPU source once opened, the compute modes it set, the last
+/// inventory (to re-arm the Xid watch when it changes) and where Xid events go.
+struct Actor {
+    open: Opener,
+    source: Option<Box<dyn GpuSource>>,
+    compute: ComputeModes,
+    last: Option<Inventory>,
+    sink: EventSink,
+}
+
+impl Actor {
+    /// Opens the source when needed, discovers, re-arms the Xid watch for new GPUs and
+    /// reports the inventory and the Xids seen meanwhile.
+    fn discover(&mut self, outbox: &Outbox) {
+        if self.source.is_none() {
+            match (self.open)() {
+                Ok(s) => self.source = Some(s),
+                Err(e) => {
+                    outbox.send(Report::Discovered(Err(e)));
+                    return;
+                }
+            }
+        }
+        let Some(s) = self.source.as_mut() else {
+            return;
+        };
+        let result = s.discover();
+        let events = s.take_events();
+        if let Ok(inv) = &result {
+            if self.last.as_ref() != Some(inv) {
+                // Re-arm the Xid watch for the new GPUs (joins the previous event thread: up
+                // to one NVML wait, here and not on the runtime).
+                s.watch_events(Arc::clone(&self.sink));
+                self.last = Some(inv.clone());
+            }
+        }
+        let describe = s.describe();
+        outbox.send(Report::Discovered(result.map(|inv| (inv, describe))));
+        for x in events {
+            outbox.send(Report::Health(HealthEvent::Xid {
+                uuid: x.uuid,
+                xid: x.xid,
+            }));
+        }
+    }
+
+    /// Whether each GPU answers (recovery probes); `false` while no source is open.
+    fn probe(&mut self, uuids: Vec<String>) -> Vec<(String, bool)> {
+        uuids
+            .into_iter()
+            .map(|u| {
+                let ok = self.source.as_mut().is_some_and(|s| s.probe(&u));
+                (u, ok)
+            })
+            .collect()
+    }
+
+    /// One GPU use sample, or why there is none.
+    fn sample(&mut self, request: &SampleRequest) -> Result<crate::usage::Samples, String> {
+        match self.source.as_mut() {
+            None => Err("the GPU source is not open yet (no discovery succeeded)".to_string()),
+            Some(s) => {
+                crate::usage::sampler::sample(s.as_mut(), &request.proc_root, &request.checkpoint)
+                    .map_err(|e| crate::errors::chain(&e))
+            }
+        }
+    }
+}
+
+fn actor(open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) {
     let sink: EventSink = {
         let outbox = outbox.clone();
         Arc::new(move |e| outbox.send(Report::Health(e)))
+    };
+    let mut a = Actor {
+        open,
+        source: None,
+        compute: ComputeModes::default(),
+        last: None,
+        sink,
     };
     let mut queue: std::collections::VecDeque<Command> = std::collections::VecDeque::new();
     loop {
@@ -206,69 +279,18 @@ fn actor(mut open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outb
             continue;
         };
         match command {
-            Command::Discover => {
-                if source.is_none() {
-                    match open() {
-                        Ok(s) => source = Some(s),
-                        Err(e) => {
-                            outbox.send(Report::Discovered(Err(e)));
-                            continue;
-                        }
-                    }
-                }
-                let Some(s) = source.as_mut() else { continue };
-                let result = s.discover();
-                let events = s.take_events();
-                if let Ok(inv) = &result {
-                    if last.as_ref() != Some(inv) {
-                        // Re-arm the Xid watch for the new GPUs (joins the previous event
-                        // thread: up to one NVML wait, here and not on the runtime).
-                        s.watch_events(Arc::clone(&sink));
-                        last = Some(inv.clone());
-                    }
-                }
-                let describe = s.describe();
-                outbox.send(Report::Discovered(result.map(|inv| (inv, describe))));
-                for x in events {
-                    outbox.send(Report::Health(HealthEvent::Xid {
-                        uuid: x.uuid,
-                        xid: x.xid,
-                    }));
-                }
-            }
-            Command::Probe(uuids) => {
-                let answers = uuids
-                    .into_iter()
-                    .map(|u| {
-                        let ok = source.as_mut().is_some_and(|s| s.probe(&u));
-                        (u, ok)
-                    })
-                    .collect();
-                outbox.send(Report::Probed(answers));
-            }
+            Command::Discover => a.discover(outbox),
+            Command::Probe(uuids) => outbox.send(Report::Probed(a.probe(uuids))),
             Command::ComputeModes(wanted) => {
-                if let Some(s) = source.as_mut() {
-                    compute.sync(s.as_mut(), &wanted);
+                if let Some(s) = a.source.as_mut() {
+                    a.compute.sync(s.as_mut(), &wanted);
                 }
             }
-            Command::Sample(request) => {
-                let result = match source.as_mut() {
-                    None => {
-                        Err("the GPU source is not open yet (no discovery succeeded)".to_string())
-                    }
-                    Some(s) => crate::usage::sampler::sample(
-                        s.as_mut(),
-                        &request.proc_root,
-                        &request.checkpoint,
-                    )
-                    .map_err(|e| crate::errors::chain(&e)),
-                };
-                outbox.send(Report::Sampled(result));
-            }
+            Command::Sample(request) => outbox.send(Report::Sampled(a.sample(&request))),
         }
     }
-    if let Some(s) = source.as_mut() {
-        compute.restore_all(s.as_mut());
+    if let Some(s) = a.source.as_mut() {
+        a.compute.restore_all(s.as_mut());
     }
 }
 

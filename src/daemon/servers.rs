@@ -247,50 +247,21 @@ impl Servers {
             let _ = (&mut serving.0).await;
             finished.cancel();
         });
-        let kubelet = self.dir.join(KUBELET_SOCKET);
-        let resource = name.to_string();
-        let rstop = stop.clone();
-        let mut identity = self.identity.subscribe();
-        let recheck = Arc::clone(&self.recheck);
-        let tx = self.registered_tx.clone();
-        let register = self.tasks.spawn(async move {
-            if let Some((old_done, old_serve)) = previous {
-                if tokio::time::timeout(RESTART_DEADLINE, old_done.cancelled())
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(resource = %resource, "previous server did not stop in time; aborting it");
-                    old_serve.abort();
-                }
+        let register = self.tasks.spawn(
+            Registration {
+                previous,
+                delay,
+                kubelet: self.dir.join(KUBELET_SOCKET),
+                endpoint,
+                resource: name.to_string(),
+                identity: self.identity.subscribe(),
+                recheck: Arc::clone(&self.recheck),
+                stop: stop.clone(),
+                registered: self.registered_tx.clone(),
+                epoch,
             }
-            // The backoff after a lost stream is for a kubelet that closed it while alive; a
-            // new kubelet (a changed kubelet.sock) supersedes it at once.
-            if !delay.is_zero() {
-                tokio::select! {
-                    _ = rstop.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = identity.changed() => {}
-                }
-            }
-            let registered = crate::kubelet::register_until_done(
-                &kubelet,
-                &endpoint,
-                &resource,
-                &mut identity,
-                &recheck,
-                &rstop,
-            )
-            .await;
-            if let Some(kubelet) = registered {
-                let _ = tx
-                    .send(Registered {
-                        resource,
-                        epoch,
-                        kubelet,
-                    })
-                    .await;
-            }
-        });
+            .run(),
+        );
         tracing::debug!(resource = %name, socket = %path.display(), "serving");
         self.servers.insert(
             name.to_string(),
@@ -519,4 +490,62 @@ fn lost_stream_backoff() -> backon::ExponentialBackoff {
             .with_max_delay(LOST_STREAM_MAX_DELAY)
             .without_max_times(),
     )
+}
+
+/// One resource's registration with the kubelet, run as a task by `Servers::start`: waits for
+/// the server it replaces to stop (aborting it past [`RESTART_DEADLINE`]), then the backoff
+/// `delay` (cut short by a new kubelet), registers until done and reports it.
+struct Registration {
+    previous: Option<(CancellationToken, AbortHandle)>,
+    delay: Duration,
+    kubelet: PathBuf,
+    endpoint: String,
+    resource: String,
+    identity: watch::Receiver<Option<KubeletId>>,
+    recheck: Arc<Notify>,
+    stop: CancellationToken,
+    registered: mpsc::Sender<Registered>,
+    epoch: u64,
+}
+
+impl Registration {
+    async fn run(mut self) {
+        if let Some((old_done, old_serve)) = self.previous.take() {
+            if tokio::time::timeout(RESTART_DEADLINE, old_done.cancelled())
+                .await
+                .is_err()
+            {
+                tracing::warn!(resource = %self.resource, "previous server did not stop in time; aborting it");
+                old_serve.abort();
+            }
+        }
+        // The backoff after a lost stream is for a kubelet that closed it while alive; a new
+        // kubelet (a changed kubelet.sock) supersedes it at once.
+        if !self.delay.is_zero() {
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(self.delay) => {}
+                _ = self.identity.changed() => {}
+            }
+        }
+        let registered = crate::kubelet::register_until_done(
+            &self.kubelet,
+            &self.endpoint,
+            &self.resource,
+            &mut self.identity,
+            &self.recheck,
+            &self.stop,
+        )
+        .await;
+        if let Some(kubelet) = registered {
+            let _ = self
+                .registered
+                .send(Registered {
+                    resource: self.resource,
+                    epoch: self.epoch,
+                    kubelet,
+                })
+                .await;
+        }
+    }
 }
