@@ -213,6 +213,22 @@ pub struct NvidiaFlagArgs {
     /// the loader's path or `--nvml-library`).
     #[arg(long, env = "NVIDIA_DRIVER_ROOT")]
     pub nvidia_driver_root: Option<String>,
+    /// Overrides `flags.nvidiaDevRoot` (recognised, not acted on; see `--dev-root`).
+    #[arg(long, env = "NVIDIA_DEV_ROOT")]
+    pub nvidia_dev_root: Option<String>,
+    /// Overrides `flags.gdrcopyEnabled` (recognised, not acted on).
+    #[arg(long, env = "GDRCOPY_ENABLED", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub gdrcopy_enabled: Option<Unset<bool>>,
+    /// Overrides `flags.gdsEnabled` (recognised, not acted on).
+    #[arg(long, env = "GDS_ENABLED", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub gds_enabled: Option<Unset<bool>>,
+    /// Overrides `flags.mofedEnabled` (recognised, not acted on).
+    #[arg(long, env = "MOFED_ENABLED", value_parser = parse_go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub mofed_enabled: Option<Unset<bool>>,
+    /// Overrides `flags.deviceDiscoveryStrategy` (recognised, not acted on: slicelet discovers
+    /// through NVML or `--simulate`).
+    #[arg(long, env = "DEVICE_DISCOVERY_STRATEGY")]
+    pub device_discovery_strategy: Option<String>,
 }
 
 /// A flag value where an empty string (an empty variable, as NVIDIA's chart leaves a value it
@@ -240,6 +256,11 @@ impl NvidiaFlagArgs {
             mps_root: text(&self.mps_root),
             cdi_annotation_prefix: text(&self.cdi_annotation_prefix),
             nvidia_driver_root: text(&self.nvidia_driver_root),
+            nvidia_dev_root: text(&self.nvidia_dev_root),
+            gdrcopy_enabled: self.gdrcopy_enabled.and_then(|u| u.0),
+            gds_enabled: self.gds_enabled.and_then(|u| u.0),
+            mofed_enabled: self.mofed_enabled.and_then(|u| u.0),
+            device_discovery_strategy: text(&self.device_discovery_strategy),
         }
     }
 }

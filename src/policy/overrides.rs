@@ -35,6 +35,18 @@ pub struct FlagOverrides {
     /// `--nvidia-driver-root` / `NVIDIA_DRIVER_ROOT` → `flags.nvidiaDriverRoot` (recognised,
     /// not acted on, as the file's key).
     pub nvidia_driver_root: Option<String>,
+    /// `NVIDIA_DEV_ROOT` → `flags.nvidiaDevRoot` (recognised, not acted on).
+    pub nvidia_dev_root: Option<String>,
+    /// `GDRCOPY_ENABLED`, `GDS_ENABLED`, `MOFED_ENABLED` → `flags.gdrcopyEnabled`,
+    /// `flags.gdsEnabled`, `flags.mofedEnabled` (recognised, not acted on).
+    pub gdrcopy_enabled: Option<bool>,
+    /// See [`FlagOverrides::gdrcopy_enabled`].
+    pub gds_enabled: Option<bool>,
+    /// See [`FlagOverrides::gdrcopy_enabled`].
+    pub mofed_enabled: Option<bool>,
+    /// `DEVICE_DISCOVERY_STRATEGY` → `flags.deviceDiscoveryStrategy` (recognised, not acted
+    /// on: slicelet discovers through NVML or `--simulate`).
+    pub device_discovery_strategy: Option<String>,
 }
 
 impl FlagOverrides {
@@ -78,6 +90,42 @@ impl FlagOverrides {
             &mut flags.nvidia_driver_root,
             self.nvidia_driver_root.clone(),
             ("flags.nvidiaDriverRoot", "NVIDIA_DRIVER_ROOT"),
+            String::clone,
+            &mut notices,
+        );
+        // Recognised, not acted on: set so that validation lists them as ignored keys.
+        set(
+            &mut flags.nvidia_dev_root,
+            self.nvidia_dev_root.clone(),
+            ("flags.nvidiaDevRoot", "NVIDIA_DEV_ROOT"),
+            String::clone,
+            &mut notices,
+        );
+        set(
+            &mut flags.gdrcopy_enabled,
+            self.gdrcopy_enabled,
+            ("flags.gdrcopyEnabled", "GDRCOPY_ENABLED"),
+            bool::to_string,
+            &mut notices,
+        );
+        set(
+            &mut flags.gds_enabled,
+            self.gds_enabled,
+            ("flags.gdsEnabled", "GDS_ENABLED"),
+            bool::to_string,
+            &mut notices,
+        );
+        set(
+            &mut flags.mofed_enabled,
+            self.mofed_enabled,
+            ("flags.mofedEnabled", "MOFED_ENABLED"),
+            bool::to_string,
+            &mut notices,
+        );
+        set(
+            &mut flags.device_discovery_strategy,
+            self.device_discovery_strategy.clone(),
+            ("flags.deviceDiscoveryStrategy", "DEVICE_DISCOVERY_STRATEGY"),
             String::clone,
             &mut notices,
         );
@@ -204,6 +252,20 @@ mod tests {
         };
         let p = parse_with("version: v1\n", &o).unwrap();
         assert_eq!(p.mps_root, std::path::PathBuf::from("/run/other-mps"));
+    }
+
+    #[test]
+    fn keys_slicelet_does_not_act_on_are_listed_as_ignored() {
+        let o = FlagOverrides {
+            gds_enabled: Some(true),
+            device_discovery_strategy: Some("nvml".into()),
+            ..Default::default()
+        };
+        let p = parse_with("version: v1\n", &o).unwrap();
+        assert_eq!(
+            p.ignored_keys,
+            vec!["flags.gdsEnabled", "flags.deviceDiscoveryStrategy"]
+        );
     }
 
     #[test]
