@@ -603,3 +603,111 @@ fn large_nodes_use_the_bounded_greedy_search() {
     // Size 1: an orphan.
     assert_eq!(indices(&res, &preferred(&res, &available, &[], 1)), [1]);
 }
+
+/// Six GPUs on one NUMA node with uneven NVLink counts, found by searching random layouts for
+/// one where rule 3 decides between sets of equal link score only through the links the
+/// chosen units have among themselves (with GPU 0 held, four GPUs: 1, 4, 5 beat 2, 4, 5).
+fn uneven() -> String {
+    let mut s = gpus("NVIDIA A100-SXM4-80GB", &[6]);
+    s.push_str("links:\n");
+    for (a, b, n) in [
+        (0, 2, 1),
+        (0, 3, 1),
+        (0, 4, 2),
+        (0, 5, 2),
+        (1, 3, 2),
+        (1, 5, 2),
+        (2, 3, 2),
+        (2, 5, 1),
+        (3, 4, 1),
+        (4, 5, 2),
+    ] {
+        s.push_str(&format!("  - gpus: [{a}, {b}]\n    nvlinks: {n}\n"));
+    }
+    s
+}
+
+/// The answer is the best set by the module's rules 1–3, checked against every combination
+/// (a brute force written from the rules, not from the search), on the real layouts with each
+/// single GPU already held (`must`) and some GPUs taken: on one NUMA node if any set is, then
+/// the most links (with `must`), then the most links among the candidates left over.
+#[test]
+fn answers_are_the_best_set_by_the_rules() {
+    fn combos(items: &[usize], k: usize) -> Vec<Vec<usize>> {
+        if k == 0 {
+            return vec![Vec::new()];
+        }
+        let mut out = Vec::new();
+        for (i, &x) in items.iter().enumerate() {
+            for mut rest in combos(&items[i + 1..], k - 1) {
+                rest.insert(0, x);
+                out.push(rest);
+            }
+        }
+        out
+    }
+    for node in [dgx1(), pcie_pairs(), workstation(), dgx_h100(), uneven()] {
+        let res = whole(&node, "");
+        let links = res.links();
+        let unit = |id: &String| {
+            let pos = res.devices.iter().position(|d| d.id == *id).unwrap();
+            links.unit_of(pos)
+        };
+        let pairs = |set: &[usize]| -> i64 {
+            let mut s = 0i64;
+            for (i, &a) in set.iter().enumerate() {
+                for &b in &set[i + 1..] {
+                    s += i64::from(links.score(a, b));
+                }
+            }
+            s
+        };
+        let score = |chosen: &[usize], must: &[usize], candidates: &[usize]| {
+            let all: Vec<usize> = must.iter().chain(chosen).copied().collect();
+            let one_numa = all.windows(2).all(|w| links.numa(w[0]) == links.numa(w[1]));
+            let left: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|c| !chosen.contains(c))
+                .collect();
+            (one_numa, pairs(&all), pairs(&left))
+        };
+        let n = res.devices.len();
+        for held in 0..n {
+            for taken in [None, Some((held + 3) % n)] {
+                let available: Vec<String> = res
+                    .devices
+                    .iter()
+                    .enumerate()
+                    .filter(|(p, _)| Some(*p) != taken)
+                    .map(|(_, d)| d.id.clone())
+                    .collect();
+                let must_id = vec![res.devices[held].id.clone()];
+                let must = vec![unit(&must_id[0])];
+                let candidates: Vec<usize> = available
+                    .iter()
+                    .map(&unit)
+                    .filter(|u| !must.contains(u))
+                    .collect();
+                for size in 2..=4usize.min(candidates.len() + 1) {
+                    let got = preferred(&res, &available, &must_id, size);
+                    let chosen: Vec<usize> = got
+                        .iter()
+                        .map(&unit)
+                        .filter(|u| !must.contains(u))
+                        .collect();
+                    let best = combos(&candidates, size - 1)
+                        .iter()
+                        .map(|c| score(c, &must, &candidates))
+                        .max()
+                        .unwrap();
+                    assert_eq!(
+                        score(&chosen, &must, &candidates),
+                        best,
+                        "held GPU {held}, taken {taken:?}, size {size}: got {chosen:?}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -344,3 +344,59 @@ mod proptests {
         }
     }
 }
+
+#[test]
+fn mig_single_time_sliced_in_place_is_shared() {
+    // Under `single` the MIG devices are `nvidia.com/gpu`: sharing that name in place is
+    // sharing, not a rename, so the product carries -SHARED.
+    let policy = "version: v1\nflags:\n  migStrategy: single\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
+    let got = labels_of(policy, A100_MIG_SINGLE).labels;
+    assert_eq!(
+        got["nvidia.com/gpu.product"],
+        "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED"
+    );
+    assert_eq!(got["nvidia.com/gpu.sharing-strategy"], "time-slicing");
+}
+
+#[test]
+fn one_replica_in_place_is_not_shared() {
+    let policy = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 1\n";
+    let got = labels_of(policy, A100_X8).labels;
+    assert_eq!(got["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-40GB");
+    assert_eq!(got["nvidia.com/gpu.sharing-strategy"], "none");
+}
+
+#[test]
+fn a_resource_differing_in_model_or_memory_alone_warns() {
+    for (model, memory) in [("NVIDIA H100 PCIe", None), ("", Some(40960))] {
+        let mut node = test_node(2);
+        if !model.is_empty() {
+            node.gpus[1].model = model.into();
+        }
+        if let Some(m) = memory {
+            node.gpus[1].memory_mib = m;
+        }
+        let built = plan::build(&parse("version: v1\n").unwrap(), &node).unwrap();
+        let got = node_labels(&built.plan, &node, MigStrategy::None);
+        assert_eq!(
+            got.warnings.len(),
+            1,
+            "{model:?} {memory:?}: {:?}",
+            got.warnings
+        );
+    }
+}
+
+#[test]
+fn a_gpu_of_unknown_memory_gets_no_memory_label() {
+    let mut node = test_node(1);
+    node.gpus[0].memory_mib = 0;
+    let built = plan::build(&parse("version: v1\n").unwrap(), &node).unwrap();
+    let got = node_labels(&built.plan, &node, MigStrategy::None);
+    assert!(
+        !got.labels.contains_key("nvidia.com/gpu.memory"),
+        "{:?}",
+        got.labels
+    );
+    assert_eq!(got.labels["nvidia.com/gpu.count"], "1");
+}
