@@ -628,7 +628,8 @@ fn uneven() -> String {
 }
 
 /// The answer is the best set by the module's rules 1–3, checked against every combination
-/// (a brute force written from the rules, not from the search), on the real layouts with each
+/// (a brute force written from the rules, not from the search), on the real layouts (and one
+/// whose NVLinks all cross NUMA nodes, so rule 1 and rule 2 disagree) with each
 /// single GPU already held (`must`) and some GPUs taken: on one NUMA node if any set is, then
 /// the most links (with `must`), then the most links among the candidates left over.
 #[test]
@@ -646,7 +647,16 @@ fn answers_are_the_best_set_by_the_rules() {
         }
         out
     }
-    for node in [dgx1(), pcie_pairs(), workstation(), dgx_h100(), uneven()] {
+    let across = gpus("NVIDIA A100-SXM4-80GB", &[2, 2])
+        + "links:\n  - gpus: [0, 2]\n    nvlinks: 4\n  - gpus: [1, 3]\n    nvlinks: 4\n";
+    for node in [
+        dgx1(),
+        pcie_pairs(),
+        workstation(),
+        dgx_h100(),
+        uneven(),
+        across,
+    ] {
         let res = whole(&node, "");
         let links = res.links();
         let unit = |id: &String| {
