@@ -257,7 +257,104 @@ fn greedy(p: &Problem, k: usize, seeded: bool) -> (Vec<usize>, SetScore) {
 
 #[cfg(test)]
 mod tests {
-    use super::binomial;
+    use super::{binomial, exact, greedy, Problem};
+
+    /// A search problem from a symmetric weight matrix: candidates' NUMA nodes, and (when
+    /// given) each candidate's links to one held unit on NUMA node 0.
+    fn problem(w: &[&[u32]], numa: &[i64], to_must: Option<&[u64]>) -> Problem {
+        let n = w.len();
+        let flat: Vec<u32> = w.iter().flat_map(|r| r.iter().copied()).collect();
+        let degree = (0..n)
+            .map(|i| (0..n).filter(|&j| j != i).map(|j| u64::from(w[i][j])).sum())
+            .collect();
+        Problem {
+            n,
+            w: flat,
+            to_must: to_must.map_or(vec![0; n], <[u64]>::to_vec),
+            degree,
+            numa: numa.iter().map(|&x| Some(x)).collect(),
+            must_numa: to_must.map(|_| Some(Some(0))),
+            must_links: 0,
+        }
+    }
+
+    /// Found by searching random layouts: the greedy search finds the exact search's answer
+    /// here (a mutant of its rule does not).
+    #[test]
+    fn greedy_seeds_from_every_candidate_when_nothing_is_held() {
+        let p = problem(
+            &[
+                &[0, 1, 2, 8, 0, 0, 4],
+                &[1, 0, 0, 1, 4, 0, 4],
+                &[2, 0, 0, 1, 0, 0, 2],
+                &[8, 1, 1, 0, 2, 0, 1],
+                &[0, 4, 0, 2, 0, 0, 4],
+                &[0, 0, 0, 0, 0, 0, 2],
+                &[4, 4, 2, 1, 4, 2, 0],
+            ],
+            &[0, 1, 0, 0, 1, 1, 1],
+            None,
+        );
+        assert_eq!(greedy(&p, 4, true).0, exact(&p, 4).0);
+    }
+
+    /// Found by searching random layouts: the greedy search finds the exact search's answer
+    /// here (a mutant of its rule does not).
+    #[test]
+    fn greedy_looks_ahead_to_a_free_partner_only() {
+        let p = problem(
+            &[
+                &[0, 2, 8, 1, 1, 0, 1, 8],
+                &[2, 0, 1, 8, 2, 2, 2, 2],
+                &[8, 1, 0, 1, 4, 1, 1, 1],
+                &[1, 8, 1, 0, 0, 4, 8, 8],
+                &[1, 2, 4, 0, 0, 4, 1, 4],
+                &[0, 2, 1, 4, 4, 0, 8, 0],
+                &[1, 2, 1, 8, 1, 8, 0, 1],
+                &[8, 2, 1, 8, 4, 0, 1, 0],
+            ],
+            &[1, 0, 1, 0, 0, 0, 0, 1],
+            Some(&[0, 1, 1, 4, 0, 1, 1, 1]),
+        );
+        assert_eq!(greedy(&p, 3, false).0, exact(&p, 3).0);
+    }
+
+    /// Found by searching random layouts: the greedy search finds the exact search's answer
+    /// here (a mutant of its rule does not).
+    #[test]
+    fn greedy_takes_the_lowest_position_among_equal_picks() {
+        let p = problem(
+            &[
+                &[0, 0, 1, 4, 1, 2],
+                &[0, 0, 4, 1, 8, 0],
+                &[1, 4, 0, 0, 8, 4],
+                &[4, 1, 0, 0, 8, 4],
+                &[1, 8, 8, 8, 0, 1],
+                &[2, 0, 4, 4, 1, 0],
+            ],
+            &[0, 0, 0, 0, 0, 0],
+            Some(&[1, 0, 4, 4, 4, 0]),
+        );
+        assert_eq!(greedy(&p, 2, false).0, exact(&p, 2).0);
+    }
+
+    /// Found by searching random layouts: the greedy search finds the exact search's answer
+    /// here (a mutant of its rule does not).
+    #[test]
+    fn greedy_keeps_the_first_of_equal_seeds() {
+        let p = problem(
+            &[
+                &[0, 8, 1, 1, 1],
+                &[8, 0, 1, 8, 2],
+                &[1, 1, 0, 0, 4],
+                &[1, 8, 0, 0, 2],
+                &[1, 2, 4, 2, 0],
+            ],
+            &[0, 0, 0, 0, 0],
+            None,
+        );
+        assert_eq!(greedy(&p, 2, true).0, exact(&p, 2).0);
+    }
 
     #[test]
     fn binomials() {
