@@ -348,3 +348,90 @@ fn what_a_prepared_claim_blocks() {
         );
     }
 }
+
+/// The devices of one claim merge into one set of container edits: the device lists join
+/// without repeats, other variables take the last value, and a mount, device node or CDI name
+/// at one path (or of one name) is kept once.
+#[test]
+fn a_claims_edits_merge_lists_and_keep_each_path_once() {
+    let alloc = |gpus: &str, other: &str, paths: &[&str]| allocate::ContainerAllocation {
+        envs: [
+            (NVIDIA_VISIBLE_DEVICES.to_string(), gpus.to_string()),
+            (CUDA_VISIBLE_DEVICES.to_string(), gpus.to_string()),
+            ("OTHER".to_string(), other.to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        mounts: paths
+            .iter()
+            .map(|p| allocate::MountSpec {
+                container_path: p.to_string(),
+                host_path: format!("/host{p}"),
+                read_only: true,
+            })
+            .collect(),
+        device_nodes: paths
+            .iter()
+            .map(|p| allocate::DeviceNode {
+                container_path: format!("/dev{p}"),
+                host_path: format!("/dev{p}"),
+                permissions: "rw".to_string(),
+            })
+            .collect(),
+        annotations: Default::default(),
+        cdi_devices: paths.iter().map(|p| format!("k/c={p}")).collect(),
+    };
+    let mut e = Edits::default();
+    e.merge(alloc("GPU-a", "1", &["/a"]));
+    e.merge(alloc("GPU-b,GPU-a", "2", &["/a", "/b"]));
+    e.merge(alloc("GPU-b", "3", &["/b"]));
+    assert_eq!(e.env[NVIDIA_VISIBLE_DEVICES], "GPU-a,GPU-b");
+    assert_eq!(e.env[CUDA_VISIBLE_DEVICES], "GPU-a,GPU-b");
+    assert_eq!(e.env["OTHER"], "3");
+    let mounts: Vec<&str> = e.mounts.iter().map(|m| m.container_path.as_str()).collect();
+    assert_eq!(mounts, ["/a", "/b"]);
+    let nodes: Vec<&str> = e.nodes.iter().map(|n| n.container_path.as_str()).collect();
+    assert_eq!(nodes, ["/dev/a", "/dev/b"]);
+    assert_eq!(e.cdi_devices, ["k/c=/a", "k/c=/b"]);
+}
+
+#[test]
+fn device_names_map_to_their_unit() {
+    assert_eq!(unit_of("gpu-abc-r3"), ("gpu-abc", true));
+    assert_eq!(unit_of("gpu-abc-r12"), ("gpu-abc", true));
+    // Not a replica number: its own unit.
+    assert_eq!(unit_of("gpu-abc-r"), ("gpu-abc-r", false));
+    assert_eq!(unit_of("gpu-abc-rx1"), ("gpu-abc-rx1", false));
+    assert_eq!(unit_of("gpu-abc-r1x"), ("gpu-abc-r1x", false));
+    assert_eq!(unit_of("mig-abc"), ("mig-abc", false));
+}
+
+#[test]
+fn a_claim_is_shown_by_namespace_name_and_uid() {
+    let c = ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: "u-1".into(),
+    };
+    assert_eq!(c.to_string(), "ns/c (u-1)");
+}
+
+#[test]
+fn one_device_for_two_requests_is_one_device_with_both_names() {
+    let (plan, inv) = plan_of(TS, 2, None);
+    let a = device_name(&format!("{}::0", inv.gpus[0].uuid));
+    let c = claim(
+        UID,
+        &[
+            ("a", DRIVER, NODE, &a),
+            ("b", DRIVER, NODE, &a),
+            ("a", DRIVER, NODE, &a),
+        ],
+    );
+    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    assert_eq!(p.devices.len(), 1);
+    assert_eq!(
+        p.devices[0].requests,
+        vec!["a".to_string(), "b".to_string()]
+    );
+}
