@@ -1,0 +1,276 @@
+//! Building a plan: the policy's entries claim the node's units, and the claimed and the
+//! unclaimed units become resources ([`build`], [`build_with`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::select::{claim_units, node_resources, Unit};
+use super::size::encoded_size;
+use super::{
+    mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan, PlanError, ResourcePlan,
+    Strategy, VirtualDevice, MAX_LIST_BYTES,
+};
+use crate::inventory::{mig, Inventory};
+use crate::policy::{DeviceSelector, Policy, ResourceName, SharedResource};
+
+/// Builds the plan for `policy` on `inventory`.
+///
+/// # Errors
+/// [`PlanError`] naming the GPUs, entries or resource at fault.
+pub fn build(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
+    build_with(policy, inventory, &BTreeMap::new())
+}
+
+/// [`build`], with the per-client limits each MPS control daemon enforces now (by GPU or MIG
+/// UUID): a daemon whose limits differ from the planned ones
+/// has a change pending until its clients are gone, and the plan advertises what it enforces.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_with(
+    policy: &Policy,
+    inventory: &Inventory,
+    mps_applied: &BTreeMap<String, MpsLimits>,
+) -> Result<Built, PlanError> {
+    let mut built = build_unobserved(policy, inventory)?;
+    built.mps_wanted = built.plan.mps_wanted();
+    built.plan.apply_mps_limits(mps_applied);
+    Ok(built)
+}
+
+/// [`build_once`], falling back to NVIDIA's reading where the policy as written would leave
+/// one resource name meaning two things: a time-sliced entry with `devices` and no `rename`
+/// (advertised under the very resource it shares) while other devices of that resource stay
+/// whole under the same name. NVIDIA's plugin ignores `devices` and shares every device of
+/// the entry's resource; so does slicelet then, with a warning naming the fix (a rename). When
+/// that fails too, the collision is the error.
+fn build_unobserved(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
+    let collision = match build_once(policy, inventory) {
+        Err(e @ PlanError::NameCollision { .. }) => e,
+        other => return other,
+    };
+    let PlanError::NameCollision {
+        name,
+        entry,
+        unclaimed,
+    } = &collision
+    else {
+        unreachable!("matched above")
+    };
+    let Some(i) = policy.time_slicing.resources.iter().position(|e| {
+        e.path == *entry && e.advertised == e.source && e.devices != DeviceSelector::All
+    }) else {
+        return Err(collision);
+    };
+    let mut nvidia = policy.clone();
+    nvidia.time_slicing.resources[i].devices = DeviceSelector::All;
+    let Ok(mut built) = build_unobserved(&nvidia, inventory) else {
+        return Err(collision);
+    };
+    let noun = if unclaimed.contains(':') {
+        "MIG devices"
+    } else {
+        "GPUs"
+    };
+    let fix = match ResourceName::parse(&format!("{name}-shared")) {
+        Ok(n) => format!("add rename: {n} to share only these {noun}"),
+        Err(_) => format!("add a rename to share only these {noun}"),
+    };
+    built.fallbacks.insert(
+        0,
+        format!(
+            "{entry}.devices: sharing only the listed {noun} as {name} would leave {noun} {unclaimed} whole under the same name; like NVIDIA's plugin (which ignores devices), slicelet shares every device of {name}; {fix}"
+        ),
+    );
+    Ok(built)
+}
+
+fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError> {
+    let mut warnings = Vec::new();
+    let base = node_resources(policy.mig_strategy, inventory, &mut warnings)?;
+
+    // unit uuid -> entry path that claimed it
+    let mut claimed: HashMap<&str, &str> = HashMap::new();
+    let mut shared: Vec<(&SharedResource, Vec<Unit<'_>>)> = Vec::new();
+    for entry in &policy.time_slicing.resources {
+        if let Some(picked) = claim_units(
+            entry,
+            policy.mig_strategy,
+            &base,
+            &mut claimed,
+            &mut warnings,
+        )? {
+            shared.push((entry, picked));
+        }
+    }
+    let mps_claimed = mps::claim(policy, &base, &mut claimed, &mut warnings)?;
+
+    // What each node resource still advertises whole.
+    let whole: BTreeMap<&str, Vec<Unit<'_>>> = base
+        .iter()
+        .map(|(name, units)| {
+            let rest: Vec<Unit<'_>> = units
+                .iter()
+                .filter(|u| !claimed.contains_key(u.uuid()))
+                .copied()
+                .collect();
+            (name.as_str(), rest)
+        })
+        .filter(|(_, rest)| !rest.is_empty())
+        .collect();
+    let mut resources = BTreeMap::new();
+    let fail_gt_one = policy.time_slicing.fail_requests_greater_than_one;
+    for (entry, units) in &shared {
+        if let Some(rest) = whole.get(entry.advertised.as_str()) {
+            return Err(PlanError::NameCollision {
+                name: entry.advertised.to_string(),
+                entry: entry.path.clone(),
+                unclaimed: rest.iter().map(Unit::label).collect::<Vec<_>>().join(","),
+            });
+        }
+        let res = resource(
+            &entry.advertised,
+            Strategy::TimeSlicing,
+            entry.replicas,
+            fail_gt_one,
+            policy.pass_device_specs,
+            units,
+        )?;
+        resources.insert(entry.advertised.to_string(), Arc::new(res));
+    }
+    mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
+    for (name, units) in &whole {
+        let name = ResourceName::parse(name).expect("validated in node_resources");
+        let res = resource(
+            &name,
+            Strategy::None,
+            1,
+            false,
+            policy.pass_device_specs,
+            units,
+        )?;
+        resources.insert(name.to_string(), Arc::new(res));
+    }
+    if policy.pass_device_specs {
+        let missing: Vec<String> = resources
+            .values()
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| match &d.mig {
+                Some(m) if m.caps.is_none() => Some(format!("{}:{}", d.gpu_index, m.index)),
+                _ => None,
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "flags.plugin.passDeviceSpecs: the nvidia-caps minors of MIG devices {} are unknown ({} is missing or lacks them); Allocate returns no /dev/nvidia-caps nodes for them",
+                missing.join(","),
+                mig::MIG_MINORS_PATH
+            ));
+        }
+    }
+    // Link scores between the physical units, once per plan (GetPreferredAllocation reads
+    // them and never asks NVML).
+    for res in resources.values_mut() {
+        let fresh = Arc::get_mut(res).expect("built above, not shared yet");
+        fresh.set_links_from(inventory);
+        fresh.shared_allocation = policy.shared_allocation;
+        fresh.delivery.clone_from(&policy.delivery);
+        fresh.dra = policy.dra.contains(&fresh.name);
+    }
+    check_dra_overlap(&resources)?;
+    Ok(Built {
+        plan: Plan {
+            resources,
+            drain: Drain::default(),
+        },
+        warnings,
+        mps_wanted: MpsWanted::default(),
+        fallbacks: Vec::new(),
+    })
+}
+
+/// One physical GPU in both a DRA resource and a device-plugin resource (a whole GPU, or MIG
+/// devices of one GPU split between the two) is [`PlanError::DraOverlap`]: each GPU is served
+/// by exactly one of the two paths, so neither can hand out what the other holds, and a GPU's
+/// health, drain and MPS daemon belong to one of them.
+fn check_dra_overlap(resources: &BTreeMap<String, Arc<ResourcePlan>>) -> Result<(), PlanError> {
+    // (GPU index, parent GPU uuid) -> (the first DRA resource, the first device-plugin
+    // resource); by index so the lowest GPU is named.
+    type Paths<'a> = (Option<&'a str>, Option<&'a str>);
+    let mut by_gpu: BTreeMap<(u32, &str), Paths<'_>> = BTreeMap::new();
+    for r in resources.values() {
+        for d in &r.devices {
+            let gpu = d
+                .mig
+                .as_ref()
+                .map_or(d.gpu_uuid.as_str(), |m| m.parent_uuid.as_str());
+            let e = by_gpu.entry((d.gpu_index, gpu)).or_insert((None, None));
+            let slot = if r.dra { &mut e.0 } else { &mut e.1 };
+            slot.get_or_insert(r.name.as_str());
+        }
+    }
+    for ((gpu, uuid), (dra, plugin)) in by_gpu {
+        if let (Some(dra), Some(plugin)) = (dra, plugin) {
+            return Err(PlanError::DraOverlap {
+                gpu,
+                uuid: uuid.to_string(),
+                dra: dra.to_string(),
+                plugin: plugin.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn resource(
+    name: &ResourceName,
+    strategy: Strategy,
+    replicas: u32,
+    fail_requests_greater_than_one: bool,
+    pass_device_specs: bool,
+    units: &[Unit<'_>],
+) -> Result<ResourcePlan, PlanError> {
+    // Size the ListAndWatch message before allocating anything, in closed form (no loop over
+    // replicas): a typo like `replicas: 4000000000` must be an immediate error, not an
+    // out-of-memory kill or minutes of arithmetic.
+    let bytes = encoded_size(units, replicas);
+    if bytes > MAX_LIST_BYTES as u64 {
+        return Err(PlanError::MessageTooLarge {
+            resource: name.to_string(),
+            devices: units.len() as u64 * u64::from(replicas),
+            bytes,
+            limit: MAX_LIST_BYTES,
+        });
+    }
+    let mut devices = Vec::with_capacity(units.len() * replicas as usize);
+    for u in units {
+        let mig = u.mig.map(|m| MigInfo::of(u.gpu, m));
+        for n in 0..replicas {
+            let (id, replica) = if strategy == Strategy::TimeSlicing && replicas > 1 {
+                (replica_id(u.uuid(), n), Some(n))
+            } else {
+                (u.uuid().to_string(), None)
+            };
+            devices.push(VirtualDevice {
+                id,
+                gpu_index: u.gpu.index,
+                gpu_uuid: u.uuid().to_string(),
+                gpu_minor: u.gpu.minor,
+                replica,
+                health: u.health(),
+                numa_node: u.gpu.numa_node,
+                mig: mig.clone(),
+            });
+        }
+    }
+    Ok(ResourcePlan::new(
+        name.clone(),
+        strategy,
+        replicas,
+        fail_requests_greater_than_one,
+        pass_device_specs,
+        devices,
+    ))
+}
