@@ -279,6 +279,10 @@ fn dns_labels_table() {
 #[test]
 fn architectures_and_versions_table() {
     for (cc, arch) in [
+        ((3, 5), Some("Kepler")),
+        ((5, 2), Some("Maxwell")),
+        ((6, 0), Some("Pascal")),
+        ((6, 1), Some("Pascal")),
         ((7, 0), Some("Volta")),
         ((7, 5), Some("Turing")),
         ((8, 0), Some("Ampere")),
@@ -300,6 +304,8 @@ fn architectures_and_versions_table() {
         ("1.2.3.4", None),
         ("abc", None),
         ("1..2", None),
+        // A sign is not a digit (Rust's parse would take it).
+        ("550.+54", None),
         ("", None),
     ] {
         assert_eq!(semver(text).as_deref(), want, "{text:?}");
