@@ -1,0 +1,216 @@
+//! The NVML Xid event-watch thread: one thread per process waits on an NVML event set for
+//! critical Xid errors and reports them, and whether each GPU is watched, as health events.
+
+use std::os::raw::c_uint;
+
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::Nvml;
+
+use crate::device_health::HealthEvent;
+use crate::inventory::EventSink;
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_CRITICAL_ERROR: u64 = 8;
+/// GPU-/compute-instance id of an event that concerns the whole GPU.
+pub(super) const WHOLE_GPU: u32 = 0xFFFF_FFFF;
+/// How long one `nvmlEventSetWait_v2` blocks, so the thread notices a stop request, ms.
+const EVENT_WAIT_MS: c_uint = 500;
+
+/// A GPU the event thread watches, with its MIG devices as (GI id, CI id, UUID).
+pub(super) struct EventTarget {
+    pub(super) index: u32,
+    pub(super) uuid: String,
+    pub(super) migs: Vec<(u32, u32, String)>,
+}
+
+impl EventTarget {
+    /// The devices an event with these instance ids concerns: the GPU (GI id 0xFFFFFFFF, or
+    /// ids that match no MIG device), or every MIG device of that GPU instance (CI id
+    /// 0xFFFFFFFF), or the one MIG device.
+    pub(super) fn uuids_for(&self, gi: u32, ci: u32) -> Vec<&str> {
+        if gi == WHOLE_GPU {
+            return vec![&self.uuid];
+        }
+        let migs: Vec<&str> = self
+            .migs
+            .iter()
+            .filter(|(g, c, _)| *g == gi && (ci == WHOLE_GPU || *c == ci))
+            .map(|(_, _, u)| u.as_str())
+            .collect();
+        if migs.is_empty() {
+            vec![&self.uuid]
+        } else {
+            migs
+        }
+    }
+}
+
+/// The one thread per process that reads NVML Xid events (blocking waits with a timeout, so it
+/// can stop). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
+/// `nvmlEventSetWait_v2` is called through its symbol table.
+pub(super) struct EventWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EventWatch {
+    pub(super) fn start(
+        nvml: std::sync::Arc<Nvml>,
+        targets: Vec<EventTarget>,
+        sink: EventSink,
+    ) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn(move || event_loop(&nvml, &targets, &sink, &flag))
+            .ok();
+        EventWatch { stop, thread }
+    }
+}
+
+impl Drop for EventWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Delays between attempts to create the event set: 100 ms doubling to 30 s.
+fn event_set_backoff() -> backon::ExponentialBackoff {
+    backon::BackoffBuilder::build(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(std::time::Duration::from_millis(100))
+            .with_max_delay(std::time::Duration::from_secs(30))
+            .without_max_times(),
+    )
+}
+
+// NVML FFI sites (the event-set calls nvml-wrapper has no safe wrapper for): each `unsafe`
+// block below carries its SAFETY comment.
+#[allow(unsafe_code)]
+fn event_loop(
+    nvml: &Nvml,
+    targets: &[EventTarget],
+    sink: &EventSink,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    // Whether a GPU is watched is a health condition (fail closed while it is not), owned by
+    // the supervisor's health tracker: report it, keep nothing here.
+    let mark = |uuid: &str, failure: Option<String>| {
+        sink(HealthEvent::Watched {
+            uuid: uuid.to_string(),
+            failure,
+        });
+    };
+    use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
+    use std::sync::atomic::Ordering;
+    let lib = nvml.lib();
+    let (Ok(create), Ok(register), Ok(wait), Ok(free)) = (
+        lib.nvmlEventSetCreate.as_ref(),
+        lib.nvmlDeviceRegisterEvents.as_ref(),
+        lib.nvmlEventSetWait_v2.as_ref(),
+        lib.nvmlEventSetFree.as_ref(),
+    ) else {
+        tracing::warn!(
+            "this NVML has no event API; GPUs are watched by periodic NVML queries only"
+        );
+        return;
+    };
+    let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok();
+    let fail_all = |reason: &str| {
+        for t in targets {
+            mark(&t.uuid, Some(reason.to_string()));
+        }
+    };
+    let mut delays = event_set_backoff();
+    while !stop.load(Ordering::Relaxed) {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: NVML's `nvmlEventSetCreate(nvmlEventSet_t *)`; `set` is a valid out pointer.
+        if let Err(e) = nvml_try(unsafe { create(&mut set) }) {
+            fail_all(&format!("nvmlEventSetCreate: {e}"));
+            let pause = delays.next().unwrap_or(std::time::Duration::from_secs(30));
+            // Sleep in slices so a stop request is honoured within EVENT_WAIT_MS.
+            let until = std::time::Instant::now() + pause;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                std::thread::sleep(
+                    std::time::Duration::from_millis(u64::from(EVENT_WAIT_MS)).min(pause),
+                );
+            }
+            continue;
+        }
+        // Register every GPU (again, after a failed wait: re-check all before marking any).
+        let mut handles = Vec::new();
+        for t in targets {
+            let device = match nvml.device_by_index(t.index) {
+                Ok(d) => d,
+                Err(e) => {
+                    mark(&t.uuid, Some(format!("nvmlDeviceGetHandleByIndex: {e}")));
+                    continue;
+                }
+            };
+            // SAFETY: the handle is valid while `nvml` lives.
+            let handle = unsafe { device.handle() };
+            let mut types: u64 = XID_CRITICAL_ERROR;
+            if let Some(f) = supported {
+                // SAFETY: `(nvmlDevice_t, unsigned long long *)`; `types` is a valid out pointer.
+                if nvml_try(unsafe { f(handle, &mut types) }).is_err() {
+                    types = 0;
+                }
+            }
+            // SAFETY: `(nvmlDevice_t, unsigned long long, nvmlEventSet_t)` with a live set.
+            let rc = if types & XID_CRITICAL_ERROR == 0 {
+                Err(NvmlError::NotSupported)
+            } else {
+                nvml_try(unsafe { register(handle, XID_CRITICAL_ERROR, set) })
+            };
+            match rc {
+                Ok(()) => {
+                    mark(&t.uuid, None);
+                    handles.push((handle as usize, t));
+                }
+                Err(NvmlError::NotSupported) => {
+                    mark(&t.uuid, None);
+                    tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
+                }
+                Err(e) => {
+                    mark(&t.uuid, Some(format!("Xid event registration failed: {e}")));
+                }
+            }
+        }
+        delays = event_set_backoff();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                // SAFETY: the set was created above and is freed once.
+                unsafe { free(set) };
+                return;
+            }
+            // SAFETY: all-zero is a valid `nvmlEventData_t` (a null handle and integers).
+            let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+            // SAFETY: `(nvmlEventSet_t, nvmlEventData_t *, unsigned int)` with a live set.
+            match nvml_try(unsafe { wait(set, &mut data, EVENT_WAIT_MS) }) {
+                Ok(()) if data.eventType & XID_CRITICAL_ERROR != 0 => {
+                    let Some((_, t)) = handles.iter().find(|(h, _)| *h == data.device as usize)
+                    else {
+                        continue;
+                    };
+                    for uuid in t.uuids_for(data.gpuInstanceId, data.computeInstanceId) {
+                        sink(HealthEvent::Xid {
+                            uuid: uuid.to_string(),
+                            xid: data.eventData,
+                        });
+                    }
+                }
+                Ok(()) | Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::error!(error = %crate::errors::chain(&e), "NVML event wait failed; re-creating the event set and re-checking every GPU");
+                    // SAFETY: the set was created above and is freed once.
+                    unsafe { free(set) };
+                    break;
+                }
+            }
+        }
+    }
+}

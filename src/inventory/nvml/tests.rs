@@ -1,0 +1,312 @@
+use super::events::{EventTarget, WHOLE_GPU};
+use super::sample::{join_processes, UtilSample};
+use super::*;
+use crate::inventory::sample::ProcessSample;
+
+#[test]
+fn xid_instance_ids_select_devices() {
+    let t = EventTarget {
+        index: 0,
+        uuid: "GPU-0".into(),
+        migs: vec![
+            (2, 0, "MIG-a".into()),
+            (2, 1, "MIG-b".into()),
+            (3, 0, "MIG-c".into()),
+        ],
+    };
+    assert_eq!(t.uuids_for(WHOLE_GPU, WHOLE_GPU), ["GPU-0"]);
+    assert_eq!(t.uuids_for(2, 1), ["MIG-b"]);
+    // Regression: a GPU-instance-scoped Xid marked only the first compute instance.
+    assert_eq!(t.uuids_for(2, WHOLE_GPU), ["MIG-a", "MIG-b"]);
+    assert_eq!(t.uuids_for(9, 0), ["GPU-0"]);
+}
+
+#[test]
+fn bus_id_to_sysfs_form() {
+    assert_eq!(sysfs_bus_id("00000000:17:00.0"), "0000:17:00.0");
+    assert_eq!(sysfs_bus_id("00000000:AF:1F.7"), "0000:af:1f.7");
+    assert_eq!(sysfs_bus_id("0000:17:00.0"), "0000:17:00.0");
+}
+
+/// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
+#[test]
+#[ignore = "needs an NVIDIA driver"]
+fn real_gpu_enumeration_is_consistent() {
+    let mut source = NvmlSource::new(None, None).expect("NVML");
+    let inv = source.discover().expect("discovery");
+    assert!(!inv.gpus.is_empty());
+    for g in &inv.gpus {
+        eprintln!(
+            "GPU {} {} {} MiB mig={} ({} MIG devices)",
+            g.index,
+            g.model,
+            g.memory_mib,
+            g.mig_enabled,
+            g.mig_devices.len()
+        );
+        assert!(g.uuid.starts_with("GPU-"), "{}", g.uuid);
+        if !g.mig_enabled {
+            assert!(g.mig_devices.is_empty());
+        }
+        for m in &g.mig_devices {
+            eprintln!(
+                "  MIG {}:{} {} {} GI {} CI {} {} MiB caps {:?}",
+                g.index, m.index, m.uuid, m.profile, m.gi_id, m.ci_id, m.memory_mib, m.caps
+            );
+            assert!(m.uuid.starts_with("MIG-"), "{}", m.uuid);
+            assert!(Profile::parse(&m.profile).is_some(), "{}", m.profile);
+            assert!(m.memory_mib > 0 && m.memory_mib <= g.memory_mib);
+            assert!(m.gpu_slices >= 1 && m.compute_slices <= m.gpu_slices);
+        }
+    }
+}
+
+#[test]
+fn process_lists_and_samples_join_by_pid() {
+    let p = |pid: u32, sm: Option<u32>, mem: Option<u64>| ProcessSample {
+        pid,
+        sm_util_percent: sm,
+        memory_used_bytes: mem,
+        ..Default::default()
+    };
+    type Case<'a> = (
+        &'a [(u32, Option<u64>)],
+        Option<&'a [UtilSample]>,
+        Vec<ProcessSample>,
+    );
+    let cases: Vec<Case> = vec![
+        // Two processes with their own SM %.
+        (
+            &[(20, Some(2)), (10, Some(1))],
+            Some(&[(10, 5, 30), (20, 5, 10)]),
+            vec![p(10, Some(30), Some(1)), p(20, Some(10), Some(2))],
+        ),
+        // Several samples of one PID: the newest counts, whatever the order.
+        (
+            &[(10, Some(1))],
+            Some(&[(10, 9, 70), (10, 12, 40), (10, 11, 90)]),
+            vec![p(10, Some(40), Some(1))],
+        ),
+        // Listed without a sample (or NOT_FOUND: no samples): idle.
+        (
+            &[(10, Some(1)), (20, None)],
+            Some(&[]),
+            vec![p(10, Some(0), Some(1)), p(20, Some(0), None)],
+        ),
+        // The utilisation query failed: unknown.
+        (&[(10, Some(1))], None, vec![p(10, None, Some(1))]),
+        // In both lists (compute and MPS): once, memory from the first that gives it.
+        (
+            &[(10, None), (10, Some(3)), (10, Some(4))],
+            Some(&[(10, 1, 5)]),
+            vec![p(10, Some(5), Some(3))],
+        ),
+        // Only in the samples: no memory figure. Over 100: capped.
+        (&[], Some(&[(30, 1, 250)]), vec![p(30, Some(100), None)]),
+        (&[], None, vec![]),
+    ];
+    for (listed, samples, want) in cases {
+        assert_eq!(
+            join_processes(listed, samples),
+            want,
+            "{listed:?} {samples:?}"
+        );
+    }
+}
+
+const FAKE_LIB: &str = "SLICELET_TEST_FAKE_NVML";
+
+/// Runs [`fake_nvml_child`] in a child process (the fake NVML reads its inventory from the
+/// environment at init, and its state is process-wide).
+#[test]
+fn sample_against_the_fake_nvml() {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libfake_nvml.so");
+    assert!(
+        lib.exists(),
+        "{} missing: fake-nvml is a dev-dependency",
+        lib.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let inv = dir.path().join("inventory.json");
+    std::fs::write(
+        &inv,
+        r#"{"gpus": [
+          {"uuid": "GPU-11111111-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+           "memoryMiB": 81559, "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0",
+           "utilization": {"gpu": 40, "memory": 12},
+           "processes": [{"pid": 4343, "smUtil": 10, "usedMemoryMiB": 2048, "mps": true},
+                         {"pid": 4242, "smUtil": 30, "usedMemoryMiB": 10240},
+                         {"pid": 4444, "usedMemoryMiB": 100}]},
+          {"uuid": "GPU-22222222-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+           "memoryMiB": 81559, "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:18:00.0",
+           "migMode": 1,
+           "migDevices": [{"uuid": "MIG-22222222-2222-3333-4444-000000000000", "profile": "3g.40gb",
+                           "memoryMiB": 40320, "giId": 1, "ciId": 0},
+                          null,
+                          {"uuid": "MIG-22222222-2222-3333-4444-000000000002", "profile": "1g.10gb",
+                           "memoryMiB": 9856, "giId": 9, "ciId": 0}]},
+          {"uuid": "GPU-33333333-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+           "memoryMiB": 81559, "minor": 2, "computeCapability": [9, 0], "pciBusId": "00000000:19:00.0",
+           "lost": true}
+        ]}"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "inventory::nvml::tests::fake_nvml_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FAKE_NVML_INVENTORY", &inv)
+        .env(FAKE_LIB, &lib)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+/// The body of [`sample_against_the_fake_nvml`]; does nothing outside it.
+#[test]
+#[ignore = "run by sample_against_the_fake_nvml in a child process"]
+fn fake_nvml_child() {
+    let Some(lib) = std::env::var_os(FAKE_LIB) else {
+        return;
+    };
+    const MIB: u64 = 1024 * 1024;
+    let mut src = NvmlSource::new(Some(Path::new(&lib)), None).expect("fake NVML");
+    let first = src.sample().unwrap();
+    // The lost GPU is left out; the MIG GPU has MIG figures and no processes.
+    assert_eq!(first.len(), 2, "{first:#?}");
+    let g = &first[0];
+    assert_eq!(g.uuid, "GPU-11111111-2222-3333-4444-555555555555");
+    assert_eq!((g.index, g.model.as_str()), (0, "NVIDIA H100 80GB HBM3"));
+    assert_eq!(g.utilization_percent, Some(40));
+    assert_eq!(g.memory_used_bytes, Some((10240 + 2048 + 100) * MIB));
+    assert_eq!(g.memory_total_bytes, Some(81559 * MIB));
+    let procs = |s: &GpuSample| -> Vec<(u32, Option<u32>, Option<u64>)> {
+        s.processes
+            .iter()
+            .map(|p| (p.pid, p.sm_util_percent, p.memory_used_bytes))
+            .collect()
+    };
+    assert_eq!(
+        procs(g),
+        [
+            (4242, Some(30), Some(10240 * MIB)),
+            (4343, Some(10), Some(2048 * MIB)), // an MPS client
+            (4444, Some(0), Some(100 * MIB)),   // listed, no samples: idle
+        ]
+    );
+    assert_eq!(
+        src.last_seen.get(&g.uuid),
+        Some(&1_000_000),
+        "the newest sample's time is kept"
+    );
+    let m = &first[1];
+    assert_eq!(
+        m.utilization_percent, None,
+        "not in the inventory: NotSupported"
+    );
+    assert!(m.processes.is_empty());
+    let mig: Vec<(&str, Option<u64>, Option<u64>)> = m
+        .mig
+        .iter()
+        .map(|x| (x.uuid.as_str(), x.memory_used_bytes, x.memory_total_bytes))
+        .collect();
+    assert_eq!(
+        mig,
+        [
+            (
+                "MIG-22222222-2222-3333-4444-000000000000",
+                Some(0),
+                Some(40320 * MIB)
+            ),
+            (
+                "MIG-22222222-2222-3333-4444-000000000002",
+                Some(0),
+                Some(9856 * MIB)
+            ),
+        ]
+    );
+    // Asked with the newest time seen: NOT_FOUND, nothing new, every process idle.
+    let second = src.sample().unwrap();
+    assert_eq!(
+        procs(&second[0]),
+        [
+            (4242, Some(0), Some(10240 * MIB)),
+            (4343, Some(0), Some(2048 * MIB)),
+            (4444, Some(0), Some(100 * MIB)),
+        ]
+    );
+    assert_eq!(src.last_seen.get(&g.uuid), Some(&1_000_000));
+    // The fake's clock moved on: new samples since the kept time.
+    let third = src.sample().unwrap();
+    assert_eq!(procs(&third[0]), procs(g));
+    assert_eq!(src.last_seen.get(&g.uuid), Some(&2_000_000));
+}
+
+/// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
+#[test]
+#[ignore = "needs an NVIDIA driver"]
+fn real_gpu_sample_is_consistent() {
+    let mut source = NvmlSource::new(None, None).expect("NVML");
+    let inv = source.discover().expect("discovery");
+    for round in 0..2 {
+        let samples = source.sample().expect("sample");
+        assert_eq!(samples.len(), inv.gpus.len(), "no GPU is lost");
+        for g in &samples {
+            eprintln!(
+                "round {round} GPU {} {} util {:?}% mem {:?}/{:?} bytes, {} processes, {} MIG devices, last seen {:?}",
+                g.index,
+                g.uuid,
+                g.utilization_percent,
+                g.memory_used_bytes,
+                g.memory_total_bytes,
+                g.processes.len(),
+                g.mig.len(),
+                source.last_seen.get(&g.uuid)
+            );
+            assert_eq!(
+                Some(g.uuid.as_str()),
+                inv.by_index(g.index).map(|x| x.uuid.as_str())
+            );
+            assert!(g.utilization_percent.is_none_or(|u| u <= 100));
+            assert!(g.memory_total_bytes.is_some());
+            assert!(g.memory_used_bytes <= g.memory_total_bytes);
+            for p in &g.processes {
+                eprintln!(
+                    "  PID {} SM {:?}% mem {:?}",
+                    p.pid, p.sm_util_percent, p.memory_used_bytes
+                );
+                assert!(p.sm_util_percent.is_none_or(|u| u <= 100));
+            }
+            for m in &g.mig {
+                eprintln!(
+                    "  MIG {} mem {:?}/{:?}",
+                    m.uuid, m.memory_used_bytes, m.memory_total_bytes
+                );
+                assert!(m.memory_used_bytes <= m.memory_total_bytes);
+            }
+        }
+    }
+}
+
+#[test]
+fn numa_from_sysfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = dir.path().join("bus/pci/devices/0000:17:00.0");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::write(dev.join("numa_node"), "1\n").unwrap();
+    assert_eq!(numa_node(dir.path(), "00000000:17:00.0"), Some(1));
+    std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
+    assert_eq!(numa_node(dir.path(), "00000000:17:00.0"), None);
+    assert_eq!(numa_node(dir.path(), "00000000:18:00.0"), None);
+}
