@@ -404,7 +404,7 @@ pub struct RunArgs {
 }
 
 /// DRA: the policy's DRA resources as ResourceSlices, prepared through the kubelet's DRA
-/// plugin API (README "DRA").
+/// plugin API (docs/dra.md).
 #[derive(Debug, Clone, Args)]
 pub struct DraArgs {
     /// Serve the policy's DRA resources (`dra.resources`, `dra: true`) through DRA: publish

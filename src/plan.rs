@@ -2,7 +2,7 @@
 //! are advertised, with which virtual device IDs, and which physical unit (a whole GPU or a MIG
 //! device) backs each one.
 //!
-//! Rules (from the policy reference in README.md):
+//! Rules (from the policy reference in docs/policy.md):
 //! - `flags.migStrategy` decides the node's resources before any sharing:
 //!   - `none`: every GPU whole as `nvidia.com/gpu`, MIG-enabled or not (a warning names each
 //!     MIG-enabled GPU).

@@ -9,7 +9,7 @@
 //!   (`malloc_trim(0)`: the plan build's transient allocations).
 //!
 //! Nothing here touches code pages: the binary's code is left to the kernel. Best effort: on
-//! another libc both are no-ops. Figures: README, Benchmarks ("Resident memory").
+//! another libc both are no-ops. Figures: docs/benchmarks.md ("Resident memory").
 
 #![allow(unsafe_code)]
 

@@ -1,7 +1,7 @@
 //! MPS resources in the plan: which GPUs (or MIG devices) get a control daemon, the limits
 //! each of their clients gets, and how daemon health folds into device health.
 //!
-//! Rules (issue 4, README "MPS"):
+//! Rules (docs/mps.md):
 //! - An MPS entry claims GPUs like a time-slicing entry; one GPU claimed by both, or by two MPS
 //!   entries, is [`PlanError::GpuClaimedTwice`] naming both entries.
 //! - Each GPU under MPS gets `replicas` devices `<uuid>::<n>` (the plain UUID for 1 replica), and

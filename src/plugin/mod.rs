@@ -147,7 +147,7 @@ pub struct Service {
 /// Allocates come: the first Allocate after [`Allocated::rearm`] notifies, later ones only
 /// find the flag set. A wake-up per call cost a supervisor loop turn on the runtime's workers
 /// for every Allocate (the single-caller Allocate p50 was 1.2 times the floor's; with this,
-/// the floor's, see README, Benchmarks row 1).
+/// the floor's, see docs/benchmarks.md, row 1).
 #[derive(Debug, Default)]
 pub struct Allocated {
     pending: std::sync::atomic::AtomicBool,

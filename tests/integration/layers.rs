@@ -1,4 +1,4 @@
-//! The top-level modules of `src/` form a DAG (README, Layout): a module uses only modules
+//! The top-level modules of `src/` form a DAG (docs/architecture.md): a module uses only modules
 //! below it. Counted as a reader sees it: a file with its folder is one module (`src/plan.rs`
 //! and `src/plan/…` are `plan`), an edge is a `crate::<module>` path in code, and comments,
 //! doc links and test code (`#[cfg(test)]` modules, inline or in their own files) are left
