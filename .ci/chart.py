@@ -87,6 +87,40 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
+def policies(v: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configs of config.map, parsed (a config that is not YAML counts as empty)."""
+    out = []
+    for text in (v["config"].get("map") or {}).values():
+        try:
+            cfg = yaml.safe_load(text)
+        except yaml.YAMLError:
+            cfg = None
+        out.append(cfg if isinstance(cfg, dict) else {})
+    return out
+
+
+def label_selection_of(v: dict[str, Any]) -> bool:
+    """NVIDIA's rule: the node label chooses whenever a ConfigMap of the user's is in use;
+    config.nodeLabel.enabled false turns it off."""
+    enabled = v["config"]["nodeLabel"].get("enabled")
+    has_configmap = bool(v["config"]["name"] or v["config"]["map"])
+    return has_configmap if enabled is None else bool(enabled)
+
+
+def effective_mps(v: dict[str, Any]) -> str:
+    """mps.mode, with `none` raised to `in-process` when a config uses sharing.mps."""
+    mode = v["mps"]["mode"]
+    if mode == "none" and any((p.get("sharing") or {}).get("mps") for p in policies(v)):
+        return "in-process"
+    return mode
+
+
+def effective_mig(v: dict[str, Any]) -> bool:
+    """mig.enabled, or NVIDIA's migStrategy / a config's flags.migStrategy single or mixed."""
+    strategies = {v.get("migStrategy")} | {(p.get("flags") or {}).get("migStrategy") for p in policies(v)}
+    return bool(v["mig"]["enabled"]) or bool(strategies & {"single", "mixed"})
+
+
 def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]:
     """Checks one rendering against the merged values `v`."""
     c = Checks(name)
@@ -94,8 +128,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
     namespace = v["namespace"]["name"] or RELEASE_NAMESPACE
-    mps = v["mps"]["mode"]
-    label_selection = bool(v["config"]["nodeLabel"]["enabled"])
+    mps = effective_mps(v)
+    mig = effective_mig(v)
+    label_selection = label_selection_of(v)
     dra = v["dra"]
     needs_api = label_selection or dra["enabled"]
 
@@ -242,8 +277,8 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
         c.that(("/dev/shm" in mounts) == in_pod_mps, f"{what}: the MPS shm at /dev/shm")
         c.that(bool(container["securityContext"].get("privileged")) == in_pod_mps,
                f"{what}: privileged exactly where MPS daemons run")
-        c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == v["mig"]["enabled"], f"{what}: MIG env")
-        if v["mig"]["enabled"]:
+        c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == mig, f"{what}: MIG env")
+        if mig:
             c.that(env.get("SLICELET_PROC_ROOT") == "/host" and "/host/proc/driver/nvidia-caps" in mounts,
                    f"{what}: MIG caps under SLICELET_PROC_ROOT")
         if v["simulate"]["enabled"]:
@@ -320,13 +355,41 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     return c.failures
 
 
+def nvidia_example(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]:
+    """An example of NVIDIA's README in NVIDIA's value shape: the node label chooses the config
+    (a ConfigMap is in use), with the ClusterRole on nodes, its binding, a token, NODE_NAME and
+    SLICELET_CONFIG_LABEL=nvidia.com/device-plugin.config, as NVIDIA's chart."""
+    c = Checks(name)
+    c.that(label_selection_of(v), "NVIDIA's values: node-label selection is on")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    c.that(("ClusterRole", f"{RELEASE}-node-reader") in kinds
+           and ("ClusterRoleBinding", f"{RELEASE}-node-reader") in kinds, "the node-reader ClusterRole and binding")
+    ds = next((d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == RELEASE), None)
+    c.that(ds is not None, "the plugin DaemonSet")
+    if ds is not None:
+        spec = ds["spec"]["template"]["spec"]
+        env = env_of(spec["containers"][0])
+        c.that(spec["automountServiceAccountToken"] is True, "a token")
+        c.that(env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}, "NODE_NAME")
+        c.that(env.get("SLICELET_CONFIG_LABEL") == "nvidia.com/device-plugin.config",
+               "SLICELET_CONFIG_LABEL is NVIDIA's label")
+    return c.failures
+
+
 # Values the chart must refuse, and a word its message must contain.
 REFUSED = [
-    ({"migStrategy": "mixed"}, "migStrategy"),
     ({"config": {"fallbackStrategy": ["named"]}}, "fallbackStrategy"),
     ({"config": {"fallbackStrategies": ["nearest"]}}, "fallbackStrategies"),
     ({"mps": {"mode": "sidecar"}}, "mps"),
     ({"config": {"nodeLabel": {"enabled": True}}}, "config.nodeLabel.enabled"),
+    # config.default must be a key of config.map, and the message names the keys.
+    ({"config": {"default": "defualt", "map": {"default": "version: v1", "a100": "version: v1"}}},
+     "(its keys: a100, default)"),
+    ({"config": {"default": "other"}}, "(its keys: default)"),
+    # Several configs, none `default`, no config.default: refused, as NVIDIA's chart.
+    ({"config": {"map": {"a": "version: v1", "b": "version: v1"}}}, "has no default config"),
+    ({"config": {"fallbackStrategies": ["empty"], "map": {"a": "version: v1"}}}, "config.default"),
+    ({"migStrategy": "bogus"}, "migStrategy"),
     ({"config": {"name": "theirs", "map": {"a": "version: v1"}}}, "config.name and config.map"),
     ({"usage": {"sampleSeconds": -1}}, "sampleSeconds"),
     ({"usage": {"perPodAttribution": {"hostPID": True}}}, "hostPID"),
@@ -337,7 +400,13 @@ REFUSED = [
 
 # Each feature is turned on by at least one ci/ example (a new value gets an example).
 FEATURES = {
-    "config.nodeLabel.enabled": lambda v: v["config"]["nodeLabel"]["enabled"],
+    "node-label selection": label_selection_of,
+    "config.nodeLabel.enabled false with a ConfigMap":
+        lambda v: v["config"]["nodeLabel"].get("enabled") is False and bool(v["config"]["map"] or v["config"]["name"]),
+    "mps.mode none raised to in-process by sharing.mps":
+        lambda v: v["mps"]["mode"] == "none" and effective_mps(v) == "in-process",
+    "mig settings from flags.migStrategy without mig.enabled":
+        lambda v: not v["mig"]["enabled"] and effective_mig(v),
     "config.name": lambda v: bool(v["config"]["name"]),
     "config.map with several configs": lambda v: len(v["config"]["map"]) > 1,
     "config.default": lambda v: bool(v["config"]["default"]),
@@ -353,7 +422,7 @@ FEATURES = {
     "nodeSelector": lambda v: bool(v.get("nodeSelector")),
     "usage.perPodAttribution.enabled": lambda v: v["usage"]["perPodAttribution"]["enabled"],
     "usage.perPodAttribution.enabled with mig.enabled":
-        lambda v: v["usage"]["perPodAttribution"]["enabled"] and v["mig"]["enabled"],
+        lambda v: v["usage"]["perPodAttribution"]["enabled"] and effective_mig(v),
     "usage.podResources.enabled false": lambda v: not v["usage"]["podResources"]["enabled"],
     "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
     "dra.enabled": lambda v: v["dra"]["enabled"],
@@ -388,6 +457,8 @@ def main() -> int:
                 (out / f"{name}-{version}.yaml").write_text(manifest)
                 docs = [d for d in yaml.safe_load_all(manifest) if d]
                 failures += check(f"{name} (Kubernetes {version})", docs, merged)
+                if name.startswith("nvidia-"):
+                    failures += nvidia_example(f"{name} (Kubernetes {version})", docs, merged)
             print(f"rendered: {name}")
     for values, word in REFUSED:
         try:

@@ -53,25 +53,66 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the node label chooses the config (RBAC, NODE_NAME and a token), else "".
-Refuses config.nodeLabel.enabled with a single inline config: there is nothing to choose. */}}
+{{/* The keys of the ConfigMap the chart ships: config.map's, or `default` (files/policy.yaml). */}}
+{{- define "slicelet.configKeys" -}}
+{{- if .Values.config.map -}}
+{{- keys .Values.config.map | sortAlpha | join "," -}}
+{{- else -}}
+default
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the node label chooses the config (RBAC, NODE_NAME, a token and
+SLICELET_CONFIG_LABEL), else "". As NVIDIA's chart: whenever a ConfigMap of the user's is in
+use (config.map or config.name). config.nodeLabel.enabled: null (default) = that rule, false =
+off (a slicelet extension), true = on, refused when there is no ConfigMap of the user's. */}}
 {{- define "slicelet.labelSelection" -}}
-{{- if .Values.config.nodeLabel.enabled -}}
-{{- if or .Values.config.name (gt (len .Values.config.map) 1) -}}
+{{- $hasConfigMap := or .Values.config.name .Values.config.map -}}
+{{- $enabled := .Values.config.nodeLabel.enabled -}}
+{{- if kindIs "invalid" $enabled -}}
+{{- if $hasConfigMap -}}true{{- end -}}
+{{- else if $enabled -}}
+{{- if $hasConfigMap -}}
 true
 {{- else -}}
-{{- fail "config.nodeLabel.enabled needs several named configs: config.map with two or more keys, or config.name (an existing ConfigMap)" -}}
+{{- fail "config.nodeLabel.enabled needs named configs to choose from: set config.map (one key per config) or config.name (an existing ConfigMap)" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* mps.mode, checked. */}}
+{{/* "true" when a config in config.map has sharing.mps, else "". */}}
+{{- define "slicelet.policyHasMps" -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if dig "sharing" "mps" "" $cfg -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* mps.mode, checked; `none` with a config in config.map using sharing.mps becomes
+`in-process` (what the policy needs, as NVIDIA's chart starts its MPS control daemon for such
+configs). */}}
 {{- define "slicelet.mpsMode" -}}
 {{- $mode := toString .Values.mps.mode -}}
 {{- if not (has $mode (list "none" "in-process" "daemonset")) -}}
 {{- fail (printf "mps.mode %q: must be none, in-process or daemonset" $mode) -}}
 {{- end -}}
+{{- if and (eq $mode "none") (include "slicelet.policyHasMps" .) -}}
+in-process
+{{- else -}}
 {{- $mode -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the MIG settings are on: mig.enabled, NVIDIA's top-level migStrategy single or
+mixed, or a config in config.map with flags.migStrategy single or mixed. */}}
+{{- define "slicelet.migEnabled" -}}
+{{- $on := .Values.mig.enabled -}}
+{{- if has (toString .Values.migStrategy) (list "single" "mixed") -}}{{- $on = true -}}{{- end -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if has (toString (dig "flags" "migStrategy" "" $cfg)) (list "single" "mixed") -}}{{- $on = true -}}{{- end -}}
+{{- end -}}
+{{- if $on -}}true{{- end -}}
 {{- end -}}
 
 {{/* Pod scheduling shared by both DaemonSets. */}}
@@ -115,7 +156,7 @@ must choose the same config as the plugin on the same node). */}}
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
   value: compute,utility
-{{- if .Values.mig.enabled }}
+{{- if include "slicelet.migEnabled" . }}
 - name: NVIDIA_MIG_MONITOR_DEVICES
   value: all
 - name: SLICELET_PROC_ROOT
@@ -154,7 +195,7 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
 - name: config
   mountPath: /etc/slicelet
   readOnly: true
-{{- if .Values.mig.enabled }}
+{{- if include "slicelet.migEnabled" . }}
 - name: nvidia-caps
   mountPath: /host/proc/driver/nvidia-caps
   readOnly: true
@@ -170,7 +211,7 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
 - name: config
   configMap:
     name: {{ include "slicelet.configMapName" . }}
-{{- if .Values.mig.enabled }}
+{{- if include "slicelet.migEnabled" . }}
 - name: nvidia-caps
   hostPath:
     path: /proc/driver/nvidia-caps
