@@ -1,6 +1,6 @@
 //! What a platform team applies for GPU use and autoscaling (manifests/examples/: the
 //! PodMonitor, the KEDA ScaledObject, the Grafana dashboard) uses only metrics slicelet
-//! registers and the README documents, and says what it promises: scale to zero woken by a
+//! registers and docs/gpu-use.md documents, and says what it promises: scale to zero woken by a
 //! non-slicelet signal, a dashboard whose every panel queries, a PodMonitor that finds the
 //! DaemonSet's pods and keeps the workload's labels. Schema validation of the Kubernetes
 //! objects runs in .ci/run (kubernetes-validate has no schema for the CRDs: it warns and
@@ -21,7 +21,9 @@ const USAGE_EXAMPLES: [&str; 3] = [
     "keda-scaledobject.yaml",
     "grafana-dashboard.json",
 ];
-const README_SECTION: &str = "## GPU use and autoscaling";
+/// The docs page with the metric table, and the section that holds it.
+const DOC: &str = "docs/gpu-use.md";
+const DOC_SECTION: &str = "## Metrics";
 
 /// Every document of a YAML file, or the one of a JSON file, as JSON values.
 fn documents(path: &Path) -> Vec<Value> {
@@ -153,16 +155,16 @@ fn exposed_names(exposition: &str) -> BTreeSet<String> {
     names
 }
 
-/// The metric names of the README section's table: the first cell of each row, backquoted.
-fn readme_metrics() -> BTreeSet<String> {
-    let readme = read(&repo().join("README.md"));
-    let start = readme
-        .find(&format!("\n{README_SECTION}\n"))
-        .unwrap_or_else(|| panic!("README.md has no section {README_SECTION:?}"));
-    let section = &readme[start + 1..];
-    let end = section[README_SECTION.len()..]
+/// The metric names of the docs page's table: the first cell of each row, backquoted.
+fn documented_metrics() -> BTreeSet<String> {
+    let doc = read(&repo().join(DOC));
+    let start = doc
+        .find(&format!("\n{DOC_SECTION}\n"))
+        .unwrap_or_else(|| panic!("{DOC} has no section {DOC_SECTION:?}"));
+    let section = &doc[start + 1..];
+    let end = section[DOC_SECTION.len()..]
         .find("\n## ")
-        .map_or(section.len(), |i| i + README_SECTION.len());
+        .map_or(section.len(), |i| i + DOC_SECTION.len());
     section[..end]
         .lines()
         .filter_map(|l| l.strip_prefix("| `slicelet_"))
@@ -255,8 +257,8 @@ fn metric_names_are_found_in_promql_and_exposition() {
 }
 
 #[test]
-fn examples_use_only_metrics_the_readme_documents() {
-    let documented = readme_metrics();
+fn examples_use_only_metrics_the_docs_document() {
+    let documented = documented_metrics();
     // The names issue 13 fixes, each documented with its labels and unit.
     for name in [
         "slicelet_allocation_info",
@@ -270,21 +272,21 @@ fn examples_use_only_metrics_the_readme_documents() {
         "slicelet_resource_free_devices",
         "slicelet_draining_devices",
     ] {
-        assert!(documented.contains(name), "README table lacks {name}");
+        assert!(documented.contains(name), "{DOC} table lacks {name}");
     }
     let used = used_metrics();
     assert!(!used.is_empty(), "the examples use no slicelet metric");
     for (file, m) in &used {
         assert!(
             documented.contains(m),
-            "{EXAMPLES}/{file} uses {m}, which README \"{README_SECTION}\" does not document"
+            "{EXAMPLES}/{file} uses {m}, which {DOC} \"{DOC_SECTION}\" does not document"
         );
     }
 }
 
-/// The examples and the README name only series slicelet really exposes.
+/// The examples and docs/gpu-use.md name only series slicelet really exposes.
 #[test]
-fn examples_and_readme_use_only_registered_metrics() {
+fn examples_and_docs_use_only_registered_metrics() {
     // prometheus-client leaves families without series out of the exposition, so fill them
     // from a node with containers on its GPUs (the benchmark's synthetic node).
     let metrics = slicelet::status::Metrics::new();
@@ -312,10 +314,10 @@ fn examples_and_readme_use_only_registered_metrics() {
         .map(|(file, m)| format!("{m} (used by {EXAMPLES}/{file})"))
         .collect();
     missing.extend(
-        readme_metrics()
+        documented_metrics()
             .into_iter()
             .filter(|m| !exposed.contains(m))
-            .map(|m| format!("{m} (README table)")),
+            .map(|m| format!("{m} ({DOC} table)")),
     );
     assert!(
         missing.is_empty(),
