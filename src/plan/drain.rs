@@ -31,7 +31,6 @@ use super::{Drain, Plan, ResourcePlan, Strategy, VirtualDevice};
 use crate::health::Health;
 use crate::inventory::Inventory;
 use crate::podres::{Holder, InUse};
-use crate::policy::ResourceName;
 
 /// Applies the drain rules to `plan` (just built from the policy and the effective inventory
 /// `inventory`), given what is held (`in_use`) and the plan served until now (`previous`, which
@@ -158,28 +157,11 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
                 all.extend(devices);
                 rebuilt(res, all, inventory)
             }
+            // Only resources of the new or the previous plan are retained (the loop above
+            // skips the others), so one of the two has it.
             None => match previous.resources.get(&resource) {
                 Some(old) => rebuilt(old, devices, inventory),
-                None => {
-                    let Ok(name) = ResourceName::parse(&resource) else {
-                        continue;
-                    };
-                    let shared = devices.iter().any(|d| d.replica.is_some());
-                    let replicas = devices
-                        .iter()
-                        .filter_map(|d| d.replica)
-                        .max()
-                        .map_or(1, |n| n + 1);
-                    let strategy = if shared {
-                        Strategy::TimeSlicing
-                    } else {
-                        Strategy::None
-                    };
-                    let mut devices = devices;
-                    sort(&mut devices);
-                    ResourcePlan::new(name, strategy, replicas, false, false, devices)
-                        .with_links_from(inventory)
-                }
+                None => continue,
             },
         };
         plan.resources.insert(resource, Arc::new(merged));

@@ -457,3 +457,4 @@ fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_adver
     apply(&mut q, &p, &InUse::default(), &inv);
     assert!(!q.resources[GPU].dra);
 }
+
