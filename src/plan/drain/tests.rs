@@ -458,3 +458,23 @@ fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_adver
     assert!(!q.resources[GPU].dra);
 }
 
+#[test]
+fn a_published_device_name_reads_back_to_its_unit() {
+    let inv = test_node(2);
+    let g1 = &inv.gpus[1].uuid;
+    let base = crate::plan::dra_names::device_name(g1);
+    assert_eq!(unit_of_name(&base, &inv).as_deref(), Some(g1.as_str()));
+    assert_eq!(
+        unit_of_name(&format!("{base}-r3"), &inv).as_deref(),
+        Some(g1.as_str())
+    );
+    for not_a_replica in [
+        format!("{base}-r"),
+        format!("{base}-rx"),
+        format!("{base}-r1x"),
+        format!("{base}x"),
+    ] {
+        assert_eq!(unit_of_name(&not_a_replica, &inv), None, "{not_a_replica}");
+    }
+    assert_eq!(unit_of_name("dev-0123abcd", &inv), None);
+}
