@@ -594,6 +594,12 @@ pub(crate) mod tests {
                 "{}",
                 c.name
             );
+            assert_eq!(
+                f.unattributed_processes(),
+                u64::from(c.unattributed),
+                "{}: the node's total",
+                c.name
+            );
             assert_eq!(f.at_unix_ms, c.samples.at_unix_ms, "{}", c.name);
             assert_eq!(f.gpus[0].model, "NVIDIA H100 80GB HBM3", "{}", c.name);
             assert_eq!(f.gpus[0].utilization_percent, Some(40), "{}", c.name);

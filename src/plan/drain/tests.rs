@@ -478,3 +478,30 @@ fn a_published_device_name_reads_back_to_its_unit() {
     }
     assert_eq!(unit_of_name("dev-0123abcd", &inv), None);
 }
+
+#[test]
+fn after_a_restart_a_held_mig_device_is_shaped_from_the_inventory_with_its_health() {
+    // Before the restart MIG devices were nvidia.com/gpu (migStrategy single); now GPU 0 is
+    // advertised whole. The held MIG device stays, shaped from the inventory, as healthy as it
+    // and its GPU are.
+    let mut inv = test_node(1);
+    inv.gpus[0].mig_enabled = true;
+    inv.gpus[0].mig_devices = crate::inventory::test_mig(0, &[("1g.10gb", 2)]);
+    let held_mig = inv.gpus[0].mig_devices[1].uuid.clone();
+    for (mig_health, want) in [
+        (Health::Healthy, Health::Healthy),
+        (Health::Unhealthy, Health::Unhealthy),
+    ] {
+        inv.gpus[0].mig_devices[1].health = mig_health;
+        let mut p = build(&policy(0), &inv).unwrap().plan;
+        apply(&mut p, &Plan::default(), &held(&[(&held_mig, "a")]), &inv);
+        let d = p.resources[GPU]
+            .device(&held_mig)
+            .unwrap_or_else(|| panic!("{held_mig} not retained: {:?}", p.drain));
+        assert_eq!(
+            (d.gpu_index, d.gpu_uuid.as_str(), d.health),
+            (0, held_mig.as_str(), want)
+        );
+        assert!(d.mig.is_some());
+    }
+}

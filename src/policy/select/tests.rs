@@ -165,3 +165,30 @@ fn a_configmap_volume_lists_its_keys_not_its_own_entries() {
     );
     assert!(config_keys(&d.join("missing")).is_err());
 }
+
+#[test]
+fn rules_fallbacks_and_choices_read_as_logged() {
+    assert_eq!(Fallback::Empty.to_string(), "empty");
+    assert_eq!(Rule::Label.to_string(), "node label");
+    assert_eq!(Rule::Default.to_string(), "default");
+    assert_eq!(
+        Rule::Fallback(Fallback::Single).to_string(),
+        "fallback single"
+    );
+    let named = Choice::Named {
+        name: "a100".into(),
+        by: Rule::Label,
+    };
+    assert_eq!(named.name(), Some("a100"));
+    assert_eq!(Choice::Empty.name(), None);
+}
+
+#[test]
+fn a_directory_is_a_config_dir_and_a_file_or_nothing_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, "version: v1\n").unwrap();
+    assert!(is_config_dir(dir.path()));
+    assert!(!is_config_dir(&file));
+    assert!(!is_config_dir(&dir.path().join("missing")));
+}
