@@ -20,7 +20,7 @@ name), else <release>-<chart>. Kept to 59 characters so "-mps" still fits in 63.
 
 {{/* The namespace of every object. */}}
 {{- define "slicelet.namespace" -}}
-{{- default .Release.Namespace .Values.namespace.name -}}
+{{- coalesce .Values.namespaceOverride .Values.namespace.name .Release.Namespace -}}
 {{- end -}}
 
 {{/* Labels of every object. */}}
@@ -117,6 +117,10 @@ mixed, or a config in config.map with flags.migStrategy single or mixed. */}}
 
 {{/* Pod scheduling shared by both DaemonSets. */}}
 {{- define "slicelet.scheduling" -}}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -187,6 +191,22 @@ must choose the same config as the plugin on the same node). */}}
 - name: SLICELET_SIMULATE
   value: /etc/slicelet-node/node.yaml
 {{- end }}
+{{ include "slicelet.nvidiaEnv" . }}
+{{- end -}}
+
+{{/* NVIDIA's chart's variables, set exactly when NVIDIA's chart sets them (MPS_ROOT always;
+the others only for a value of the type NVIDIA's `typeIs` checks). Set, each overrides the
+same flag of the config file, as in NVIDIA's plugin. */}}
+{{- define "slicelet.nvidiaEnv" -}}
+- name: MPS_ROOT
+  value: {{ .Values.mps.root | quote }}
+{{- range $pair := list (list "migStrategy" "MIG_STRATEGY" "string") (list "failOnInitError" "FAIL_ON_INIT_ERROR" "bool") (list "compatWithCPUManager" "PASS_DEVICE_SPECS" "bool") (list "deviceListStrategy" "DEVICE_LIST_STRATEGY" "string") (list "deviceIDStrategy" "DEVICE_ID_STRATEGY" "string") (list "nvidiaDriverRoot" "NVIDIA_DRIVER_ROOT" "string") (list "nvidiaDevRoot" "NVIDIA_DEV_ROOT" "string") (list "gdrcopyEnabled" "GDRCOPY_ENABLED" "bool") (list "gdsEnabled" "GDS_ENABLED" "bool") (list "mofedEnabled" "MOFED_ENABLED" "bool") (list "deviceDiscoveryStrategy" "DEVICE_DISCOVERY_STRATEGY" "string") }}
+{{- $value := index $.Values (index $pair 0) }}
+{{- if typeIs (index $pair 2) $value }}
+- name: {{ index $pair 1 }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Mounts shared by both DaemonSets: the policy (a directory, never subPath: a subPath mount
@@ -205,6 +225,12 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
   mountPath: /etc/slicelet-node
   readOnly: true
 {{- end }}
+{{- if typeIs "string" .Values.nvidiaDriverRoot }}
+# NVIDIA's nvidiaDriverRoot: the host's driver root, always at /driver-root (as NVIDIA's chart).
+- name: driver-root
+  mountPath: /driver-root
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "slicelet.configVolumes" -}}
@@ -221,6 +247,12 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
 - name: simulated-node
   configMap:
     name: {{ include "slicelet.fullname" . }}-simulated-node
+{{- end }}
+{{- if typeIs "string" .Values.nvidiaDriverRoot }}
+- name: driver-root
+  hostPath:
+    path: {{ .Values.nvidiaDriverRoot }}
+    type: Directory
 {{- end }}
 {{- end -}}
 
