@@ -30,6 +30,7 @@ import sys
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import yaml
 from helm_python import _native
 
@@ -107,18 +108,70 @@ def label_selection_of(v: dict[str, Any]) -> bool:
     return has_configmap if enabled is None else bool(enabled)
 
 
+def strategies(dls: Any) -> set[str]:
+    """A deviceListStrategy, a comma-separated string or a list, as a set."""
+    if isinstance(dls, str):
+        return set(dls.split(","))
+    return set(dls) if isinstance(dls, list) else set()
+
+
+def needs(v: dict[str, Any]) -> dict[str, bool]:
+    """What the configs in config.map need: MPS daemons, the MIG settings, the CDI specs."""
+    ps = policies(v)
+    return {
+        "mps": any((p.get("sharing") or {}).get("mps") for p in ps),
+        "mig": any((p.get("flags") or {}).get("migStrategy") in ("single", "mixed") for p in ps),
+        "cdi": any(strategies(((p.get("flags") or {}).get("plugin") or {}).get("deviceListStrategy"))
+                   & {"cdi-annotations", "cdi-cri"} for p in ps),
+    }
+
+
 def effective_mps(v: dict[str, Any]) -> str:
-    """mps.mode, with `none` raised to `in-process` when a config uses sharing.mps."""
-    mode = v["mps"]["mode"]
-    if mode == "none" and any((p.get("sharing") or {}).get("mps") for p in policies(v)):
-        return "in-process"
+    """mps.mode; unset (None): in-process when a config uses sharing.mps, else none."""
+    mode = v["mps"].get("mode")
+    if mode is None:
+        return "in-process" if needs(v)["mps"] else "none"
     return mode
 
 
 def effective_mig(v: dict[str, Any]) -> bool:
-    """mig.enabled, or NVIDIA's migStrategy / a config's flags.migStrategy single or mixed."""
-    strategies = {v.get("migStrategy")} | {(p.get("flags") or {}).get("migStrategy") for p in policies(v)}
-    return bool(v["mig"]["enabled"]) or bool(strategies & {"single", "mixed"})
+    """mig.enabled; unset: NVIDIA's migStrategy single|mixed (it overrides the configs'), else a
+    config's flags.migStrategy single|mixed, or config.name (configs the chart cannot read)."""
+    if v["mig"].get("enabled") is not None:
+        return bool(v["mig"].get("enabled"))
+    if isinstance(v.get("migStrategy"), str):
+        return v["migStrategy"] in ("single", "mixed")
+    return needs(v)["mig"] or bool(v["config"]["name"])
+
+
+def effective_cdi(v: dict[str, Any]) -> bool:
+    """cdi.enabled; unset: NVIDIA's deviceListStrategy with cdi-* (it overrides the configs'),
+    else a config's cdi-* strategy, or config.name."""
+    if v["cdi"].get("enabled") is not None:
+        return bool(v["cdi"].get("enabled"))
+    if isinstance(v.get("deviceListStrategy"), str):
+        return bool(strategies(v["deviceListStrategy"]) & {"cdi-annotations", "cdi-cri"})
+    return needs(v)["cdi"] or bool(v["config"]["name"])
+
+
+def namespace_of(v: dict[str, Any]) -> str:
+    return v.get("namespaceOverride") or v["namespace"]["name"] or RELEASE_NAMESPACE
+
+
+# NVIDIA's chart values and the variables NVIDIA's chart sets for them, only for a value of the
+# type its `typeIs` checks (MPS_ROOT always, from mps.root).
+NVIDIA_ENV = [("migStrategy", "MIG_STRATEGY", str), ("failOnInitError", "FAIL_ON_INIT_ERROR", bool),
+              ("compatWithCPUManager", "PASS_DEVICE_SPECS", bool),
+              ("deviceListStrategy", "DEVICE_LIST_STRATEGY", str),
+              ("deviceIDStrategy", "DEVICE_ID_STRATEGY", str),
+              ("nvidiaDriverRoot", "NVIDIA_DRIVER_ROOT", str), ("nvidiaDevRoot", "NVIDIA_DEV_ROOT", str),
+              ("gdrcopyEnabled", "GDRCOPY_ENABLED", bool), ("gdsEnabled", "GDS_ENABLED", bool),
+              ("mofedEnabled", "MOFED_ENABLED", bool),
+              ("deviceDiscoveryStrategy", "DEVICE_DISCOVERY_STRATEGY", str)]
+
+
+def nvidia_env_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]:
@@ -127,9 +180,10 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
-    namespace = v["namespace"]["name"] or RELEASE_NAMESPACE
+    namespace = namespace_of(v)
     mps = effective_mps(v)
     mig = effective_mig(v)
+    cdi_on = effective_cdi(v)
     label_selection = label_selection_of(v)
     dra = v["dra"]
     needs_api = label_selection or dra["enabled"]
@@ -154,8 +208,23 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     all_roles = by_kind.get("ClusterRole", []) + by_kind.get("Role", [])
     all_bindings = by_kind.get("ClusterRoleBinding", []) + by_kind.get("RoleBinding", [])
     is_dra = lambda d: d["metadata"]["name"] == f"{RELEASE}-dra"
-    roles = [r for r in all_roles if not is_dra(r)]
-    bindings = [b for b in all_bindings if not is_dra(b)]
+    is_top = lambda d: d["metadata"]["name"] == f"{RELEASE}-top"
+    roles = [r for r in all_roles if not is_dra(r) and not is_top(r)]
+    bindings = [b for b in all_bindings if not is_dra(b) and not is_top(b)]
+    top_roles = [r for r in all_roles if is_top(r)]
+    top_bindings = [b for b in all_bindings if is_top(b)]
+    if v["top"]["rbac"]["create"]:
+        c.that([r["kind"] for r in top_roles] == ["Role"] and [b["kind"] for b in top_bindings] == ["RoleBinding"],
+               "top.rbac.create: one Role and one RoleBinding (namespaced, nothing cluster-wide)")
+        for r in top_roles:
+            c.that(r["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+                                  {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}],
+                   f"top Role: get/list pods and get pods/proxy only, not {r['rules']}")
+        for b in top_bindings:
+            c.that(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{RELEASE}-top"}
+                   and b["subjects"] == v["top"]["rbac"]["subjects"], "top RoleBinding: the Role, to top.rbac.subjects")
+    else:
+        c.that(not top_roles and not top_bindings, "no top Role without top.rbac.create")
     dra_roles = [r for r in all_roles if is_dra(r)]
     dra_bindings = [b for b in all_bindings if is_dra(b)]
     if dra["enabled"]:
@@ -267,7 +336,7 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                 c.that(m is not None and not m.get("readOnly")
                        and volumes[m["name"]]["hostPath"]["path"] == d,
                        f"{what}: DRA: host {d} mounted read-write")
-            elif d not in v["cdi"]["specDirs"]:
+            elif not (cdi_on and d in v["cdi"]["specDirs"]):
                 c.that(m is None, f"{what}: {d} mounted only with dra.enabled")
         c.that(container["args"] == (["mps"] if is_mps_ds else ["run"]), f"{what}: args")
         c.that((v["mps"]["root"] in mounts) == (mps != "none"),
@@ -278,6 +347,36 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
         c.that(bool(container["securityContext"].get("privileged")) == in_pod_mps,
                f"{what}: privileged exactly where MPS daemons run")
         c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == mig, f"{what}: MIG env")
+        c.that(("/host/proc/driver/nvidia-caps" in mounts) == mig, f"{what}: the nvidia-caps mount exactly with MIG")
+        if not is_mps_ds and not v.get("securityContext"):
+            caps = (container["securityContext"].get("capabilities") or {}).get("add") or []
+            c.that(("SYS_ADMIN" in caps) == (mig and mps != "in-process"),
+                   f"{what}: CAP_SYS_ADMIN exactly with MIG (in-process MPS is privileged anyway)")
+        # NVIDIA's variables, exactly when NVIDIA's chart sets them (an env var beats the file).
+        c.that(env.get("MPS_ROOT") == v["mps"]["root"], f"{what}: MPS_ROOT is mps.root")
+        for key, var, kind in NVIDIA_ENV:
+            value = v.get(key)
+            want = nvidia_env_value(value) if isinstance(value, kind) else None
+            c.that(env.get(var) == want, f"{what}: {var}={want!r} from {key}={value!r}, not {env.get(var)!r}")
+        driver_root = v.get("nvidiaDriverRoot")
+        m = mounts.get("/driver-root")
+        if isinstance(driver_root, str):
+            c.that(m is not None and m.get("readOnly") is True and volumes[m["name"]]["hostPath"]["path"] == driver_root,
+                   f"{what}: nvidiaDriverRoot mounted read-only at /driver-root")
+        else:
+            c.that(m is None, f"{what}: /driver-root only with nvidiaDriverRoot")
+        extra = [e for e in ((v.get("devicePlugin") or {}).get("containers") or {}).get("main", {}).get("env", [])
+                 if e["name"] not in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")]
+        if not is_mps_ds:
+            for e in extra:
+                c.that(e in container.get("env", []), f"{what}: devicePlugin.containers.main.env {e['name']}")
+            c.that(bool(spec.get("hostNetwork")) == bool(v["devicePlugin"].get("enableHostNetwork")),
+                   f"{what}: hostNetwork exactly with devicePlugin.enableHostNetwork")
+        else:
+            c.that(bool(spec.get("hostNetwork")) == bool(v["mps"].get("enableHostNetwork")),
+                   f"{what}: hostNetwork exactly with mps.enableHostNetwork")
+        c.that(spec.get("securityContext", {}) == (v.get("podSecurityContext") or {}),
+               f"{what}: the pod securityContext is podSecurityContext")
         if mig:
             c.that(env.get("SLICELET_PROC_ROOT") == "/host" and "/host/proc/driver/nvidia-caps" in mounts,
                    f"{what}: MIG caps under SLICELET_PROC_ROOT")
@@ -331,11 +430,11 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                    f"{what}: the MPS daemons need neither /proc nor pod-resources")
         if not is_mps_ds:
             cdi = v["cdi"]
-            c.that((env.get("SLICELET_CDI_SPEC_DIRS") == ",".join(cdi["specDirs"])) == cdi["enabled"],
-                   f"{what}: SLICELET_CDI_SPEC_DIRS exactly with cdi.enabled")
+            c.that((env.get("SLICELET_CDI_SPEC_DIRS") == ",".join(cdi["specDirs"])) == cdi_on,
+                   f"{what}: SLICELET_CDI_SPEC_DIRS exactly with the CDI mounts")
             for d in cdi["specDirs"]:
                 m = mounts.get(d)
-                c.that((m is not None) == cdi["enabled"], f"{what}: {d} mounted exactly with cdi.enabled")
+                c.that((m is not None) == cdi_on, f"{what}: {d} mounted exactly with the CDI mounts")
                 if m is not None:
                     shared = dra["enabled"] and d == dra["cdiOutputDir"]
                     c.that(m.get("readOnly") is (not shared) and volumes[m["name"]]["hostPath"]["path"] == d,
@@ -388,8 +487,42 @@ REFUSED = [
     ({"config": {"default": "other"}}, "(its keys: default)"),
     # Several configs, none `default`, no config.default: refused, as NVIDIA's chart.
     ({"config": {"map": {"a": "version: v1", "b": "version: v1"}}}, "has no default config"),
-    ({"config": {"fallbackStrategies": ["empty"], "map": {"a": "version: v1"}}}, "config.default"),
+    # One key, but no fallback that takes it (NVIDIA's `empty` would): refused, as NVIDIA's chart.
+    ({"config": {"fallbackStrategies": ["named"], "map": {"a": "version: v1"}}}, "set config.default to one of the keys"),
+    ({"config": {"map": {"a": "version: [v1"}}}, "config.map.a is not YAML"),
+    # NVIDIA's values, type-checked by the schema.
     ({"migStrategy": "bogus"}, "migStrategy"),
+    ({"deviceListStrategy": "envvar,bogus"}, "deviceListStrategy"),
+    ({"deviceIDStrategy": "serial"}, "deviceIDStrategy"),
+    ({"failOnInitError": "yes"}, "failOnInitError"),
+    ({"compatWithCPUManager": "true"}, "compatWithCPUManager"),
+    ({"devicePlugin": {"containers": {"sidecar": {}}}}, "sidecar"),
+    # What a config or a value needs cannot be switched off.
+    ({"mps": {"mode": "none"}, "config": {"map": {"default": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2"}}},
+     "config.map's default use sharing.mps, which needs the MPS control daemons: set mps.mode"),
+    ({"mig": {"enabled": False}, "migStrategy": "mixed"}, "migStrategy=mixed needs the MIG settings"),
+    ({"mig": {"enabled": False}, "config": {"default": "a", "map": {"a": "version: v1", "b": "version: v1\nflags:\n  migStrategy: single"}}},
+     "config.map's b (flags.migStrategy single or mixed) needs the MIG settings"),
+    ({"cdi": {"enabled": False}, "deviceListStrategy": "cdi-cri"}, "deviceListStrategy=cdi-cri needs the host's CDI spec directories"),
+    # NVIDIA's values slicelet has no counterpart for: refused, naming the slicelet way.
+    ({"gfd": {"enabled": True}}, "slicelet does not install GPU Feature Discovery"),
+    ({"nfd": {"enabled": True}}, "slicelet does not install Node Feature Discovery"),
+    ({"devicePlugin": {"enabled": False}}, "slicelet is the device plugin"),
+    ({"selectorLabelsOverride": {"app": "gpu"}}, "add labels with podLabels"),
+    ({"cdi": {"nvidiaHookPath": "/usr/bin/nvidia-cdi-hook"}}, "nvidia-ctk cdi generate"),
+    ({"cdi": {"featureFlags": "disable-nvsandboxutils"}}, "slicelet does not generate CDI specs"),
+    ({"mps": {"mode": "in-process", "enableHostPID": False}}, "mps.enableHostPID=false"),
+    ({"image": {"repository": "nvcr.io/nvidia/k8s-device-plugin"}}, "NVIDIA's plugin image"),
+    ({"gdrcopyEnabled": True}, "does not inject GDRCopy"),
+    ({"gdsEnabled": True}, "gdsEnabled=true"),
+    ({"mofedEnabled": True}, "mofedEnabled=true"),
+    ({"deviceDiscoveryStrategy": "tegra"}, "slicelet finds GPUs through NVML only"),
+    ({"nvidiaDevRoot": "/run/nvidia/driver"}, "nvidiaDevRoot"),
+    ({"namespace": {"name": "default", "create": False}}, "allowDefaultNamespace=true"),
+    ({"namespaceOverride": "default", "namespace": {"create": False}}, "allowDefaultNamespace=true"),
+    ({"namespace": "gpu"}, "namespace"),
+    ({"top": {"rbac": {"create": True}}}, "top.rbac.create=true needs top.rbac.subjects"),
+    ({"top": {"rbac": {"create": True, "subjects": [{"kind": "Robot", "name": "r2"}]}}}, "kind"),
     ({"config": {"name": "theirs", "map": {"a": "version: v1"}}}, "config.name and config.map"),
     ({"usage": {"sampleSeconds": -1}}, "sampleSeconds"),
     ({"usage": {"perPodAttribution": {"hostPID": True}}}, "hostPID"),
@@ -403,18 +536,35 @@ FEATURES = {
     "node-label selection": label_selection_of,
     "config.nodeLabel.enabled false with a ConfigMap":
         lambda v: v["config"]["nodeLabel"].get("enabled") is False and bool(v["config"]["map"] or v["config"]["name"]),
-    "mps.mode none raised to in-process by sharing.mps":
-        lambda v: v["mps"]["mode"] == "none" and effective_mps(v) == "in-process",
-    "mig settings from flags.migStrategy without mig.enabled":
-        lambda v: not v["mig"]["enabled"] and effective_mig(v),
+    "mps.mode unset, in-process because a config uses sharing.mps":
+        lambda v: v["mps"].get("mode") is None and effective_mps(v) == "in-process",
+    "mig settings from a config's flags.migStrategy (mig.enabled unset)":
+        lambda v: v["mig"].get("enabled") is None and v.get("migStrategy") is None and needs(v)["mig"],
+    "mig settings from NVIDIA's migStrategy (mig.enabled unset)":
+        lambda v: v["mig"].get("enabled") is None and v.get("migStrategy") in ("single", "mixed"),
+    "mig settings from config.name (mig.enabled unset)":
+        lambda v: v["mig"].get("enabled") is None and v.get("migStrategy") is None and bool(v["config"]["name"]),
+    "CDI mounts from a config's cdi-* deviceListStrategy (cdi.enabled unset)":
+        lambda v: v["cdi"].get("enabled") is None and not v["config"]["name"] and needs(v)["cdi"],
+    "CDI mounts from NVIDIA's deviceListStrategy (cdi.enabled unset)":
+        lambda v: v["cdi"].get("enabled") is None and "cdi-cri" in strategies(v.get("deviceListStrategy")),
+    "every NVIDIA variable set":
+        lambda v: all(isinstance(v.get(key), kind) for key, _, kind in NVIDIA_ENV),
+    "namespaceOverride": lambda v: bool(v.get("namespaceOverride")),
+    "podSecurityContext": lambda v: bool(v.get("podSecurityContext")),
+    "devicePlugin.containers.main.env":
+        lambda v: bool(v["devicePlugin"]["containers"]["main"]["env"]),
+    "devicePlugin.enableHostNetwork": lambda v: v["devicePlugin"]["enableHostNetwork"],
+    "top.rbac.create": lambda v: v["top"]["rbac"]["create"],
+    "gfd and nfd keys of NVIDIA's chart (no effect)": lambda v: len(v["gfd"]) > 1 and bool(v["nfd"]),
     "config.name": lambda v: bool(v["config"]["name"]),
     "config.map with several configs": lambda v: len(v["config"]["map"]) > 1,
     "config.default": lambda v: bool(v["config"]["default"]),
-    "mps.mode in-process": lambda v: v["mps"]["mode"] == "in-process",
-    "mps.mode daemonset": lambda v: v["mps"]["mode"] == "daemonset",
-    "mig.enabled": lambda v: v["mig"]["enabled"],
+    "mps.mode in-process": lambda v: v["mps"].get("mode") == "in-process",
+    "mps.mode daemonset": lambda v: v["mps"].get("mode") == "daemonset",
+    "mig.enabled": lambda v: v["mig"].get("enabled") is True,
     "labels.enabled": lambda v: v["labels"]["enabled"],
-    "cdi.enabled": lambda v: v["cdi"]["enabled"],
+    "cdi.enabled": lambda v: v["cdi"].get("enabled") is True,
     "metrics.serviceMonitor.enabled": lambda v: v["metrics"]["serviceMonitor"]["enabled"],
     "simulate.enabled": lambda v: v["simulate"]["enabled"],
     "namespace.create false": lambda v: not v["namespace"]["create"],
@@ -426,8 +576,50 @@ FEATURES = {
     "usage.podResources.enabled false": lambda v: not v["usage"]["podResources"]["enabled"],
     "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
     "dra.enabled": lambda v: v["dra"]["enabled"],
-    "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and v["cdi"]["enabled"],
+    "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and effective_cdi(v),
 }
+
+
+def gpu_operator(chart: pathlib.Path, values: dict[str, Any], docs: list[dict[str, Any]]) -> list[str]:
+    """The GPU Operator path: deployments/gpu-operator/clusterpolicy-patch.yaml against our own
+    schema of the ClusterPolicy fields it sets (clusterpolicy-patch.schema.json; kubernetes-validate
+    has none for the CRD), the hand-over it promises (the operator's plugin off, GFD on), and
+    ci/gpu-operator-values.yaml reading the patch's ConfigMap and default in the operator's
+    namespace, following the operator's node label, writing no labels of its own."""
+    c = Checks("gpu-operator")
+    base = chart.parent.parent / "gpu-operator"
+    patch = yaml.safe_load((base / "clusterpolicy-patch.yaml").read_text())
+    schema = json.loads((base / "clusterpolicy-patch.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    for e in jsonschema.Draft7Validator(schema).iter_errors(patch):
+        c.that(False, f"clusterpolicy-patch.yaml at {'/'.join(map(str, e.absolute_path))}: {e.message}")
+    spec = patch.get("spec", {})
+    plugin = spec.get("devicePlugin", {})
+    c.that(plugin.get("enabled") is False, "the patch turns the operator's device plugin off")
+    c.that(spec.get("gfd", {}).get("enabled") is True, "the patch keeps GFD on (hardware labels)")
+    config = plugin.get("config", {})
+    c.that(values["config"]["name"] == config.get("name") and values["config"].get("default") == config.get("default"),
+           f"values config.name/default {values['config']['name']}/{values['config'].get('default')} are the "
+           f"ClusterPolicy's devicePlugin.config {config.get('name')}/{config.get('default')}")
+    c.that(values["namespace"] == {"name": "gpu-operator", "create": False},
+           "slicelet in the operator's namespace, which it does not create")
+    c.that(not values.get("labels", {}).get("enabled"), "labels.enabled off: GFD labels the nodes")
+    c.that(label_selection_of(values) and values["config"]["nodeLabel"]["key"] == "nvidia.com/device-plugin.config",
+           "slicelet follows the operator's node label nvidia.com/device-plugin.config")
+    mig = spec.get("mig", {}).get("strategy", "single")
+    c.that(values.get("migStrategy") == mig, f"migStrategy is the ClusterPolicy's mig.strategy ({mig})")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    c.that(not any(k == "ConfigMap" for k, _ in kinds), "no ConfigMap of its own: the operator's is read")
+    c.that(not any(k == "Namespace" for k, _ in kinds), "no Namespace")
+    ds = next((d for d in docs if d["kind"] == "DaemonSet"), None)
+    if ds is not None:
+        vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        c.that(vols["config"].get("configMap", {}).get("name") == config.get("name"),
+               "the plugin mounts the operator's ConfigMap")
+        env = env_of(ds["spec"]["template"]["spec"]["containers"][0])
+        c.that(env.get("SLICELET_CONFIG_DEFAULT") == config.get("default") and env.get("MIG_STRATEGY") == mig,
+               "SLICELET_CONFIG_DEFAULT and MIG_STRATEGY as the operator's plugin had them")
+    return c.failures
 
 
 def main() -> int:
@@ -459,6 +651,8 @@ def main() -> int:
                 failures += check(f"{name} (Kubernetes {version})", docs, merged)
                 if name.startswith("nvidia-"):
                     failures += nvidia_example(f"{name} (Kubernetes {version})", docs, merged)
+                if name == "gpu-operator-values":
+                    failures += gpu_operator(chart, merged, docs)
             print(f"rendered: {name}")
     for values, word in REFUSED:
         try:

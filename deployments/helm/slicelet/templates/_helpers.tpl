@@ -80,39 +80,115 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when a config in config.map has sharing.mps, else "". */}}
-{{- define "slicelet.policyHasMps" -}}
+{{/* What the configs in config.map need, as JSON lists of config names: `mps` (sharing.mps),
+`mig` (flags.migStrategy single or mixed), `cdi` (flags.plugin.deviceListStrategy with
+cdi-annotations or cdi-cri, a string or a list). A config that is not YAML is refused here. */}}
+{{- define "slicelet.configNeeds" -}}
+{{- $needs := dict "mps" (list) "mig" (list) "cdi" (list) -}}
 {{- range $name, $text := .Values.config.map -}}
 {{- $cfg := fromYaml (toString $text) -}}
-{{- if dig "sharing" "mps" "" $cfg -}}true{{- end -}}
+{{- if hasKey $cfg "Error" -}}
+{{- fail (printf "config.map.%s is not YAML: %s" $name (get $cfg "Error")) -}}
 {{- end -}}
+{{- if dig "sharing" "mps" "" $cfg -}}
+{{- $_ := set $needs "mps" (append $needs.mps $name) -}}
+{{- end -}}
+{{- if has (toString (dig "flags" "migStrategy" "" $cfg)) (list "single" "mixed") -}}
+{{- $_ := set $needs "mig" (append $needs.mig $name) -}}
+{{- end -}}
+{{- $dls := dig "flags" "plugin" "deviceListStrategy" "" $cfg -}}
+{{- if kindIs "string" $dls -}}{{- $dls = splitList "," $dls -}}{{- end -}}
+{{- if kindIs "slice" $dls -}}
+{{- if or (has "cdi-annotations" $dls) (has "cdi-cri" $dls) -}}
+{{- $_ := set $needs "cdi" (append $needs.cdi $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $needs -}}
 {{- end -}}
 
-{{/* mps.mode, checked; `none` with a config in config.map using sharing.mps becomes
-`in-process` (what the policy needs, as NVIDIA's chart starts its MPS control daemon for such
-configs). */}}
+{{/* Where the MPS daemons run: mps.mode, or, unset (null), `in-process` when a config in
+config.map uses sharing.mps (the policy needs the daemons, as NVIDIA's chart starts its MPS
+control daemon for such a config) and `none` otherwise. An explicit `none` with such a config
+is refused. */}}
 {{- define "slicelet.mpsMode" -}}
+{{- $needs := include "slicelet.configNeeds" . | fromJson -}}
+{{- if kindIs "invalid" .Values.mps.mode -}}
+{{- ternary "in-process" "none" (gt (len $needs.mps) 0) -}}
+{{- else -}}
 {{- $mode := toString .Values.mps.mode -}}
 {{- if not (has $mode (list "none" "in-process" "daemonset")) -}}
 {{- fail (printf "mps.mode %q: must be none, in-process or daemonset" $mode) -}}
 {{- end -}}
-{{- if and (eq $mode "none") (include "slicelet.policyHasMps" .) -}}
-in-process
-{{- else -}}
+{{- if and (eq $mode "none") $needs.mps -}}
+{{- fail (printf "config.map's %s use sharing.mps, which needs the MPS control daemons: set mps.mode to in-process or daemonset (or leave it unset: in-process), not none" (join ", " $needs.mps)) -}}
+{{- end -}}
 {{- $mode -}}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the MIG settings are on: mig.enabled, NVIDIA's top-level migStrategy single or
-mixed, or a config in config.map with flags.migStrategy single or mixed. */}}
-{{- define "slicelet.migEnabled" -}}
-{{- $on := .Values.mig.enabled -}}
-{{- if has (toString .Values.migStrategy) (list "single" "mixed") -}}{{- $on = true -}}{{- end -}}
-{{- range $name, $text := .Values.config.map -}}
-{{- $cfg := fromYaml (toString $text) -}}
-{{- if has (toString (dig "flags" "migStrategy" "" $cfg)) (list "single" "mixed") -}}{{- $on = true -}}{{- end -}}
+{{/* Why the values need the MIG settings, or "". NVIDIA's migStrategy, when set, overrides
+every config's flags.migStrategy (MIG_STRATEGY beats the file); otherwise a config in
+config.map with flags.migStrategy single or mixed. */}}
+{{- define "slicelet.migNeeds" -}}
+{{- if typeIs "string" .Values.migStrategy -}}
+{{- if has .Values.migStrategy (list "single" "mixed") -}}
+migStrategy={{ .Values.migStrategy }}
 {{- end -}}
-{{- if $on -}}true{{- end -}}
+{{- else -}}
+{{- $needs := include "slicelet.configNeeds" . | fromJson -}}
+{{- with $needs.mig -}}
+config.map's {{ join ", " . }} (flags.migStrategy single or mixed)
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the MIG settings are on. mig.enabled true: on. Unset (null): on when the
+values need them (slicelet.migNeeds) or, as NVIDIA's chart, when config.name names configs the
+chart cannot read and migStrategy does not say `none`. false: off, refused when the values need
+them. */}}
+{{- define "slicelet.migEnabled" -}}
+{{- $why := include "slicelet.migNeeds" . -}}
+{{- $set := .Values.mig.enabled -}}
+{{- if kindIs "invalid" $set -}}
+{{- if or $why (and .Values.config.name (not (typeIs "string" .Values.migStrategy))) -}}true{{- end -}}
+{{- else if $set -}}
+true
+{{- else if $why -}}
+{{- fail (printf "%s needs the MIG settings (NVIDIA_MIG_MONITOR_DEVICES, CAP_SYS_ADMIN, the nvidia-caps mount): remove mig.enabled=false (unset, they follow the configs) or set mig.enabled=true" $why) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Why the values need the host's CDI spec directories, or "": NVIDIA's deviceListStrategy
+(which overrides every config's) or a config's flags.plugin.deviceListStrategy with
+cdi-annotations or cdi-cri (slicelet checks every CDI name it hands out against the specs). */}}
+{{- define "slicelet.cdiNeeds" -}}
+{{- if typeIs "string" .Values.deviceListStrategy -}}
+{{- $dls := splitList "," .Values.deviceListStrategy -}}
+{{- if or (has "cdi-annotations" $dls) (has "cdi-cri" $dls) -}}
+deviceListStrategy={{ .Values.deviceListStrategy }}
+{{- end -}}
+{{- else -}}
+{{- $needs := include "slicelet.configNeeds" . | fromJson -}}
+{{- with $needs.cdi -}}
+config.map's {{ join ", " . }} (flags.plugin.deviceListStrategy cdi-annotations or cdi-cri)
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the CDI spec directories are mounted. As mig.enabled: true on; null on when
+needed or with config.name (NVIDIA's chart always mounts its CDI root) unless
+deviceListStrategy says otherwise; false off, refused when needed. */}}
+{{- define "slicelet.cdiEnabled" -}}
+{{- $why := include "slicelet.cdiNeeds" . -}}
+{{- $set := .Values.cdi.enabled -}}
+{{- if kindIs "invalid" $set -}}
+{{- if or $why (and .Values.config.name (not (typeIs "string" .Values.deviceListStrategy))) -}}true{{- end -}}
+{{- else if $set -}}
+true
+{{- else if $why -}}
+{{- fail (printf "%s needs the host's CDI spec directories (cdi.specDirs): remove cdi.enabled=false (unset, they follow the configs) or set cdi.enabled=true" $why) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Pod scheduling shared by both DaemonSets. */}}
