@@ -17,7 +17,15 @@ MPS root mounted only when MPS is on, DRA's DeviceClasses, RBAC (ResourceSlices,
 admission policy, env and read-write mounts exactly with dra.enabled, hostPID only in-process, every volume mounted and every
 mount backed by a volume, no subPath, the NFD and CDI paths, the pod-resources directory
 (read-only) and the host's /proc (read-only, only with usage.perPodAttribution), each env
-variable once, the namespace and its Pod Security label. Each example also passes `helm lint --strict`. Then it checks that bad values are refused with a
+variable once, the namespace and its Pod Security label; NVIDIA's variables exactly when NVIDIA's
+chart sets them (MIG_STRATEGY, FAIL_ON_INIT_ERROR, ... for a value of the type its `typeIs`
+checks; MPS_ROOT always), what the configs need switched on from the configs (sharing.mps: MPS;
+flags.migStrategy single|mixed: the MIG settings; a cdi-* strategy: the CDI mounts), the
+optional `slicelet top` Role. The ci/nvidia-* examples (NVIDIA's README in NVIDIA's value shape)
+must select configs by node label with the node RBAC and their own env (NVIDIA_EXAMPLES), and
+ci/gpu-operator-values.yaml must read deployments/gpu-operator/clusterpolicy-patch.yaml's
+ConfigMap, which is validated with jsonschema against clusterpolicy-patch.schema.json. Each
+example also passes `helm lint --strict`. Then it checks that bad values are refused with a
 message naming them. Exit 1 on any failure.
 """
 
@@ -472,7 +480,49 @@ def nvidia_example(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> 
         c.that(env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}}, "NODE_NAME")
         c.that(env.get("SLICELET_CONFIG_LABEL") == "nvidia.com/device-plugin.config",
                "SLICELET_CONFIG_LABEL is NVIDIA's label")
+        want = NVIDIA_EXAMPLES.get(name.split(" ")[0], {})
+        c.that(bool(want), "every nvidia-* example has its expectations in NVIDIA_EXAMPLES")
+        volumes = {vol["name"]: vol for vol in spec["volumes"]}
+        if "configMap" in want:
+            c.that(volumes["config"]["configMap"]["name"] == want["configMap"], f"the ConfigMap {want['configMap']}")
+        for var, value in want.get("env", {}).items():
+            c.that(env.get(var) == value, f"{var}={value!r}, not {env.get(var)!r}")
+        if "hostPID" in want:
+            c.that(bool(spec.get("hostPID")) == want["hostPID"], f"hostPID {want['hostPID']}")
     return c.failures
+
+
+# What each of NVIDIA's README examples (ci/nvidia-*.yaml) must render to, besides node-label
+# selection: the ConfigMap, the variables (None: unset) and MPS's hostPID.
+NVIDIA_EXAMPLES: dict[str, dict[str, Any]] = {
+    "nvidia-single-config-values": {
+        "configMap": f"{RELEASE}-config",
+        "env": {"SLICELET_CONFIG_DEFAULT": None, "SLICELET_CONFIG_FALLBACK": "named,single",
+                "MIG_STRATEGY": None, "NVIDIA_MIG_MONITOR_DEVICES": None},
+        "hostPID": False},
+    "nvidia-multiple-configs-values": {
+        "configMap": f"{RELEASE}-config",
+        "env": {"SLICELET_CONFIG_DEFAULT": "config0", "MIG_STRATEGY": None,
+                "NVIDIA_MIG_MONITOR_DEVICES": "all"},
+        "hostPID": False},
+    "nvidia-configmap-name-values": {
+        "configMap": "nvidia-plugin-configs",
+        "env": {"SLICELET_CONFIG_DEFAULT": "config0", "NVIDIA_MIG_MONITOR_DEVICES": "all",
+                "SLICELET_CDI_SPEC_DIRS": "/etc/cdi,/var/run/cdi"},
+        "hostPID": False},
+    "nvidia-mps-values": {
+        "configMap": f"{RELEASE}-config",
+        "env": {"MPS_ROOT": "/run/nvidia/mps", "SLICELET_MPS_CHECK_SECONDS": "5",
+                "SLICELET_MPS_EXTERNAL": None},
+        "hostPID": True},
+    "nvidia-values-values": {
+        "configMap": f"{RELEASE}-config",
+        "env": {"MIG_STRATEGY": "mixed", "FAIL_ON_INIT_ERROR": "false", "PASS_DEVICE_SPECS": "true",
+                "DEVICE_LIST_STRATEGY": "envvar,cdi-cri", "DEVICE_ID_STRATEGY": "index",
+                "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "NVIDIA_MIG_MONITOR_DEVICES": "all",
+                "SLICELET_CDI_SPEC_DIRS": "/etc/cdi,/var/run/cdi", "CDI_ANNOTATION_PREFIX": "cdi.k8s.io/"},
+        "hostPID": False},
+}
 
 
 # Values the chart must refuse, and a word its message must contain.
