@@ -1,0 +1,89 @@
+//! The simulated node file's schema: the serde structs a node file deserialises into (the YAML
+//! itself is documented in the parent module), unknown keys refused.
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NodeFile {
+    pub(super) gpus: Vec<GpuEntry>,
+    #[serde(default)]
+    pub(super) links: Vec<LinkEntry>,
+    #[serde(default)]
+    pub(super) nvswitch: bool,
+    #[serde(default, rename = "driverVersion")]
+    pub(super) driver_version: Option<String>,
+}
+
+/// `links[i]`: how two GPUs are connected.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LinkEntry {
+    pub(super) gpus: [u32; 2],
+    pub(super) nvlinks: Option<u32>,
+    pub(super) pcie: Option<PcieValue>,
+}
+
+/// `links[i].pcie`: the PCIe level two GPUs share.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum PcieValue {
+    /// One PCIe switch.
+    Single,
+    /// Several PCIe switches below one host bridge.
+    Multiple,
+    /// One host bridge.
+    Hostbridge,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct GpuEntry {
+    pub(super) model: String,
+    #[serde(rename = "memoryMiB")]
+    pub(super) memory_mib: u64,
+    pub(super) count: Option<u32>,
+    pub(super) uuid: Option<String>,
+    pub(super) compute_capability: Option<String>,
+    pub(super) numa_node: Option<i64>,
+    pub(super) health: Option<HealthValue>,
+    pub(super) xid: Option<u64>,
+    pub(super) mig: Option<MigEntry>,
+    pub(super) utilization: Option<u32>,
+    #[serde(rename = "memoryUsedMiB")]
+    pub(super) memory_used_mib: Option<u64>,
+    pub(super) processes: Option<Vec<ProcessEntry>>,
+}
+
+/// `gpus[i].processes[k]`: one process on the GPU.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct ProcessEntry {
+    pub(super) pid: u32,
+    #[serde(default)]
+    pub(super) sm_util: u32,
+    #[serde(rename = "memoryMiB", default)]
+    pub(super) memory_mib: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(super) enum HealthValue {
+    Healthy,
+    Unhealthy,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MigEntry {
+    #[serde(default)]
+    pub(super) devices: Vec<MigDeviceEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MigDeviceEntry {
+    pub(super) profile: String,
+    pub(super) count: Option<u32>,
+    #[serde(rename = "memoryUsedMiB")]
+    pub(super) memory_used_mib: Option<u64>,
+}

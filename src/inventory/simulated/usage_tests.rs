@@ -1,0 +1,113 @@
+//! Unit tests of the simulated node's use samples (utilisation, memory, processes).
+
+use super::*;
+
+const H100: &str = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n";
+
+fn samples(text: &str) -> Vec<GpuSample> {
+    parse_all(Path::new("n.yaml"), text).unwrap().samples
+}
+
+#[test]
+fn use_figures_are_reported() {
+    let text = format!("{H100}    utilization: 40\n    processes:\n      - pid: 4242\n        smUtil: 30\n        memoryMiB: 10240\n      - pid: 4343\n        smUtil: 10\n        memoryMiB: 2048\n      - pid: 4444\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    count: 2\n    utilization: 5\n    memoryUsedMiB: 100\n");
+    let s = samples(&text);
+    assert_eq!(s.len(), 3);
+    let inv = parse(Path::new("n.yaml"), &text).unwrap();
+    assert_eq!(s[0].uuid, inv.gpus[0].uuid);
+    assert_eq!((s[0].index, s[0].utilization_percent), (0, Some(40)));
+    assert_eq!(
+        s[0].memory_used_bytes,
+        Some(12288 * MIB),
+        "the processes' sum"
+    );
+    assert_eq!(s[0].memory_total_bytes, Some(81559 * MIB));
+    let p: Vec<(u32, Option<u32>, Option<u64>)> = s[0]
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.sm_util_percent, p.memory_used_bytes))
+        .collect();
+    assert_eq!(
+        p,
+        [
+            (4242, Some(30), Some(10240 * MIB)),
+            (4343, Some(10), Some(2048 * MIB)),
+            (4444, Some(0), Some(0)),
+        ]
+    );
+    for g in &s[1..] {
+        assert_eq!(g.utilization_percent, Some(5));
+        assert_eq!(g.memory_used_bytes, Some(100 * MIB));
+        assert!(g.processes.is_empty() && g.mig.is_empty());
+    }
+    assert_eq!(s[2].index, 2);
+    // Nothing said: no utilisation, nothing in use.
+    let s = samples(H100);
+    assert_eq!(
+        (s[0].utilization_percent, s[0].memory_used_bytes),
+        (None, Some(0))
+    );
+}
+
+#[test]
+fn the_shipped_busy_node_has_the_demo_processes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodes/h100-80gb-x8-busy.yaml");
+    let s = SimulatedSource::new(&path).sample().unwrap();
+    assert_eq!(s.len(), 8);
+    let sm: Vec<(u32, Option<u32>)> = s[0]
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.sm_util_percent))
+        .collect();
+    assert_eq!(sm, [(4242, Some(30)), (4343, Some(10))]);
+    assert!(s[1..].iter().all(|g| g.processes.is_empty()));
+}
+
+#[test]
+fn mig_devices_report_memory_only() {
+    let text = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 3g.40gb\n          memoryUsedMiB: 30000\n        - profile: 1g.10gb\n          count: 2\n          memoryUsedMiB: 512\n";
+    let s = samples(text);
+    let inv = parse(Path::new("n.yaml"), text).unwrap();
+    let m: Vec<(&str, Option<u64>, Option<u64>)> = s[0]
+        .mig
+        .iter()
+        .map(|m| (m.uuid.as_str(), m.memory_used_bytes, m.memory_total_bytes))
+        .collect();
+    let d = &inv.gpus[0].mig_devices;
+    assert_eq!(
+        m,
+        [
+            (d[0].uuid.as_str(), Some(30000 * MIB), Some(40 * 1024 * MIB)),
+            (d[1].uuid.as_str(), Some(512 * MIB), Some(10 * 1024 * MIB)),
+            (d[2].uuid.as_str(), Some(512 * MIB), Some(10 * 1024 * MIB)),
+        ]
+    );
+    assert!(s[0].mig.iter().all(|m| m.utilization_percent.is_none()));
+    assert_eq!(
+        s[0].memory_used_bytes,
+        Some(31024 * MIB),
+        "the MIG devices' sum"
+    );
+    assert!(s[0].processes.is_empty());
+}
+
+#[test]
+fn a_live_edit_changes_the_next_sample_and_a_broken_file_fails_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("n.yaml");
+    let node = |sm: u32| format!("{H100}    processes:\n      - pid: 7\n        smUtil: {sm}\n");
+    std::fs::write(&p, node(30)).unwrap();
+    let mut src = SimulatedSource::new(&p);
+    assert_eq!(
+        src.sample().unwrap()[0].processes[0].sm_util_percent,
+        Some(30)
+    );
+    std::fs::write(&p, node(0)).unwrap();
+    assert_eq!(
+        src.sample().unwrap()[0].processes[0].sm_util_percent,
+        Some(0)
+    );
+    std::fs::write(&p, node(101)).unwrap();
+    let e = src.sample().unwrap_err().to_string();
+    assert!(e.contains("gpus[0].processes[0].smUtil"), "{e}");
+}
