@@ -1,3 +1,6 @@
+//! Unit tests of the NVML source: Xid instance ids, bus ids, the process join, the fake NVML, and
+//! (ignored without a driver) a real GPU.
+
 use super::events::{EventTarget, WHOLE_GPU};
 use super::sample::{join_processes, UtilSample};
 use super::*;
