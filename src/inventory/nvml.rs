@@ -29,6 +29,33 @@
 //! end its scan. Any other failure makes that pair's level (or that GPU's NVLinks) unknown,
 //! logged once per GPU pair and call: discovery never fails because of topology.
 //!
+//! # Sampling
+//!
+//! [`GpuSource::sample`], per GPU: `nvmlDeviceGetUtilizationRates` (`.gpu`, percent) and
+//! `nvmlDeviceGetMemoryInfo_v2` (used/total bytes). Per process, on a GPU without MIG:
+//! `nvmlDeviceGetComputeRunningProcesses_v3` and `nvmlDeviceGetMPSComputeRunningProcesses_v3`
+//! (MPS clients; nvml-wrapper 0.13 calls exactly these `_v3` symbols) give the PIDs and their
+//! memory, and `nvmlDeviceGetProcessUtilization` their SM utilisation. NVML buffers
+//! utilisation samples and returns those newer than the `lastSeenTimeStamp` passed in; the
+//! newest timestamp received is kept per GPU UUID and passed next time, so no sample is lost
+//! or counted twice (several samples of one PID in one answer: the newest counts). The lists
+//! are joined by PID, each PID once (`join_processes`). NVML keeps samples only of processes
+//! that used the GPU, so a listed process without a sample — and every process when NVML
+//! answers `NVML_ERROR_NOT_FOUND`, "no samples since `lastSeenTimeStamp`" — was idle:
+//! `sm_util_percent: Some(0)` (an idle process must count as idle for the scale-to-zero
+//! signal). Only when the utilisation query fails otherwise (not supported, …) is it `None`,
+//! unknown.
+//!
+//! On a MIG-enabled GPU NVIDIA documents no per-process utilisation (the query is not
+//! supported with MIG on); its MIG devices are sampled instead, memory used/total from each
+//! MIG device handle. Their utilisation stays `None`: GPM (`nvmlGpmMigSampleGet`) needs two
+//! samples a period apart kept between calls, which nvml-wrapper 0.13 ties to the `Nvml`
+//! borrow (`GpmSample<'nvml>`), and the fake NVML has no GPM to test it against.
+//!
+//! A figure NVML refuses is `None`, never an error of the whole sample; a GPU that answers
+//! `NVML_ERROR_GPU_IS_LOST` (or gives no valid UUID) is left out of the sample. Only failing
+//! to count the GPUs fails it.
+//!
 //! This file discovers the GPUs (and their MIG devices and topology); `sample` samples them
 //! (utilisation, memory, processes) and `events` runs the Xid event-watch thread.
 
