@@ -11,8 +11,10 @@
 //!   and per-container utilisation/memory/last-active gauges, allocated/free/draining devices
 //!   per resource, unattributed processes, samples taken and failed.
 //! - `/status`: the node as JSON ([`crate::usage::view::NodeView`]), for `slicelet top`.
+//!
+//! This file holds the supervisor's [`Status`], readiness and the HTTP server; the metrics
+//! registry and the `/status` view are [`Metrics`], in `metrics`.
 
-use crate::health::Health;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,17 +24,12 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::plan::Plan;
-use crate::usage::metrics::{ResourceLabels, UsageMetrics};
-use crate::usage::view::NodeView;
+mod metrics;
+
+pub use metrics::{Metrics, ViewRequest, VIEW_TIMEOUT};
 
 /// What the supervisor reports about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -163,264 +160,6 @@ impl Status {
     }
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeviceLabels {
-    resource: String,
-    health: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct XidLabels {
-    gpu: String,
-    xid: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TransitionLabels {
-    gpu: String,
-    to: String,
-}
-
-/// A `/status` request to the supervisor: it sends the view back on this.
-pub type ViewRequest = tokio::sync::oneshot::Sender<NodeView>;
-
-/// Longest `/status` waits for the supervisor's view before serving the last one set.
-pub const VIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// slicelet's Prometheus metrics, and the latest `/status` view.
-pub struct Metrics {
-    registry: Registry,
-    devices: Family<DeviceLabels, Gauge>,
-    registrations: Family<ResourceLabels, Counter>,
-    policy_generation: Gauge,
-    /// `slicelet_dra_up`: 1 while `--dra` serves, 0 while it is down (and retried).
-    dra_up: Gauge,
-    policy_reload_failures: Counter,
-    xid_events: Family<XidLabels, Counter>,
-    health_transitions: Family<TransitionLabels, Counter>,
-    pub(crate) usage: UsageMetrics,
-    /// The latest `/status` body (without the node-level fields, filled per request). A
-    /// `std` lock held only to clone or swap the `Arc`, never across `.await`.
-    view: std::sync::RwLock<Arc<NodeView>>,
-    /// Where `/status` asks the supervisor for the view, built per request from its state
-    /// (so no copy of it is kept between requests); `None`: the view set last is served.
-    views: std::sync::RwLock<Option<tokio::sync::mpsc::Sender<ViewRequest>>>,
-}
-
-impl std::fmt::Debug for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Metrics")
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Metrics {
-    /// The GPU-use families, for [`crate::usage::report::Usage`] to write.
-    pub fn usage(&self) -> &UsageMetrics {
-        &self.usage
-    }
-
-    /// A registry with every slicelet metric, prefixed `slicelet_`.
-    pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("slicelet");
-        let devices = Family::<DeviceLabels, Gauge>::default();
-        registry.register(
-            "devices",
-            "Devices advertised, by resource and health",
-            devices.clone(),
-        );
-        let registrations = Family::<ResourceLabels, Counter>::default();
-        registry.register(
-            "registrations",
-            "Successful registrations with the kubelet, by resource",
-            registrations.clone(),
-        );
-        let policy_generation = Gauge::default();
-        registry.register(
-            "policy_generation",
-            "Generation of the applied policy",
-            policy_generation.clone(),
-        );
-        let dra_up = Gauge::default();
-        registry.register(
-            "dra_up",
-            "1 while the DRA kubelet plugin serves (with --dra), 0 while it is down and retried",
-            dra_up.clone(),
-        );
-        let policy_reload_failures = Counter::default();
-        registry.register(
-            "policy_reload_failures",
-            "Policy reads that were rejected",
-            policy_reload_failures.clone(),
-        );
-        let xid_events = Family::<XidLabels, Counter>::default();
-        registry.register(
-            "xid_events",
-            "NVML Xid events, by GPU UUID and Xid",
-            xid_events.clone(),
-        );
-        let health_transitions = Family::<TransitionLabels, Counter>::default();
-        registry.register(
-            "health_transitions",
-            "Device health transitions, by UUID and new state",
-            health_transitions.clone(),
-        );
-        let usage = UsageMetrics::register(&mut registry);
-        Metrics {
-            registry,
-            devices,
-            registrations,
-            policy_generation,
-            dra_up,
-            policy_reload_failures,
-            xid_events,
-            health_transitions,
-            usage,
-            view: std::sync::RwLock::new(Arc::new(NodeView::default())),
-            views: std::sync::RwLock::new(None),
-        }
-    }
-
-    /// Counts a GPU use sample that could not be taken (an NVML error on the hardware actor);
-    /// `slicelet_sample_failures_total`. Successful samples are counted by
-    /// [`crate::usage::report::Usage::sampled`].
-    pub fn sample_failed(&self) {
-        self.usage.sample_failures.inc();
-    }
-
-    /// Replaces what `/status` serves ([`crate::usage::report::Usage`] does it after each
-    /// sample and each allocation change).
-    pub fn set_view(&self, view: Arc<NodeView>) {
-        // A poisoned lock only means a panic elsewhere while swapping an Arc: the value is
-        // whole either way.
-        *self
-            .view
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = view;
-    }
-
-    /// Makes `/status` ask `requests` for the view: the supervisor answers each request with
-    /// one built from its state at that moment.
-    pub fn answer_views(&self, requests: tokio::sync::mpsc::Sender<ViewRequest>) {
-        *self
-            .views
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(requests);
-    }
-
-    /// The view `/status` serves: the supervisor's answer (within [`VIEW_TIMEOUT`]), else the
-    /// view set last ([`Metrics::set_view`]).
-    pub async fn current_view(&self) -> NodeView {
-        let requests = self
-            .views
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if let Some(tx) = requests {
-            // The whole exchange is bounded: a supervisor that is busy (its queue full) or
-            // slow to answer costs `/status` at most VIEW_TIMEOUT.
-            let ask = async {
-                let (answer, view) = tokio::sync::oneshot::channel();
-                tx.send(answer).await.ok()?;
-                view.await.ok()
-            };
-            if let Ok(Some(v)) = tokio::time::timeout(VIEW_TIMEOUT, ask).await {
-                return v;
-            }
-        }
-        (*self.view()).clone()
-    }
-
-    /// What `/status` serves now (node-level `generation`/`ready` are filled per request).
-    pub fn view(&self) -> Arc<NodeView> {
-        Arc::clone(
-            &self
-                .view
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-
-    /// Sets the device gauges from a plan.
-    pub fn set_plan(&self, plan: &Plan) {
-        self.devices.clear();
-        for (name, r) in &plan.resources {
-            let healthy = r.devices.iter().filter(|d| d.health.is_healthy()).count() as i64;
-            let total = r.devices.len() as i64;
-            for (health, n) in [
-                (Health::Healthy.as_str(), healthy),
-                (Health::Unhealthy.as_str(), total - healthy),
-            ] {
-                self.devices
-                    .get_or_create(&DeviceLabels {
-                        resource: name.clone(),
-                        health: health.to_string(),
-                    })
-                    .set(n);
-            }
-        }
-    }
-
-    /// Counts a registration.
-    pub fn registered(&self, resource: &str) {
-        self.registrations
-            .get_or_create(&ResourceLabels {
-                resource: resource.to_string(),
-            })
-            .inc();
-    }
-
-    /// Records an applied policy generation.
-    pub fn policy_applied(&self, generation: u64) {
-        self.policy_generation
-            .set(i64::try_from(generation).unwrap_or(i64::MAX));
-    }
-
-    /// Counts a rejected policy read.
-    pub fn policy_rejected(&self) {
-        self.policy_reload_failures.inc();
-    }
-
-    /// Sets `slicelet_dra_up` (1 serving, 0 down).
-    pub fn set_dra_up(&self, up: bool) {
-        self.dra_up.set(i64::from(up));
-    }
-
-    /// Counts an Xid event.
-    pub fn xid(&self, gpu: &str, xid: u64) {
-        self.xid_events
-            .get_or_create(&XidLabels {
-                gpu: gpu.to_string(),
-                xid: xid.to_string(),
-            })
-            .inc();
-    }
-
-    /// Counts a health transition.
-    pub fn transition(&self, gpu: &str, to: Health) {
-        let to = to.as_str();
-        self.health_transitions
-            .get_or_create(&TransitionLabels {
-                gpu: gpu.to_string(),
-                to: to.to_string(),
-            })
-            .inc();
-    }
-
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
-}
-
 /// Parses `--status-address`: empty disables it, `:8080` means every interface (as Go's
 /// net.Listen), otherwise `host:port`.
 ///
@@ -473,8 +212,9 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// `/status`: the latest [`NodeView`] (see [`crate::usage::view`] for the shape), with the
-/// node-level `generation`, `ready` and `ready_reason` taken from the supervisor's status now.
+/// `/status`: the latest [`NodeView`](crate::usage::view::NodeView) (see [`crate::usage::view`]
+/// for the shape), with the node-level `generation`, `ready` and `ready_reason` taken from the
+/// supervisor's status now.
 async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
     let mut view = s.metrics.current_view().await;
     {
@@ -584,103 +324,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, stop: Cance
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses() {
-        assert_eq!(parse_address("").unwrap(), None);
-        assert_eq!(
-            // Regression: `:8080` bound IPv4 only, so probes failed on IPv6-only clusters.
-            parse_address(":8080").unwrap(),
-            Some("[::]:8080".parse().unwrap())
-        );
-        assert_eq!(
-            parse_address("127.0.0.1:9").unwrap(),
-            Some("127.0.0.1:9".parse().unwrap())
-        );
-        assert!(parse_address("8080").is_err());
-    }
-
-    #[test]
-    fn readiness() {
-        let mut s = Status::default();
-        assert!(s.ready().unwrap_err().contains("no policy"));
-        s.generation = 1;
-        s.resources.insert("nvidia.com/a".into());
-        assert!(s.ready().unwrap_err().contains("nvidia.com/a"));
-        s.registered.insert("nvidia.com/a".into());
-        // Regression: with every GPU lost at start, nothing usable was advertised but /readyz
-        // said ready.
-        s.devices = 8;
-        assert!(s
-            .ready()
-            .unwrap_err()
-            .contains("no device is Healthy (8 advertised)"));
-        s.healthy_devices = 1;
-        assert!(s.ready().is_ok());
-        // Regression: registered, but the kubelet never opened ListAndWatch: was ready.
-        s.stalled.insert("nvidia.com/a".into());
-        assert!(s
-            .ready()
-            .unwrap_err()
-            .contains("opened no ListAndWatch stream for: nvidia.com/a"));
-        s.stalled.clear();
-        assert!(s.ready().is_ok());
-        // A feature file that cannot be written leaves stale node labels: not ready.
-        s.nfd_error = Some("writing /x/.slicelet.tmp: read-only file system".into());
-        assert!(s
-            .ready()
-            .unwrap_err()
-            .contains("node labels may be stale: writing /x/.slicelet.tmp"));
-        s.nfd_error = None;
-        assert!(s.ready().is_ok());
-        s.policy_error = Some("x: bad".into());
-        assert!(s.ready().unwrap_err().contains("x: bad"));
-        // Regression: running without GPUs (failOnInitError: false) reported ready.
-        s.policy_error = None;
-        s.discovery_error = Some("initialising NVML: driver not loaded".into());
-        assert!(s.ready().unwrap_err().contains("driver not loaded"));
-    }
-
-    #[test]
-    fn metrics_text() {
-        let m = Metrics::new();
-        m.registered("nvidia.com/a");
-        m.xid("GPU-1", 79);
-        m.transition("GPU-1", Health::Unhealthy);
-        m.policy_applied(3);
-        let text = m.encode();
-        for want in [
-            "slicelet_registrations_total{resource=\"nvidia.com/a\"} 1",
-            "slicelet_xid_events_total{gpu=\"GPU-1\",xid=\"79\"} 1",
-            "slicelet_health_transitions_total{gpu=\"GPU-1\",to=\"Unhealthy\"} 1",
-            "slicelet_policy_generation 3",
-        ] {
-            assert!(text.contains(want), "{want} in\n{text}");
-        }
-    }
-
-    /// A supervisor whose view queue is full (it is busy) costs `/status` VIEW_TIMEOUT at
-    /// most, and the view set last is served (the send used to wait without bound).
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_supervisor_costs_status_the_view_timeout_at_most() {
-        let metrics = Metrics::new();
-        let mut set = NodeView::default();
-        set.free.insert("nvidia.com/gpu".into(), 3);
-        metrics.set_view(Arc::new(set.clone()));
-        let (tx, _rx) = tokio::sync::mpsc::channel::<ViewRequest>(1);
-        let (queued, _) = tokio::sync::oneshot::channel();
-        tx.try_send(queued).unwrap();
-        metrics.answer_views(tx);
-        let started = tokio::time::Instant::now();
-        let view = tokio::time::timeout(VIEW_TIMEOUT * 2, metrics.current_view())
-            .await
-            .expect("/status waited past its view timeout on a full queue");
-        assert_eq!(view, set);
-        assert_eq!(started.elapsed(), VIEW_TIMEOUT);
-    }
-}
+mod tests;
 
 #[cfg(test)]
 mod hostile_tests;
