@@ -790,7 +790,9 @@ mod tests {
         cdi.start();
         cdi.start();
         assert!(cdi.again, "a request while the read runs is queued");
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // `Slow` can come before the blocking thread has even started the read (a loaded
+        // machine): at most one so far; exactly one once it is done (below).
+        assert!(calls.load(Ordering::SeqCst) <= 1);
         release_tx.send(()).unwrap();
         match rx.recv().await {
             Some(CdiAnswer::Done(index)) => assert!(index.errors.is_empty(), "{index:?}"),
