@@ -166,31 +166,54 @@ pub async fn fetch(address: &str) -> Result<NodeView, TopError> {
             url: url.clone(),
             source,
         })?;
-        if !response.status().is_success() {
-            return Err(TopError::Status {
-                url: url.clone(),
-                code: response.status().as_u16(),
-            });
-        }
-        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map_err(|source| {
-                if source.is::<http_body_util::LengthLimitError>() {
-                    TopError::TooLarge { url: url.clone() }
-                } else {
-                    TopError::Body {
-                        url: url.clone(),
-                        source,
-                    }
-                }
-            })?
-            .to_bytes();
-        serde_json::from_slice(&body).map_err(|source| TopError::Parse {
-            url: url.clone(),
-            source,
-        })
+        read_view(&url, response).await
     };
+    within(url.clone(), get).await
+}
+
+/// A `/status` answer from `url` read as slicelet's view: HTTP 200, a body of at most
+/// [`MAX_BODY_BYTES`], the view's JSON. Shared by the local fetch and the pod proxy's.
+///
+/// # Errors
+/// [`TopError::Status`], [`TopError::TooLarge`], [`TopError::Body`], [`TopError::Parse`].
+async fn read_view<B>(url: &str, response: hyper::Response<B>) -> Result<NodeView, TopError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if !response.status().is_success() {
+        return Err(TopError::Status {
+            url: url.to_string(),
+            code: response.status().as_u16(),
+        });
+    }
+    let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|source| {
+            if source.is::<http_body_util::LengthLimitError>() {
+                TopError::TooLarge {
+                    url: url.to_string(),
+                }
+            } else {
+                TopError::Body {
+                    url: url.to_string(),
+                    source,
+                }
+            }
+        })?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|source| TopError::Parse {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// `get` within [`TIMEOUT`]; [`TopError::Timeout`] naming `url` past it.
+async fn within<T>(
+    url: String,
+    get: impl std::future::Future<Output = Result<T, TopError>>,
+) -> Result<T, TopError> {
     match tokio::time::timeout(TIMEOUT, get).await {
         Ok(result) => result,
         Err(_) => Err(TopError::Timeout { url }),

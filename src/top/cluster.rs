@@ -13,11 +13,10 @@
 //! Each answer is bounded as the local fetch is: [`super::MAX_BODY_BYTES`] and
 //! [`super::TIMEOUT`] per pod.
 
-use http_body_util::{BodyExt as _, Limited};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::{TopError, MAX_BODY_BYTES, TIMEOUT};
+use super::TopError;
 use crate::usage::view::NodeView;
 
 /// The default `--namespace`: where the chart and the manifests install slicelet.
@@ -128,8 +127,8 @@ impl Cluster {
     }
 }
 
-/// GETs one pod's `/status` through the pod proxy, bounded by [`TIMEOUT`] and
-/// [`MAX_BODY_BYTES`].
+/// GETs one pod's `/status` through the pod proxy, bounded by [`super::TIMEOUT`] and
+/// [`super::MAX_BODY_BYTES`].
 ///
 /// # Errors
 /// A [`TopError`] naming the proxy path.
@@ -150,35 +149,9 @@ pub async fn fetch(client: &kube::Client, pod: &StatusPod) -> Result<NodeView, T
                 what: format!("GET {url}"),
                 source,
             })?;
-        if !response.status().is_success() {
-            return Err(TopError::Status {
-                url: url.clone(),
-                code: response.status().as_u16(),
-            });
-        }
-        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map_err(|source| {
-                if source.is::<http_body_util::LengthLimitError>() {
-                    TopError::TooLarge { url: url.clone() }
-                } else {
-                    TopError::Body {
-                        url: url.clone(),
-                        source,
-                    }
-                }
-            })?
-            .to_bytes();
-        serde_json::from_slice(&body).map_err(|source| TopError::Parse {
-            url: url.clone(),
-            source,
-        })
+        super::read_view(&url, response).await
     };
-    match tokio::time::timeout(TIMEOUT, get).await {
-        Ok(result) => result,
-        Err(_) => Err(TopError::Timeout { url }),
-    }
+    super::within(url.clone(), get).await
 }
 
 /// `--node NAME`: that node's view, rendered as the local `slicelet top` renders it, under a
@@ -210,7 +183,7 @@ pub async fn node(
 }
 
 /// `--all-nodes`: one table of every node's GPUs and their holders. The nodes are asked at
-/// once (each within [`TIMEOUT`]), so one that does not answer costs the view [`TIMEOUT`],
+/// once (each within [`super::TIMEOUT`]), so one that does not answer costs the view [`super::TIMEOUT`],
 /// not one per node; it is one row saying why, the others are still shown.
 ///
 /// # Errors
