@@ -1186,11 +1186,12 @@ async fn nvidia_flag_variables_override_the_file() {
     let policy = dir.path().join("policy.yaml");
     std::fs::write(&policy, "version: v1\nflags:\n  migStrategy: none\n").unwrap();
     let sim = node_file("h100-80gb-x8-mig-mixed.yaml");
-    let plan = |env: Option<(&'static str, &'static str)>, cmd: &'static str| {
+    let plan = |env: &[(&'static str, &'static str)], cmd: &'static str| {
         let mut c = slicelet();
         c.args([cmd, "--config", policy.to_str().unwrap()])
-            .args(["--simulate", sim.to_str().unwrap()]);
-        if let Some((k, v)) = env {
+            .args(["--simulate", sim.to_str().unwrap()])
+            .env("SLICELET_OUTPUT", "json");
+        for (k, v) in env {
             c.env(k, v);
         }
         c.output()
@@ -1205,37 +1206,18 @@ async fn nvidia_flag_variables_override_the_file() {
             .map(|r| r["name"].as_str().unwrap().to_string())
             .collect()
     };
-    let mut json = slicelet();
-    json.env("SLICELET_OUTPUT", "json");
-    let file_only = names(
-        &json
-            .args(["plan", "--config", policy.to_str().unwrap()])
-            .args(["--simulate", sim.to_str().unwrap()])
-            .output()
-            .await
-            .unwrap(),
-    );
+    let file_only = names(&plan(&[], "plan").await.unwrap());
     assert_eq!(
         file_only,
         vec!["nvidia.com/gpu"],
         "migStrategy none: GPUs whole"
     );
-    let mut json = slicelet();
-    json.env("SLICELET_OUTPUT", "json")
-        .env("MIG_STRATEGY", "mixed");
-    let overridden = names(
-        &json
-            .args(["plan", "--config", policy.to_str().unwrap()])
-            .args(["--simulate", sim.to_str().unwrap()])
-            .output()
-            .await
-            .unwrap(),
-    );
+    let overridden = names(&plan(&[("MIG_STRATEGY", "mixed")], "plan").await.unwrap());
     assert!(
         overridden.iter().any(|n| n.starts_with("nvidia.com/mig-")),
         "MIG_STRATEGY=mixed: {overridden:?}"
     );
-    let out = plan(Some(("MIG_STRATEGY", "mixed")), "validate")
+    let out = plan(&[("MIG_STRATEGY", "mixed")], "validate")
         .await
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1246,7 +1228,7 @@ async fn nvidia_flag_variables_override_the_file() {
         ),
         "{report}"
     );
-    let out = plan(Some(("MIG_STRATEGY", "bogus")), "validate")
+    let out = plan(&[("MIG_STRATEGY", "bogus")], "validate")
         .await
         .unwrap();
     assert!(!out.status.success());
@@ -1256,7 +1238,7 @@ async fn nvidia_flag_variables_override_the_file() {
         "{err}"
     );
     // An empty variable is unset, as NVIDIA's chart leaves a null value.
-    let out = plan(Some(("MIG_STRATEGY", "")), "validate").await.unwrap();
+    let out = plan(&[("MIG_STRATEGY", "")], "validate").await.unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!text(&out.stdout).contains("takes precedence"));
 }
