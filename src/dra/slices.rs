@@ -179,10 +179,11 @@ fn memory_mib(res: &ResourcePlan, d: &VirtualDevice, inventory: &Inventory) -> O
     let gpu = inventory.by_index(d.gpu_index)?;
     match &d.mig {
         None => Some(gpu.memory_mib),
-        Some(m) => gpu
+        // A MIG device's unit UUID is its own (`MIG-…`).
+        Some(_) => gpu
             .mig_devices
             .iter()
-            .find(|x| x.uuid == d.gpu_uuid || x.index == m.index)
+            .find(|x| x.uuid == d.gpu_uuid)
             .map(|x| x.memory_mib),
     }
 }

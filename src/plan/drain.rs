@@ -223,11 +223,10 @@ fn claims_as_ids(
     let mut out = in_use.clone();
     let dra = previous.resources.values().filter(|r| r.dra).map(|r| &**r);
     let mut resolved = record_claims(dra, in_use, &BTreeSet::new(), &mut out);
-    if resolved.len() < in_use.claimed.len() {
-        let all = plan.resources.values().map(|r| &**r);
-        let more = record_claims(all, in_use, &resolved, &mut out);
-        resolved.extend(more);
-    }
+    // Claims the previous plan did not name (it skips those it did).
+    let all = plan.resources.values().map(|r| &**r);
+    let more = record_claims(all, in_use, &resolved, &mut out);
+    resolved.extend(more);
     let mut units: BTreeMap<String, BTreeSet<Holder>> = BTreeMap::new();
     for (claim, holders) in &in_use.claimed {
         if resolved.contains(claim) {

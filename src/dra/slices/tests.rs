@@ -136,6 +136,20 @@ fn attributes_of_whole_replica_mps_and_mig_devices() {
     assert!(attr(m, "replica").is_none());
     assert_eq!(mem(m), format!("{}Mi", mig.memory_mib));
     assert!(d_count_within_limit(m));
+    // Each MIG device of the GPU has its own memory (3g.40gb, 2g.20gb, 1g.10gb differ).
+    for mig in &g4.mig_devices {
+        let m = devs
+            .iter()
+            .find(|d| d.name == device_name(&mig.uuid))
+            .unwrap();
+        assert_eq!(mem(m), format!("{}Mi", mig.memory_mib), "{}", mig.uuid);
+    }
+    let sizes: BTreeSet<u64> = g4.mig_devices.iter().map(|m| m.memory_mib).collect();
+    assert_eq!(
+        sizes.len(),
+        3,
+        "the node file's MIG devices differ in memory"
+    );
 
     // MPS: the client's pinned-memory limit is its memory.
     let inv = test_node(1);

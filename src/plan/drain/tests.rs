@@ -505,3 +505,89 @@ fn after_a_restart_a_held_mig_device_is_shaped_from_the_inventory_with_its_healt
         assert!(d.mig.is_some());
     }
 }
+
+/// After a restart with the same policy, a GPU a device-plugin pod holds is what it was: no
+/// drain, still the device plugin's (no plan came before, so only the path pod-resources
+/// lists is known, and it is the resource's own).
+#[test]
+fn after_a_restart_a_device_plugin_gpu_its_pod_holds_stays_as_it_was() {
+    let after = plan(0, 2, &Plan::default(), &held(&[(&uuid(0), "a")]));
+    assert!(after.drain.is_empty(), "{:?}", after.drain);
+    assert!(!after.resources[GPU].dra);
+    assert_eq!(
+        listed(&after, GPU),
+        [(uuid(0), "Healthy"), (uuid(1), "Healthy")]
+    );
+}
+
+/// After a restart with the same DRA policy, a claim on GPU 0 changes nothing: the resource
+/// stays on DRA and nothing drains.
+#[test]
+fn after_a_restart_a_claim_on_a_dra_resource_changes_nothing() {
+    let inv = test_node(2);
+    let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
+    let mut p = build(&dra, &inv).unwrap().plan;
+    let claim = crate::plan::dra_names::device_name(&uuid(0));
+    apply(&mut p, &Plan::default(), &claimed(&[(claim, "a")]), &inv);
+    assert!(p.resources[GPU].dra, "{:?}", p.drain);
+    assert!(p.drain.is_empty(), "{:?}", p.drain);
+}
+
+fn mps(replicas: u32, dra: bool) -> crate::policy::Policy {
+    parse(&format!(
+        "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: {replicas}\n        dra: {dra}\n"
+    ))
+    .unwrap()
+}
+
+fn time_sliced(replicas: u32) -> crate::policy::Policy {
+    policy(replicas)
+}
+
+/// `before` → `after` on `n` GPUs with `in_use` held, the drain rules applied.
+fn replanned(
+    before: &crate::policy::Policy,
+    after: &crate::policy::Policy,
+    n: u32,
+    in_use: &InUse,
+) -> Plan {
+    let inv = test_node(n);
+    let previous = build(before, &inv).unwrap().plan;
+    let mut p = build(after, &inv).unwrap().plan;
+    apply(&mut p, &previous, in_use, &inv);
+    p
+}
+
+/// MPS to MPS with another replica count while a client holds a replica that stays: the MPS
+/// pending-change rule covers it (the daemon keeps its limits until its clients leave), so
+/// the drain rules change nothing.
+#[test]
+fn an_mps_replica_count_change_under_a_holder_drains_nothing() {
+    let id = format!("{}::0", uuid(0));
+    let p = replanned(&mps(2, false), &mps(4, false), 1, &held(&[(&id, "a")]));
+    assert!(p.drain.is_empty(), "{:?}", p.drain);
+}
+
+/// MPS to time-slicing while a client holds GPU 0's replica 0: GPU 0's other new replica
+/// drains (the MPS exception covers MPS on both sides only).
+#[test]
+fn mps_to_time_slicing_under_a_holder_drains_its_gpu() {
+    let id = format!("{}::0", uuid(0));
+    let p = replanned(&mps(2, false), &time_sliced(2), 1, &held(&[(&id, "a")]));
+    assert_eq!(
+        listed(&p, GPU),
+        [
+            (id.clone(), "Healthy"),
+            (format!("{}::1", uuid(0)), "Unhealthy")
+        ]
+    );
+}
+
+/// An MPS resource moved to DRA (same replicas) while a device-plugin client holds a replica
+/// stays on the device plugin until it is gone: the MPS exception does not cover a path change.
+#[test]
+fn an_mps_resource_moved_to_dra_under_a_holder_stays_on_the_device_plugin() {
+    let id = format!("{}::0", uuid(0));
+    let p = replanned(&mps(2, false), &mps(2, true), 1, &held(&[(&id, "a")]));
+    assert!(!p.resources[GPU].dra, "{:?}", p.drain);
+}
