@@ -93,7 +93,7 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
             plural(policy.mps.resources.len(), "MPS entry", "MPS entries")
         ));
     }
-    if let (true, Some(l)) = (strict, policy.lenient.first()) {
+    if let (true, Some(l)) = (strict, policy.lenient.first().or(policy.extensions.first())) {
         return Err(CommandError::Strict {
             path,
             node: "any node".to_string(),
@@ -356,6 +356,15 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             let _ = write!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
             if let (Some(parent), Some(profile)) = (&d.parent, &d.profile) {
                 let _ = write!(out, "  MIG {profile} of {parent}");
+            }
+            if let Some(hard) = d.memory_hard_mib {
+                let _ = write!(out, "  memory {hard} MiB hard");
+                if let Some(soft) = d.memory_soft_mib {
+                    let _ = write!(out, ", {soft} MiB soft");
+                }
+                if d.memory_enforced == Some(false) {
+                    out.push_str(" (not enforced)");
+                }
             }
             out.push('\n');
         }

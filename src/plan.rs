@@ -41,6 +41,7 @@ use crate::policy::{Delivery, ResourceName, SharedAllocation};
 
 mod assemble;
 mod index;
+pub mod memory;
 mod select;
 mod size;
 
@@ -156,6 +157,8 @@ pub struct ResourcePlan {
     pub devices: Vec<VirtualDevice>,
     /// MPS resources: the control daemons behind the devices and their limits.
     pub mps: Option<MpsResource>,
+    /// Per-replica GPU memory limits (the entry's `memory`), and where they are not enforced.
+    pub memory: Option<memory::PlannedMemory>,
     /// How GetPreferredAllocation places replicas (`flags.plugin.sharedDevicesAllocationPolicy`;
     /// only time-sliced resources with more than one replica use it).
     pub shared_allocation: SharedAllocation,
@@ -209,6 +212,7 @@ impl ResourcePlan {
             delivery: Delivery::default(),
             devices,
             mps: None,
+            memory: None,
             by_id,
             units,
             links,
@@ -341,6 +345,9 @@ impl Plan {
                             health: d.health.as_str(),
                             parent: d.mig.as_ref().map(|m| m.parent_uuid.clone()),
                             profile: d.mig.as_ref().map(|m| m.profile.clone()),
+                            memory_hard_mib: r.memory.as_ref().map(|m| m.limits.hard_mib),
+                            memory_soft_mib: r.memory.as_ref().and_then(|m| m.limits.soft_mib),
+                            memory_enforced: r.memory.as_ref().map(|m| m.enforced(d)),
                         })
                         .collect(),
                 })
@@ -398,6 +405,16 @@ pub struct DeviceView {
     /// The MIG profile, for a MIG device (absent for a whole GPU).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
+    /// The replica's hard GPU memory limit, MiB (absent without `memory`).
+    #[serde(rename = "memoryHardMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_hard_mib: Option<u64>,
+    /// The replica's soft GPU memory limit, MiB (absent when not set).
+    #[serde(rename = "memorySoftMiB", skip_serializing_if = "Option::is_none")]
+    pub memory_soft_mib: Option<u64>,
+    /// Whether the node enforces the limit on this device's unit (absent without `memory`;
+    /// false only under `enforce: best-effort`).
+    #[serde(rename = "memoryEnforced", skip_serializing_if = "Option::is_none")]
+    pub memory_enforced: Option<bool>,
 }
 
 /// A plan that cannot be built for this node.
@@ -426,7 +443,7 @@ pub enum PlanError {
         profiles: String,
     },
     /// Two sharing entries claim one GPU.
-    #[error("{second}: GPU {gpu} ({uuid}) is already claimed by {first}; a GPU can be shared by one entry only")]
+    #[error("{second}: GPU {gpu} ({uuid}) is already claimed by {first}; a GPU can be shared by one entry only, or by several time-slicing entries that each set memory.hard")]
     GpuClaimedTwice {
         /// GPU index.
         gpu: u32,
@@ -450,6 +467,32 @@ pub enum PlanError {
         first: String,
         /// The entry that claimed it again.
         second: String,
+    },
+    /// A memory limit under `enforce: required` that this node cannot enforce on a unit.
+    #[error("{entry}.memory: cannot be enforced on {unit} ({uuid}): {reason}; fix that, or set memory.enforce: best-effort to serve it unenforced")]
+    MemoryNotEnforceable {
+        /// The sharing entry.
+        entry: String,
+        /// `GPU 3` or `MIG device 0:2`.
+        unit: String,
+        /// The unit's UUID.
+        uuid: String,
+        /// Why ([`memory::unenforceable`]).
+        reason: String,
+    },
+    /// The hard memory limits on one unit sum to more than its memory.
+    #[error("{unit} ({uuid}): the hard memory limits of its replicas sum to {total} MiB ({parts}), but it has {memory} MiB; lower memory.hard or replicas")]
+    MemoryOversubscribed {
+        /// `GPU 0` or `MIG device 4:1`.
+        unit: String,
+        /// The unit's UUID.
+        uuid: String,
+        /// The sum, MiB, with thousands separators.
+        total: String,
+        /// The unit's memory, MiB, with thousands separators.
+        memory: String,
+        /// Each entry's share: `sharing.timeSlicing.resources[0]: 3 × 30,720 MiB`.
+        parts: String,
     },
     /// A shared resource is advertised under a name that unshared devices still use.
     #[error("{entry}: advertises {name}, but devices {unclaimed} are not shared and are advertised whole as {name}; rename the entry or share every device")]

@@ -112,6 +112,11 @@ pub struct Inventory {
     /// `550.54.15`); `None` on a simulated node without `driverVersion`, or when NVML does not
     /// say.
     pub driver_version: Option<String>,
+    /// Whether the node runs the unified cgroup hierarchy (cgroup v2: `/sys/fs/cgroup` has
+    /// `cgroup.controllers`), which the driver's per-cgroup GPU memory limits need. True
+    /// from [`Inventory::new`]; NVML discovery reads it, a simulated node's `cgroupVersion`
+    /// sets it.
+    pub cgroup_v2: bool,
 }
 
 impl Inventory {
@@ -122,6 +127,7 @@ impl Inventory {
             gpus,
             links: topology::Topology::default(),
             driver_version: None,
+            cgroup_v2: true,
         }
     }
 

@@ -454,6 +454,10 @@ impl GpuSource for NvmlSource {
         let links = self.topology(&gpus);
         let mut inv = Inventory::new(gpus).with_links(links);
         inv.driver_version = self.nvml.sys_driver_version().ok();
+        inv.cgroup_v2 = self
+            .sysfs_root
+            .join("fs/cgroup/cgroup.controllers")
+            .is_file();
         mig::resolve_caps(&mut inv, &self.proc_root);
         Ok(inv)
     }

@@ -29,6 +29,7 @@
 //!     pcie: single                   # single | multiple | hostbridge
 //! nvswitch: true                     # optional: every pair all-to-all over NVSwitch
 //! driverVersion: "550.54.15"         # optional: the NVIDIA driver version NVML would report
+//! cgroupVersion: 2                   # optional: 1 or 2 (default); GPU memory limits need 2
 //! ```
 //!
 //! Without `links`, GPUs on the same `numaNode` are `node` (NVML's `NVML_TOPOLOGY_NODE`),
@@ -493,6 +494,17 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
     }
     let mut inventory = Inventory::new(gpus).with_links(links);
     inventory.driver_version.clone_from(&file.driver_version);
+    inventory.cgroup_v2 = match file.cgroup_version {
+        None | Some(2) => true,
+        Some(1) => false,
+        Some(v) => {
+            return Err(invalid(
+                path,
+                "cgroupVersion",
+                format!("{v} is not a cgroup version (1 or 2)"),
+            ))
+        }
+    };
     Ok(Parsed {
         inventory,
         xids,

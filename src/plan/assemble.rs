@@ -1,14 +1,14 @@
 //! Building a plan: the policy's entries claim the node's units, and the claimed and the
 //! unclaimed units become resources ([`build`], [`build_with`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::select::{claim_units, node_resources, Unit};
 use super::size::encoded_size;
 use super::{
-    mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan, PlanError, ResourcePlan,
-    Strategy, VirtualDevice, MAX_LIST_BYTES,
+    memory, mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan, PlanError,
+    ResourcePlan, Strategy, VirtualDevice, MAX_LIST_BYTES,
 };
 use crate::inventory::{mig, Inventory};
 use crate::policy::{DeviceSelector, Policy, ResourceName, SharedResource};
@@ -91,6 +91,8 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
 
     // unit uuid -> entry path that claimed it
     let mut claimed: HashMap<&str, &str> = HashMap::new();
+    // Units time-slicing entries with memory limits share.
+    let mut by_size: HashSet<&str> = HashSet::new();
     let mut shared: Vec<(&SharedResource, Vec<Unit<'_>>)> = Vec::new();
     for entry in &policy.time_slicing.resources {
         if let Some(picked) = claim_units(
@@ -98,6 +100,7 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
             policy.mig_strategy,
             &base,
             &mut claimed,
+            Some(&mut by_size),
             &mut warnings,
         )? {
             shared.push((entry, picked));
@@ -120,6 +123,16 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         .collect();
     let mut resources = BTreeMap::new();
     let fail_gt_one = policy.time_slicing.fail_requests_greater_than_one;
+    // Units shared by more than one entry number their replicas across the entries
+    // (`<uuid>::0`, `::1` for the first entry's, `::2` for the next one's), so every device
+    // ID on the node stays unique; `next` is the first free replica number per unit.
+    let mut entries_of: HashMap<&str, u32> = HashMap::new();
+    for (_, units) in &shared {
+        for u in units {
+            *entries_of.entry(u.uuid()).or_default() += 1;
+        }
+    }
+    let mut next: HashMap<&str, u32> = HashMap::new();
     for (entry, units) in &shared {
         if let Some(rest) = whole.get(entry.advertised.as_str()) {
             return Err(PlanError::NameCollision {
@@ -128,7 +141,7 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
                 unclaimed: rest.iter().map(Unit::label).collect::<Vec<_>>().join(","),
             });
         }
-        let res = resource(
+        let mut res = resource(
             &entry.advertised,
             Strategy::TimeSlicing,
             entry.replicas,
@@ -136,6 +149,7 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
             policy.pass_device_specs,
             units,
         )?;
+        renumber_shared(&mut res, units, &entries_of, &mut next);
         resources.insert(entry.advertised.to_string(), Arc::new(res));
     }
     mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
@@ -179,6 +193,14 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         fresh.delivery.clone_from(&policy.delivery);
         fresh.dra = policy.dra.contains(&fresh.name);
     }
+    let limits: BTreeMap<String, (String, crate::policy::MemoryLimits)> = policy
+        .time_slicing
+        .resources
+        .iter()
+        .chain(policy.mps.resources.iter().map(|m| &m.shared))
+        .filter_map(|e| Some((e.advertised.to_string(), (e.path.clone(), e.memory?))))
+        .collect();
+    memory::apply(&mut resources, &limits, inventory, &mut warnings)?;
     check_dra_overlap(&resources)?;
     Ok(Built {
         plan: Plan {
@@ -222,6 +244,42 @@ fn check_dra_overlap(resources: &BTreeMap<String, Arc<ResourcePlan>>) -> Result<
         }
     }
     Ok(())
+}
+
+/// Gives the devices of `res` on units several entries share (`entries_of` > 1) the replica
+/// numbers `next` says are free on their unit, in `<uuid>::<n>` form even for one replica, and
+/// moves `next` past them. Other units keep what [`resource`] gave them.
+fn renumber_shared<'a>(
+    res: &mut ResourcePlan,
+    units: &[Unit<'a>],
+    entries_of: &HashMap<&str, u32>,
+    next: &mut HashMap<&'a str, u32>,
+) {
+    if !units.iter().any(|u| entries_of.get(u.uuid()) > Some(&1)) {
+        return;
+    }
+    let mut devices = std::mem::take(&mut res.devices);
+    for d in &mut devices {
+        let Some(u) = units.iter().find(|u| u.uuid() == d.gpu_uuid) else {
+            continue;
+        };
+        if entries_of.get(u.uuid()) <= Some(&1) {
+            continue;
+        }
+        let n = next.entry(u.uuid()).or_default();
+        d.id = replica_id(u.uuid(), *n);
+        d.replica = Some(*n);
+        *n += 1;
+    }
+    let rebuilt = ResourcePlan::new(
+        res.name.clone(),
+        res.strategy,
+        res.replicas,
+        res.fail_requests_greater_than_one,
+        res.pass_device_specs,
+        devices,
+    );
+    *res = rebuilt;
 }
 
 fn resource(

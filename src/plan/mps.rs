@@ -212,9 +212,14 @@ pub(super) fn claim<'a>(
 ) -> Result<Vec<(&'a MpsEntry, Vec<MpsTarget>)>, PlanError> {
     let mut out = Vec::new();
     for entry in &policy.mps.resources {
-        if let Some(picked) =
-            claim_units(&entry.shared, policy.mig_strategy, base, claimed, warnings)?
-        {
+        if let Some(picked) = claim_units(
+            &entry.shared,
+            policy.mig_strategy,
+            base,
+            claimed,
+            None,
+            warnings,
+        )? {
             out.push((entry, picked.iter().map(MpsTarget::of).collect()));
         }
     }

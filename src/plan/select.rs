@@ -2,7 +2,7 @@
 //! ([`node_resources`]), the units a sharing entry's `devices` select ([`select`]), and the
 //! claim that keeps one unit in one entry ([`claim_units`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::{PlanError, WHOLE_GPU_RESOURCE};
 use crate::health::Health;
@@ -46,11 +46,16 @@ pub(super) type Units<'a> = BTreeMap<String, Vec<Unit<'a>>>;
 /// The devices of the node resource `entry` names that its `devices` selects, each recorded in
 /// `claimed` (one device claimed by two entries is an error naming both); `None`, with a
 /// warning, when the entry matches nothing on this node.
+///
+/// `by_size`: the units claimed by time-slicing entries with `memory.hard`, which other such
+/// entries may share (their limits are checked to fit later); `None` for MPS entries (one
+/// control daemon per GPU: never shared).
 pub(super) fn claim_units<'a>(
     entry: &'a SharedResource,
     mig_strategy: MigStrategy,
     base: &Units<'a>,
     claimed: &mut HashMap<&'a str, &'a str>,
+    mut by_size: Option<&mut HashSet<&'a str>>,
     warnings: &mut Vec<String>,
 ) -> Result<Option<Vec<Unit<'a>>>, PlanError> {
     let Some(units) = base.get(entry.source.as_str()) else {
@@ -83,7 +88,15 @@ pub(super) fn claim_units<'a>(
         ));
         return Ok(None);
     }
+    let sized = entry.memory.is_some();
     for u in &picked {
+        let shares = sized && by_size.as_ref().is_some_and(|b| b.contains(u.uuid()));
+        if let (true, Some(b)) = (sized, by_size.as_deref_mut()) {
+            b.insert(u.uuid());
+        }
+        if shares {
+            continue;
+        }
         if let Some(first) = claimed.insert(u.uuid(), &entry.path) {
             return Err(match u.mig {
                 None => PlanError::GpuClaimedTwice {

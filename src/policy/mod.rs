@@ -24,7 +24,7 @@ pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
 pub use overrides::FlagOverrides;
 pub use read::{read_bounded, Limits, ReadError};
-pub use schema::{DeviceRef, DeviceSelector, MigStrategy, SharedAllocation};
+pub use schema::{DeviceRef, DeviceSelector, Enforce, MigStrategy, SharedAllocation};
 
 /// Where a policy error is in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +99,19 @@ pub struct SharedResource {
     pub replicas: u32,
     /// `dra: true`: the replicas are served through DRA only (slicelet extension).
     pub dra: bool,
+    /// `memory`: each replica's GPU memory limits (slicelet extension); `None`: unlimited.
+    pub memory: Option<MemoryLimits>,
+}
+
+/// A sharing entry's `memory` after validation: per replica, MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Hard limit, MiB (allocations beyond it fail).
+    pub hard_mib: u64,
+    /// Soft limit (guaranteed share), MiB, at most `hard_mib`; `None`: not set.
+    pub soft_mib: Option<u64>,
+    /// Whether a limit that cannot be set stops the replica.
+    pub enforce: Enforce,
 }
 
 /// `sharing.timeSlicing` after validation.
@@ -157,6 +170,10 @@ pub struct Policy {
     /// mistake (a device listed twice, a UUID in a form NVML never reports, one replica per
     /// GPU): warnings, and errors under `slicelet validate --strict`. Each names its field path.
     pub lenient: Vec<String>,
+    /// slicelet extensions in use that change what a pod gets (per-replica `memory`), which
+    /// NVIDIA's plugin would ignore: refused by `slicelet validate --strict`. Each names its
+    /// field path.
+    pub extensions: Vec<String>,
 }
 
 impl Default for Policy {
@@ -175,6 +192,7 @@ impl Default for Policy {
             ignored_keys: Vec::new(),
             notices: Vec::new(),
             lenient: Vec::new(),
+            extensions: Vec::new(),
         }
     }
 }
@@ -402,6 +420,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                 "sharing.timeSlicing",
                 &mut policy.notices,
                 &mut policy.lenient,
+                &mut policy.extensions,
             )?;
         }
         if let Some(m) = sharing.mps {
@@ -410,6 +429,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                 &policy.time_slicing,
                 &mut policy.notices,
                 &mut policy.lenient,
+                &mut policy.extensions,
             )?;
         }
     }
@@ -440,6 +460,7 @@ fn validate_replicated(
     base: &str,
     notices: &mut Vec<String>,
     lenient: &mut Vec<String>,
+    extensions: &mut Vec<String>,
 ) -> Result<TimeSlicing, PolicyError> {
     let rename_by_default = ts.rename_by_default.unwrap_or(false);
     let mut out = TimeSlicing {
@@ -484,6 +505,16 @@ fn validate_replicated(
                 )
             });
         }
+        let memory = match entry.memory {
+            Some(m) => {
+                let limits = memory_limits(&m, &path)?;
+                extensions.push(format!(
+                    "{path}.memory: per-replica GPU memory limits are a slicelet extension; NVIDIA's plugin ignores them and enforces nothing"
+                ));
+                Some(limits)
+            }
+            None => None,
+        };
         out.resources.push(SharedResource {
             path,
             source: entry.name,
@@ -491,9 +522,30 @@ fn validate_replicated(
             devices,
             replicas: entry.replicas.0,
             dra: entry.dra.unwrap_or(false),
+            memory,
         });
     }
     Ok(out)
+}
+
+/// `memory` checked: `soft` at most `hard`.
+fn memory_limits(m: &schema::MemorySpec, path: &str) -> Result<MemoryLimits, PolicyError> {
+    if let Some(soft) = &m.soft {
+        if soft.mib > m.hard.mib {
+            return Err(err(
+                format!("{path}.memory.soft"),
+                format!(
+                    "{} ({} MiB) is more than memory.hard {} ({} MiB); the guaranteed share cannot exceed the limit",
+                    soft.text, soft.mib, m.hard.text, m.hard.mib
+                ),
+            ));
+        }
+    }
+    Ok(MemoryLimits {
+        hard_mib: m.hard.mib,
+        soft_mib: m.soft.as_ref().map(|s| s.mib),
+        enforce: m.enforce.unwrap_or_default(),
+    })
 }
 
 /// `devices` with each device once; a warning in `lenient` for each device listed twice and

@@ -68,6 +68,7 @@ pub(super) fn validate_mps(
     time_slicing: &TimeSlicing,
     notices: &mut Vec<String>,
     lenient: &mut Vec<String>,
+    slicelet_only: &mut Vec<String>,
 ) -> Result<Mps, PolicyError> {
     let base = "sharing.mps";
     let entries = mps.resources.unwrap_or_default();
@@ -81,6 +82,7 @@ pub(super) fn validate_mps(
             devices: e.devices,
             replicas: e.replicas,
             dra: e.dra,
+            memory: e.memory,
         });
     }
     let shared = validate_replicated(
@@ -92,6 +94,7 @@ pub(super) fn validate_mps(
         base,
         notices,
         lenient,
+        slicelet_only,
     )?;
     let mut out = Mps {
         fail_requests_greater_than_one: mps.fail_requests_greater_than_one.unwrap_or(true),
@@ -124,7 +127,8 @@ pub(super) fn validate_mps(
         }
         out.resources.push(MpsEntry {
             active_thread_percentage: pct.map_or(100 / entry.replicas, |p| p.0),
-            pinned_device_memory_limit_mib: mem.map(|m| m.mib),
+            // `memory.hard` is the daemon-enforced floor where the driver cannot partition.
+            pinned_device_memory_limit_mib: mem.map(|m| m.mib).or(entry.memory.map(|m| m.hard_mib)),
             shared: entry,
         });
     }

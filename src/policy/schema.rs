@@ -290,6 +290,9 @@ pub struct MpsResource {
     pub pinned_device_memory_limit: Option<MemoryQuantity>,
     /// slicelet extension: serve this entry's replicas through DRA only (default false).
     pub dra: Option<bool>,
+    /// slicelet extension: each client's GPU memory, enforced per container cgroup by the
+    /// driver (see [`MemorySpec`]).
+    pub memory: Option<MemorySpec>,
 }
 
 /// An integer percentage from 1 to 100, checked while parsing (so errors carry the line).
@@ -403,6 +406,48 @@ pub struct ReplicatedResource {
     /// slicelet extension: serve this entry's replicas through DRA only, not the device
     /// plugin (default false).
     pub dra: Option<bool>,
+    /// slicelet extension: each replica's GPU memory, enforced per container cgroup by the
+    /// driver (see [`MemorySpec`]).
+    pub memory: Option<MemorySpec>,
+}
+
+/// `memory` of a sharing entry (slicelet extension): the GPU memory each replica may use,
+/// set per container cgroup through NVML's memory partitioning (driver R615 and later,
+/// cgroup v2; `nvmlDeviceSetMemoryLimits_v1`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySpec {
+    /// The most a replica's container may allocate (allocations beyond fail with out of
+    /// memory), a Kubernetes quantity such as `20Gi`.
+    pub hard: MemoryQuantity,
+    /// The share guaranteed under memory pressure (above it a process may be evicted); at
+    /// most `hard`. Default: none (0).
+    pub soft: Option<MemoryQuantity>,
+    /// What happens where the limit cannot be set: `required` (default) refuses the plan or
+    /// fails container creation, `best-effort` serves and shows the replica unenforced.
+    pub enforce: Option<Enforce>,
+}
+
+/// `memory.enforce`: whether a memory limit that cannot be set stops the replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforce {
+    /// Fail closed: a plan that cannot enforce the limit is refused; the runtime hook fails
+    /// container creation when NVML refuses the limit.
+    #[default]
+    Required,
+    /// Serve anyway; the replica is shown unenforced in the plan, `/status` and `/metrics`.
+    BestEffort,
+}
+
+impl Enforce {
+    /// The policy's spelling: `required` or `best-effort`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforce::Required => "required",
+            Enforce::BestEffort => "best-effort",
+        }
+    }
 }
 
 /// `imex`. Recognised, not acted on.

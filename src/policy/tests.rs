@@ -676,3 +676,24 @@ fn dra_key_table() {
     assert_eq!(e.path, "sharing.timeSlicing.resources[0].dra", "{e}");
     assert!(e.location.is_some());
 }
+
+#[test]
+fn memory_limits_are_read_checked_and_listed_as_an_extension() {
+    let p = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        memory: {hard: 20Gi, soft: 16Gi}\n").unwrap();
+    let m = p.time_slicing.resources[0].memory.unwrap();
+    assert_eq!((m.hard_mib, m.soft_mib), (20480, Some(16384)));
+    assert_eq!(m.enforce, Enforce::Required);
+    assert_eq!(p.extensions.len(), 1);
+    assert!(p.extensions[0].starts_with("sharing.timeSlicing.resources[0].memory"));
+    let e = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        memory: {hard: 8Gi, soft: 16Gi}\n").unwrap_err();
+    assert_eq!(e.path, "sharing.timeSlicing.resources[0].memory.soft");
+    let e = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        memory: {hard: 8Gi, enforce: maybe}\n").unwrap_err();
+    assert!(e.path.contains("memory"), "{e}");
+    let e = parse("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        memory: {soft: 8Gi}\n").unwrap_err();
+    assert!(e.to_string().contains("hard"), "{e}");
+    let p = parse("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        memory: {hard: 8Gi, enforce: best-effort}\n").unwrap();
+    assert_eq!(
+        p.mps.resources[0].shared.memory.unwrap().enforce,
+        Enforce::BestEffort
+    );
+}

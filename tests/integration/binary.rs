@@ -132,6 +132,119 @@ async fn plan_json_has_the_documented_shape() {
     assert_eq!(v, want);
 }
 
+/// Per-replica memory limits: GPU 0 shared by size (2 × 20 GiB and 1 × 38 GiB), the JSON
+/// per device, `validate --strict` refusing the extension, and 3 × 30 GiB refused naming GPU 0
+/// and its memory.
+#[tokio::test]
+async fn memory_limits_plan_validate_and_refuse() {
+    let sim = node_file("h100-80gb-x8-r615.yaml");
+    let policy = repo().join("config/policy-memory.yaml");
+    let args = |cmd: &'static str, policy: &Path| {
+        vec![
+            cmd.to_string(),
+            "--config".into(),
+            policy.display().to_string(),
+            "--simulate".into(),
+            sim.display().to_string(),
+        ]
+    };
+    let mut plan = args("plan", &policy);
+    plan.extend(["--output".into(), "json".into()]);
+    let plan: Vec<&str> = plan.iter().map(String::as_str).collect();
+    let out = output(&plan).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hard: Vec<(String, u64)> = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["devices"].as_array().unwrap().iter())
+        .filter_map(|d| Some((d["id"].as_str()?.to_string(), d["memoryHardMiB"].as_u64()?)))
+        .collect();
+    let gpu0 = &uuids(&sim)[0];
+    assert_eq!(
+        hard,
+        [
+            (format!("{gpu0}::0"), 20480),
+            (format!("{gpu0}::1"), 20480),
+            (format!("{gpu0}::2"), 38912),
+        ]
+    );
+    let mut strict = args("validate", &policy);
+    strict.push("--strict".into());
+    let strict: Vec<&str> = strict.iter().map(String::as_str).collect();
+    let out = output(&strict).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("resources[0].memory"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let over = dir.path().join("over.yaml");
+    std::fs::write(
+        &over,
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-30gb\n        devices: [0]\n        replicas: 3\n        memory: {hard: 30Gi}\n",
+    )
+    .unwrap();
+    let validate = args("validate", &over);
+    let validate: Vec<&str> = validate.iter().map(String::as_str).collect();
+    let out = output(&validate).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("GPU 0 ({gpu0})")), "{err}");
+    assert!(err.contains("81,559 MiB"), "{err}");
+}
+
+/// On a node discovered through NVML, the driver version and the cgroup hierarchy (read under
+/// `--sysfs-root`) decide whether `enforce: required` limits can be planned.
+#[tokio::test]
+async fn memory_limits_follow_the_nvml_driver_and_the_cgroup_hierarchy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut inv = two_gpus();
+    inv["driverVersion"] = serde_json::json!("615.20");
+    let inventory = write_inventory(dir.path(), inv);
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-small\n        replicas: 2\n        memory: {hard: 4Gi}\n",
+    )
+    .unwrap();
+    let sysfs = dir.path().join("sys");
+    std::fs::create_dir_all(sysfs.join("fs/cgroup")).unwrap();
+    let plan = || {
+        Command::new(bin())
+            .args(["plan", "--output", "json", "--config"])
+            .arg(&policy)
+            .arg("--nvml-library")
+            .arg(fake_nvml())
+            .arg("--sysfs-root")
+            .arg(&sysfs)
+            .env("FAKE_NVML_INVENTORY", &inventory)
+            .output()
+    };
+    // No cgroup.controllers: cgroup v1.
+    let out = plan().await.unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cgroup v1"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(sysfs.join("fs/cgroup/cgroup.controllers"), "cpu memory\n").unwrap();
+    let out = plan().await.unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let enforced: Vec<bool> = v["resources"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["memoryEnforced"].as_bool().unwrap())
+        .collect();
+    assert_eq!(enforced, [true; 4], "{v}");
+}
+
 #[tokio::test]
 async fn plan_json_carries_the_warnings_the_table_prints() {
     // GPU 3 is not on a 1-GPU node: a warning, not an error (one ConfigMap serves a fleet).

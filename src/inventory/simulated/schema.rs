@@ -13,6 +13,9 @@ pub(super) struct NodeFile {
     pub(super) nvswitch: bool,
     #[serde(default, rename = "driverVersion")]
     pub(super) driver_version: Option<String>,
+    /// `cgroupVersion`: 1 or 2 (default 2).
+    #[serde(default, rename = "cgroupVersion")]
+    pub(super) cgroup_version: Option<u8>,
 }
 
 /// `links[i]`: how two GPUs are connected.

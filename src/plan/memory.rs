@@ -1,0 +1,213 @@
+//! GPU memory limits per replica (a sharing entry's `memory`): whether the node can enforce
+//! them on each physical unit, and whether the units' limits fit their memory.
+//!
+//! The driver partitions device memory per container cgroup (NVML
+//! `nvmlDeviceSetMemoryLimits_v1`, driver R615 and later, cgroup v2). It takes no MIG handle
+//! (a MIG device is isolated by the hardware already), and slicelet sets the limit from a CDI
+//! hook the container runtime runs, so a resource served without CDI (`deviceListStrategy`
+//! without a `cdi-*` strategy, and not DRA) cannot have it either. Under `enforce: required`
+//! (the default) a unit that cannot enforce its limit is a plan error naming the reason;
+//! under `best-effort` it is served and marked unenforced.
+//!
+//! Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use super::{PlanError, ResourcePlan, VirtualDevice};
+use crate::inventory::Inventory;
+use crate::policy::{Enforce, MemoryLimits};
+
+/// The first driver branch with per-cgroup GPU memory limits (R615, CUDA 13.4).
+pub const MIN_DRIVER_MAJOR: u32 = 615;
+
+/// A resource's memory limits as planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedMemory {
+    /// The sharing entry they come from (`sharing.timeSlicing.resources[1]`), for messages.
+    pub entry: String,
+    /// Per replica, MiB.
+    pub limits: MemoryLimits,
+    /// Physical unit (GPU or MIG UUID) → why its limit cannot be enforced (only under
+    /// `best-effort`; under `required` such a unit is a plan error).
+    pub unenforced: BTreeMap<String, String>,
+}
+
+impl PlannedMemory {
+    /// Whether device `d`'s limit is enforced (its unit has no reason against it).
+    pub fn enforced(&self, d: &VirtualDevice) -> bool {
+        !self.unenforced.contains_key(&d.gpu_uuid)
+    }
+}
+
+/// Why the node cannot enforce a memory limit on `d`'s unit, or `None` when it can: a MIG
+/// device; a driver older than R615 or of unknown version; cgroup v1; a device-plugin resource
+/// without a `cdi-*` list strategy (`dra`: served through DRA, which always uses CDI).
+pub fn unenforceable(
+    inventory: &Inventory,
+    d: &VirtualDevice,
+    dra: bool,
+    cdi: bool,
+) -> Option<String> {
+    if d.mig.is_some() {
+        return Some(
+            "it is a MIG device (isolated by the hardware already; NVML sets no memory limits on MIG handles)"
+                .to_string(),
+        );
+    }
+    match inventory.driver_version.as_deref() {
+        None => {
+            return Some(
+                "the driver version is unknown (memory limits need R615 or later)".to_string(),
+            )
+        }
+        Some(v) => {
+            let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
+            if major.is_none_or(|m| m < MIN_DRIVER_MAJOR) {
+                return Some(format!(
+                    "driver {v} is older than R{MIN_DRIVER_MAJOR}, the first with per-cgroup memory limits"
+                ));
+            }
+        }
+    }
+    if !inventory.cgroup_v2 {
+        return Some("the node runs cgroup v1 (memory limits need cgroup v2)".to_string());
+    }
+    if !dra && !cdi {
+        return Some(
+            "flags.plugin.deviceListStrategy has no cdi-annotations or cdi-cri (the limit is set by a CDI hook)"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// Marks each resource of `limits` (advertised name → entry path and limits) with its
+/// memory limits and the units that cannot enforce them; then checks that on every physical
+/// unit the hard limits of all its devices sum to at most the unit's memory.
+///
+/// # Errors
+/// [`PlanError::MemoryNotEnforceable`] for a unit under `enforce: required` that cannot
+/// enforce its limit; [`PlanError::MemoryOversubscribed`] for a unit whose limits exceed its
+/// memory.
+pub(super) fn apply(
+    resources: &mut BTreeMap<String, std::sync::Arc<ResourcePlan>>,
+    limits: &BTreeMap<String, (String, MemoryLimits)>,
+    inventory: &Inventory,
+    warnings: &mut Vec<String>,
+) -> Result<(), PlanError> {
+    for (name, (entry, l)) in limits {
+        let Some(res) = resources.get_mut(name) else {
+            continue;
+        };
+        let res = std::sync::Arc::make_mut(res);
+        let mut planned = PlannedMemory {
+            entry: entry.clone(),
+            limits: *l,
+            unenforced: BTreeMap::new(),
+        };
+        let cdi = res.delivery.strategies.uses_cdi();
+        for d in &res.devices {
+            if planned.unenforced.contains_key(&d.gpu_uuid) {
+                continue;
+            }
+            let Some(reason) = unenforceable(inventory, d, res.dra, cdi) else {
+                continue;
+            };
+            let unit = unit_label(d);
+            if l.enforce == Enforce::Required {
+                return Err(PlanError::MemoryNotEnforceable {
+                    entry: entry.clone(),
+                    unit,
+                    uuid: d.gpu_uuid.clone(),
+                    reason,
+                });
+            }
+            warnings.push(format!(
+                "{entry}.memory: not enforced on {unit} ({}): {reason}; served under enforce: best-effort",
+                d.gpu_uuid
+            ));
+            planned.unenforced.insert(d.gpu_uuid.clone(), reason);
+        }
+        res.memory = Some(planned);
+    }
+    check_fits(resources, inventory)
+}
+
+/// `3` for GPU 3, `MIG device 0:2` for MIG device 2 of GPU 0.
+fn unit_label(d: &VirtualDevice) -> String {
+    match &d.mig {
+        None => format!("GPU {}", d.gpu_index),
+        Some(m) => format!("MIG device {}:{}", d.gpu_index, m.index),
+    }
+}
+
+/// A physical unit as (GPU index, MIG index, UUID), ordered as the plan lists them.
+type UnitKey<'a> = (u32, Option<u32>, &'a str);
+
+/// Every unit's hard limits (each device of a resource with memory limits counts its
+/// resource's `hard`) at most the unit's memory.
+fn check_fits(
+    resources: &BTreeMap<String, std::sync::Arc<ResourcePlan>>,
+    inventory: &Inventory,
+) -> Result<(), PlanError> {
+    // (GPU index, MIG index, unit UUID) → (total MiB, each entry's "n × MiB").
+    let mut units: BTreeMap<UnitKey<'_>, (u64, Vec<String>)> = BTreeMap::new();
+    for res in resources.values() {
+        let Some(m) = &res.memory else { continue };
+        let mut per_unit: BTreeMap<UnitKey<'_>, u64> = BTreeMap::new();
+        for d in &res.devices {
+            let (g, mig) = d.unit_order();
+            *per_unit.entry((g, mig, d.gpu_uuid.as_str())).or_default() += 1;
+        }
+        for (key, n) in per_unit {
+            let e = units.entry(key).or_default();
+            e.0 += n * m.limits.hard_mib;
+            e.1.push(format!(
+                "{}: {n} × {} MiB",
+                m.entry,
+                thousands(m.limits.hard_mib)
+            ));
+        }
+    }
+    for ((gpu, mig, uuid), (total, parts)) in units {
+        let Some(g) = inventory.by_index(gpu) else {
+            continue;
+        };
+        let (memory, unit) = match mig {
+            None => (g.memory_mib, format!("GPU {gpu}")),
+            Some(i) => (
+                g.mig_devices
+                    .iter()
+                    .find(|m| m.uuid == uuid)
+                    .map_or(0, |m| m.memory_mib),
+                format!("MIG device {gpu}:{i}"),
+            ),
+        };
+        if total > memory {
+            return Err(PlanError::MemoryOversubscribed {
+                unit,
+                uuid: uuid.to_string(),
+                total: thousands(total),
+                memory: thousands(memory),
+                parts: parts.join("; "),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `81559` as `81,559`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
