@@ -52,6 +52,51 @@ pub enum Command {
     /// Show this node's GPUs, who holds each device and how much each container uses, from a
     /// running daemon's `/status` (refreshes every second; `--once` prints once).
     Top(TopArgs),
+    /// OCI runtime hooks the CDI specs slicelet writes name (run by the container runtime,
+    /// not by hand).
+    #[command(subcommand)]
+    Hook(HookCommand),
+}
+
+/// `slicelet hook …`.
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// createContainer hook: set the container cgroup's GPU memory limits through NVML (the
+    /// OCI state on stdin), read them back, and fail container creation under
+    /// `--enforce required` when they do not hold.
+    SetMemoryLimits(SetMemoryLimitsArgs),
+}
+
+/// `slicelet hook set-memory-limits`.
+#[derive(Debug, Clone, Args)]
+pub struct SetMemoryLimitsArgs {
+    /// The GPU's UUID.
+    #[arg(long)]
+    pub gpu: String,
+    /// Hard limit, MiB.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hard_mib: u64,
+    /// Soft limit, MiB (default: none).
+    #[arg(long, default_value_t = 0)]
+    pub soft_mib: u64,
+    /// `required`: a limit that cannot be set fails container creation; `best-effort`: the
+    /// container starts and the miss is printed.
+    #[arg(long, default_value = "required", value_parser = parse_enforce)]
+    pub enforce: crate::policy::Enforce,
+    /// The NVML library (default libnvidia-ml.so.1).
+    #[arg(long)]
+    pub nvml_library: Option<PathBuf>,
+    /// Where the cgroup v2 hierarchy is mounted.
+    #[arg(long, default_value = crate::hook::DEFAULT_CGROUP_ROOT)]
+    pub cgroup_root: PathBuf,
+}
+
+fn parse_enforce(s: &str) -> Result<crate::policy::Enforce, String> {
+    match s {
+        "required" => Ok(crate::policy::Enforce::Required),
+        "best-effort" => Ok(crate::policy::Enforce::BestEffort),
+        other => Err(format!("{other:?} is not required or best-effort")),
+    }
 }
 
 /// `slicelet top`.

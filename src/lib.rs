@@ -25,6 +25,7 @@ pub mod dra;
 pub mod errors;
 pub mod files;
 pub mod health;
+pub mod hook;
 pub mod inventory;
 pub mod k8s;
 pub mod kubelet;

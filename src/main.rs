@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use slicelet::cli::{Cli, Command, LogFormat, OutputFormat};
+use slicelet::cli::{Cli, Command, HookCommand, LogFormat, OutputFormat};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -96,6 +96,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime
                 .block_on(slicelet::top::run(&args.source(), args.once))
                 .context("slicelet top")
+        }
+        Command::Hook(HookCommand::SetMemoryLimits(a)) => {
+            let req = slicelet::hook::Request {
+                gpu: a.gpu,
+                hard_mib: a.hard_mib,
+                soft_mib: a.soft_mib,
+                enforce: a.enforce,
+                nvml_library: a.nvml_library,
+                cgroup_root: a.cgroup_root,
+            };
+            match slicelet::hook::set_memory_limits(&req, std::io::stdin().lock()) {
+                Ok((cgroup, l)) => {
+                    eprintln!(
+                        "slicelet hook: GPU {}: {} MiB hard, {} MiB soft set for {}",
+                        req.gpu,
+                        l.hard / (1024 * 1024),
+                        l.soft / (1024 * 1024),
+                        cgroup.display()
+                    );
+                    Ok(())
+                }
+                Err(e) if req.enforce == slicelet::policy::Enforce::BestEffort => {
+                    eprintln!("slicelet hook: not enforced (best-effort): {e}");
+                    Ok(())
+                }
+                Err(e) => Err(anyhow::Error::new(e)
+                    .context("GPU memory limit not set under enforce: required")),
+            }
         }
         Command::Validate(args) => {
             let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;

@@ -11,12 +11,12 @@ use tokio::process::{Child, Command};
 
 use crate::common::*;
 
-fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_slicelet")
 }
 
 /// The fake libnvidia-ml built as a dev-dependency: it sits in this test binary's `deps/`.
-fn fake_nvml() -> PathBuf {
+pub(crate) fn fake_nvml() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
     let lib = deps.join("libfake_nvml.so");

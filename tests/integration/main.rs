@@ -8,6 +8,7 @@ mod daemon;
 mod dra;
 mod drain;
 mod fixtures;
+mod hook;
 mod hostile;
 mod interop;
 mod labels;

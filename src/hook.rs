@@ -1,0 +1,224 @@
+//! `slicelet hook set-memory-limits`: the OCI `createContainer` hook that sets a container's
+//! GPU memory limits before its first instruction.
+//!
+//! The container runtime (containerd ≥ 1.7, CRI-O, podman) runs it from the CDI spec's
+//! `hooks` for a device with memory limits, with the container's OCI state on stdin (OCI
+//! runtime spec, "State": `{"ociVersion", "id", "status", "pid", "bundle", "annotations"}`).
+//! At `createContainer` the container's cgroup exists and its process has not started. The
+//! hook reads the cgroup from the bundle's `config.json` (`linux.cgroupsPath`, either a path
+//! or systemd's `slice:prefix:name`), and asks NVML to limit the GPU's memory for that cgroup
+//! (`nvmlDeviceSetMemoryLimits_v1`: the cgroup's full sysfs path, soft and hard limits in
+//! bytes; driver R615 and later, cgroup v2, no MIG handles), then reads the limits back
+//! (`nvmlDeviceGetMemoryLimits_v1`) and checks they hold.
+//!
+//! Under `--enforce required` any failure exits non-zero, which fails container creation
+//! (the runtime reports the hook's stderr); under `best-effort` the hook says why on stderr
+//! and exits 0. The driver clears the limits when the cgroup is removed.
+
+mod nvml;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::policy::Enforce;
+
+pub use nvml::{Limits, NVML_DEVICE_MEMORY_LIMIT_MAX};
+
+/// The largest OCI state read from stdin, bytes (a state is well under 64 KiB).
+pub const MAX_STATE_BYTES: u64 = 1024 * 1024;
+/// The largest bundle `config.json` read, bytes.
+pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+/// Where the unified cgroup hierarchy is mounted.
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const MIB: u64 = 1024 * 1024;
+
+/// What `set-memory-limits` is asked to do.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The GPU's UUID (`GPU-…`); a `MIG-…` UUID is refused by NVML (not supported).
+    pub gpu: String,
+    /// Hard limit, MiB.
+    pub hard_mib: u64,
+    /// Soft limit, MiB (0: none).
+    pub soft_mib: u64,
+    /// Whether a failure fails container creation.
+    pub enforce: Enforce,
+    /// The NVML library (default `libnvidia-ml.so.1` from the loader path).
+    pub nvml_library: Option<PathBuf>,
+    /// Where the cgroup v2 hierarchy is mounted (default [`DEFAULT_CGROUP_ROOT`]).
+    pub cgroup_root: PathBuf,
+}
+
+/// Why the limit was not set.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// The OCI state on stdin or the bundle's `config.json` could not be read or parsed.
+    #[error("reading {what}: {message}")]
+    Input {
+        /// `the OCI state on stdin` or the config file's path.
+        what: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// `linux.cgroupsPath` is missing or not a form the hook knows.
+    #[error("the container's cgroup: {0}")]
+    Cgroup(String),
+    /// NVML refused or failed.
+    #[error("GPU {gpu}: {message}")]
+    Nvml {
+        /// The GPU's UUID.
+        gpu: String,
+        /// NVML's answer.
+        message: String,
+    },
+    /// NVML accepted the limit but reads back something else.
+    #[error("GPU {gpu}: the limit reads back as hard {read_hard} bytes, soft {read_soft}, not the {want_hard} bytes set for {cgroup}")]
+    Readback {
+        /// The GPU's UUID.
+        gpu: String,
+        /// The cgroup directory.
+        cgroup: String,
+        /// What was set, bytes.
+        want_hard: u64,
+        /// What reads back, bytes.
+        read_hard: u64,
+        /// The soft limit read back, bytes.
+        read_soft: u64,
+    },
+}
+
+#[derive(Deserialize)]
+struct State {
+    bundle: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct Config {
+    linux: Option<Linux>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Linux {
+    cgroups_path: Option<String>,
+}
+
+/// Runs the hook: `state` is the runtime's stdin. Ok: the cgroup directory and the limits
+/// read back.
+///
+/// # Errors
+/// [`HookError`]; the caller decides from [`Request::enforce`] whether it fails the container.
+pub fn set_memory_limits(req: &Request, state: impl Read) -> Result<(PathBuf, Limits), HookError> {
+    let mut text = String::new();
+    state
+        .take(MAX_STATE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| input("the OCI state on stdin", e))?;
+    if text.len() as u64 > MAX_STATE_BYTES {
+        return Err(input("the OCI state on stdin", "larger than 1 MiB"));
+    }
+    let state: State =
+        serde_json::from_str(&text).map_err(|e| input("the OCI state on stdin", e))?;
+    let config_path = state.bundle.join("config.json");
+    let what = config_path.display().to_string();
+    let file = std::fs::File::open(&config_path).map_err(|e| input(&what, e))?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| input(&what, e))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(input(&what, "larger than 16 MiB"));
+    }
+    let config: Config = serde_json::from_str(&text).map_err(|e| input(&what, e))?;
+    let path = config
+        .linux
+        .and_then(|l| l.cgroups_path)
+        .ok_or_else(|| HookError::Cgroup(format!("{what} has no linux.cgroupsPath")))?;
+    let dir = cgroup_dir(&path, &req.cgroup_root)?;
+    let want = Limits {
+        soft: req.soft_mib.saturating_mul(MIB),
+        hard: req.hard_mib.saturating_mul(MIB),
+        used: 0,
+    };
+    let read = nvml::set_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, want).map_err(
+        |message| HookError::Nvml {
+            gpu: req.gpu.clone(),
+            message,
+        },
+    )?;
+    if read.hard != want.hard || read.soft != want.soft {
+        return Err(HookError::Readback {
+            gpu: req.gpu.clone(),
+            cgroup: dir.display().to_string(),
+            want_hard: want.hard,
+            read_hard: read.hard,
+            read_soft: read.soft,
+        });
+    }
+    Ok((dir, read))
+}
+
+fn input(what: &str, e: impl std::fmt::Display) -> HookError {
+    HookError::Input {
+        what: what.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The cgroup directory of `linux.cgroupsPath` under `root`: an absolute or relative path
+/// (cgroupfs driver: `/kubepods/burstable/pod<uid>/<id>`), or systemd's `slice:prefix:name`
+/// (`kubepods-burstable-pod<uid>.slice:cri-containerd:<id>` →
+/// `kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`,
+/// each `-` in a slice name a level, as systemd.slice(5) says). `..` components are refused.
+///
+/// # Errors
+/// [`HookError::Cgroup`] for an empty path, `..`, or a systemd form with an empty part.
+pub fn cgroup_dir(cgroups_path: &str, root: &Path) -> Result<PathBuf, HookError> {
+    let bad = |why: &str| HookError::Cgroup(format!("linux.cgroupsPath {cgroups_path:?} {why}"));
+    let rel: PathBuf = if cgroups_path.starts_with('/') || !cgroups_path.contains(':') {
+        PathBuf::from(cgroups_path.trim_start_matches('/'))
+    } else {
+        let mut parts = cgroups_path.splitn(3, ':');
+        let (Some(slice), Some(prefix), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("is not slice:prefix:name"));
+        };
+        if prefix.is_empty() || name.is_empty() {
+            return Err(bad("has an empty prefix or name"));
+        }
+        let mut out = PathBuf::new();
+        if !slice.is_empty() && slice != "-.slice" {
+            let stem = slice
+                .strip_suffix(".slice")
+                .ok_or_else(|| bad("names a slice not ending in .slice"))?;
+            let mut level = String::new();
+            for part in stem.split('-') {
+                if part.is_empty() {
+                    return Err(bad("has an empty slice level"));
+                }
+                if !level.is_empty() {
+                    level.push('-');
+                }
+                level.push_str(part);
+                out.push(format!("{level}.slice"));
+            }
+        }
+        out.push(format!("{prefix}-{name}.scope"));
+        out
+    };
+    if rel.as_os_str().is_empty() {
+        return Err(bad("is empty"));
+    }
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(bad("leaves the cgroup hierarchy"));
+    }
+    Ok(root.join(rel))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! `slicelet hook set-memory-limits` run the way a container runtime runs a createContainer
+//! hook: the OCI state on stdin, the bundle's `config.json` beside it, the fake NVML library
+//! recording the limits per cgroup path in its state directory (shared between processes, as
+//! the driver's are).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::binary::{bin, fake_nvml};
+
+const GPU: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+const MIG: &str = "MIG-bbbbbbbb-0000-0000-0000-000000000000";
+const MIB: u64 = 1024 * 1024;
+
+struct Setup {
+    dir: tempfile::TempDir,
+    cgroup: PathBuf,
+    state: String,
+}
+
+/// A bundle whose container's cgroup is `/kubepods/pod-a/ctr-1` under a cgroup root of the
+/// test's own, an NVML inventory with driver `driver` (one H100, one with a MIG device).
+fn setup(driver: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = dir.path().join("cgroup/kubepods/pod-a/ctr-1");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        r#"{"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "linux": {"cgroupsPath": "/kubepods/pod-a/ctr-1"}}"#,
+    )
+    .unwrap();
+    let inventory = serde_json::json!({"driverVersion": driver, "gpus": [
+        {"uuid": GPU, "name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "minor": 0,
+         "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0"},
+        {"uuid": "GPU-bbbbbbbb-1111-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3",
+         "memoryMiB": 81559, "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:2A:00.0",
+         "migMode": 1, "migPendingMode": 1, "maxMigDevices": 7,
+         "migDevices": [{"uuid": MIG, "profile": "3g.40gb", "memoryMiB": 40320, "giId": 1, "ciId": 0}]}
+    ]});
+    std::fs::write(dir.path().join("nvml.json"), inventory.to_string()).unwrap();
+    let state = serde_json::json!({"ociVersion": "1.0.2", "id": "ctr-1", "status": "creating",
+        "pid": 4242, "bundle": bundle, "annotations": {}})
+    .to_string();
+    Setup { dir, cgroup, state }
+}
+
+async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
+    let mut child = Command::new(bin())
+        .args(["hook", "set-memory-limits", "--gpu", gpu])
+        .args([
+            "--hard-mib",
+            "20480",
+            "--soft-mib",
+            "16384",
+            "--enforce",
+            enforce,
+        ])
+        .arg("--nvml-library")
+        .arg(fake_nvml())
+        .arg("--cgroup-root")
+        .arg(s.dir.path().join("cgroup"))
+        .env("FAKE_NVML_INVENTORY", s.dir.path().join("nvml.json"))
+        .env("FAKE_NVML_STATE_DIR", s.dir.path().join("nvml-state"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(s.state.as_bytes()).await.unwrap();
+    drop(stdin);
+    child.wait_with_output().await.unwrap()
+}
+
+/// The fake driver's records (`FAKE_NVML_STATE_DIR`): (GPU UUID, cgroup path, soft, hard).
+fn records(dir: &Path) -> Vec<(String, String, u64, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir.join("nvml-state")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            if p.extension()? != "json" {
+                return None;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            Some((
+                v["uuid"].as_str()?.to_string(),
+                v["nameSpace"].as_str()?.to_string(),
+                v["softLimit"].as_u64()?,
+                v["hardLimit"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn the_hook_sets_the_containers_cgroup_limit_and_reads_it_back() {
+    let s = setup("615.20");
+    let out = hook(&s, GPU, "required").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("20480 MiB hard, 16384 MiB soft"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        records(s.dir.path()),
+        [(
+            GPU.to_string(),
+            s.cgroup.display().to_string(),
+            16384 * MIB,
+            20480 * MIB
+        )]
+    );
+}
+
+#[tokio::test]
+async fn required_fails_container_creation_where_the_driver_cannot_and_best_effort_does_not() {
+    // A MIG device: NVML takes no memory limits on MIG handles.
+    let s = setup("615.20");
+    let out = hook(&s, MIG, "required").await;
+    assert!(
+        !out.status.success(),
+        "the hook let a container start unlimited"
+    );
+    assert!(stderr(&out).contains("NOT_SUPPORTED"), "{}", stderr(&out));
+    let out = hook(&s, MIG, "best-effort").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not enforced"), "{}", stderr(&out));
+    assert!(records(s.dir.path()).is_empty());
+    // A driver before R615.
+    let s = setup("550.54.15");
+    let out = hook(&s, GPU, "required").await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("NOT_SUPPORTED"), "{}", stderr(&out));
+    // A cgroup that does not exist (the runtime has not made it, or the path is wrong).
+    let s = setup("615.20");
+    std::fs::remove_dir(&s.cgroup).unwrap();
+    let out = hook(&s, GPU, "required").await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
+}
