@@ -19,6 +19,9 @@
 //!   - `cdi-annotations`: the annotation [`annotation_key`] = the comma-joined CDI names;
 //!   - `cdi-cri`: the CDI names (`<kind>=<id>`) in `cdi_devices`.
 //!
+//!   A resource with enforced memory limits adds, per unit, slicelet's own CDI device for the
+//!   replicas asked there ([`crate::cdi::memory`]): its hook sets the container's limit.
+//!
 //!   When every selected strategy is `cdi-*`, there is no `NVIDIA_VISIBLE_DEVICES` and no
 //!   device specs (NVIDIA's rule). `CUDA_VISIBLE_DEVICES` always lists the UUIDs (except for
 //!   MPS clients, see [`mps`]); MPS clients get their environment and mounts whatever the
@@ -174,6 +177,8 @@ pub fn allocate(
     // One entry per physical unit (GPU or MIG device), in (GPU index, MIG index) order.
     let mut units: BTreeMap<(u32, Option<u32>), &VirtualDevice> = BTreeMap::new();
     let mut distinct_ids = BTreeSet::new();
+    // Replicas asked per unit (memory limits scale with them).
+    let mut per_unit: BTreeMap<(u32, Option<u32>), u32> = BTreeMap::new();
     for id in ids {
         let dev = res.device(id).ok_or_else(|| AllocateError::UnknownDevice {
             resource: res.name.to_string(),
@@ -185,6 +190,7 @@ pub fn allocate(
             distinct_ids.insert(id.as_str());
         }
         units.entry(dev.unit_order()).or_insert(dev);
+        *per_unit.entry(dev.unit_order()).or_default() += 1;
     }
     if res.strategy == Strategy::Mps {
         mps::check_request(res, ids)?;
@@ -232,10 +238,16 @@ pub fn allocate(
         }
     }
     if strategies.uses_cdi() {
-        let names: Vec<String> = units
+        let mut names: Vec<String> = units
             .values()
             .map(|d| cdi::qualified_name(&delivery.cdi_kind, d, delivery.id))
             .collect();
+        // slicelet's own device per unit: the hook that sets the container's memory limit.
+        names.extend(
+            units
+                .iter()
+                .filter_map(|(k, d)| cdi::memory::qualified_name(res, d, per_unit[k])),
+        );
         if strategies.cdi_annotations {
             out.annotations.insert(
                 annotation_key(&delivery.annotation_prefix, res.name.as_str(), &names),

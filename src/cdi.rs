@@ -393,5 +393,7 @@ pub fn unresolved(plan: &Plan, index: &SpecIndex) -> BTreeMap<String, String> {
     out
 }
 
+pub mod memory;
+
 #[cfg(test)]
 mod tests;

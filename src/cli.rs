@@ -332,6 +332,34 @@ fn parse_go_bool(s: &str) -> Result<Unset<bool>, String> {
     }
 }
 
+/// slicelet's own CDI spec for devices with memory limits (the policy's `memory`).
+#[derive(Debug, Clone, Args)]
+pub struct MemoryArgs {
+    /// Directory slicelet writes its memory-limit CDI spec to (slicelet-memory.json, kind
+    /// gpu.slicelet.io/memory); the container runtime must read it (a CDI spec directory).
+    #[arg(long, env = "SLICELET_MEMORY_SPEC_DIR", default_value = "/var/run/cdi")]
+    pub memory_spec_dir: PathBuf,
+    /// The host path of the slicelet binary the spec's createContainer hooks run (the
+    /// DaemonSet's init container copies it there).
+    #[arg(long, env = "SLICELET_HOOK_BINARY", default_value = crate::cdi::memory::DEFAULT_HOOK_BINARY)]
+    pub hook_binary: PathBuf,
+    /// Environment for the hook, KEY=VALUE, comma-separated (e.g. LD_LIBRARY_PATH where the
+    /// driver's libraries are outside the loader's path).
+    #[arg(long, env = "SLICELET_HOOK_ENV", value_delimiter = ',')]
+    pub hook_env: Vec<String>,
+}
+
+impl MemoryArgs {
+    fn apply(&self, s: &mut crate::settings::Settings) {
+        s.memory_spec_dir = Some(self.memory_spec_dir.clone());
+        s.memory_hook = crate::cdi::memory::HookConfig {
+            binary: self.hook_binary.clone(),
+            nvml_library: s.nvml_library.clone(),
+            env: self.hook_env.clone(),
+        };
+    }
+}
+
 /// Where CDI device names come from (`deviceListStrategy: cdi-annotations` or `cdi-cri`).
 #[derive(Debug, Clone, Args)]
 pub struct CdiArgs {
@@ -440,6 +468,9 @@ pub struct RunArgs {
     /// CDI names and specs (used with a cdi-* deviceListStrategy).
     #[command(flatten)]
     pub cdi: CdiArgs,
+    /// slicelet's CDI spec for memory-limited devices and its hook.
+    #[command(flatten)]
+    pub memory: MemoryArgs,
     /// What is in use, and GPU use per container.
     #[command(flatten)]
     pub usage: UsageArgs,
@@ -699,6 +730,7 @@ impl RunArgs {
         };
         s.nfd_features_file = self.nfd_features_file.clone();
         self.cdi.apply(&mut s);
+        self.memory.apply(&mut s);
         self.usage.apply(&mut s);
         self.dra.apply(&self.label, &self.dev_root, &mut s);
         Ok(s)

@@ -368,6 +368,11 @@ struct Shell {
     dra_inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
     /// Something changed since the last [`crate::residency::settle`] was scheduled.
     unsettled: bool,
+    /// Where slicelet's memory-limit CDI spec goes and how its hooks run (`--memory-spec-dir`,
+    /// device plugin mode only).
+    memory_spec: Option<(PathBuf, crate::cdi::memory::HookConfig)>,
+    /// The memory-limit spec last written (`Some(None)`: removed); `None` before the first.
+    memory_spec_on_disk: Option<Option<String>>,
 }
 
 /// Reads of what is in use (pod-resources `List`) for [`Action::RefreshInUse`], the periodic
@@ -502,6 +507,42 @@ impl CdiCheck {
 }
 
 impl Shell {
+    /// Writes (or removes) slicelet's memory-limit CDI spec for `plan`
+    /// ([`crate::cdi::memory::spec`]) when it differs from what is on disk. A small file on
+    /// the runtime's spec directory, written atomically in place; a failure is logged and the
+    /// next plan tries again (the hooks of a device the runtime cannot find fail its
+    /// container's creation, never start it unlimited).
+    fn write_memory_spec(&mut self, plan: &Plan) {
+        let Some((dir, hook)) = &self.memory_spec else {
+            return;
+        };
+        let want = crate::cdi::memory::spec(plan, hook);
+        if self.memory_spec_on_disk.as_ref() == Some(&want) {
+            return;
+        }
+        let path = dir.join(crate::cdi::memory::SPEC_FILE);
+        let result = match &want {
+            Some(text) => crate::files::write_atomic(&path, text.as_bytes()),
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        };
+        match result {
+            Ok(()) => {
+                if want.is_some() {
+                    tracing::info!(path = %path.display(), "memory-limit CDI spec written");
+                }
+                self.memory_spec_on_disk = Some(want);
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e,
+                    "the memory-limit CDI spec could not be written; containers asking for memory-limited devices fail to start until it is");
+                self.memory_spec_on_disk = None;
+            }
+        }
+    }
+
     /// Re-discovers the GPUs (SIGHUP, the periodic resync) and, where Allocate hands out CDI
     /// names, re-reads the CDI specs (a toolkit upgrade may rewrite them without a plan change).
     fn rediscover(&mut self, state: &State) {
@@ -540,6 +581,8 @@ impl Shell {
                     }
                     self.metrics.set_plan(&plan);
                     if self.plugin_mode {
+                        // Before the servers: Allocate may name a device only this spec has.
+                        self.write_memory_spec(&plan);
                         servers.reconcile(&plan);
                     }
                 }

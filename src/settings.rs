@@ -62,6 +62,12 @@ pub struct Settings {
     /// The CDI spec directories, lowest priority first (`--cdi-spec-dirs`, default `/etc/cdi`,
     /// `/var/run/cdi`; in a pod, the host's directories mounted read-only).
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Where slicelet writes its own CDI spec for memory-limited devices
+    /// ([`crate::cdi::memory::SPEC_FILE`]; `--memory-spec-dir`, default `/var/run/cdi`);
+    /// `None`: never written.
+    pub memory_spec_dir: Option<PathBuf>,
+    /// How that spec's hooks call `slicelet hook set-memory-limits`.
+    pub memory_hook: crate::cdi::memory::HookConfig,
     /// The kubelet's pod-resources socket (`--pod-resources-socket`, default
     /// [`crate::api::podresources::DEFAULT_SOCKET`]); `None` asks nobody what is in use.
     pub pod_resources_socket: Option<PathBuf>,
@@ -114,6 +120,8 @@ impl Settings {
                 .iter()
                 .map(PathBuf::from)
                 .collect(),
+            memory_spec_dir: None,
+            memory_hook: crate::cdi::memory::HookConfig::default(),
             pod_resources_socket: Some(PathBuf::from(crate::api::podresources::DEFAULT_SOCKET)),
             pod_resources_interval: Duration::from_secs(10),
             sample_interval: Some(Duration::from_secs(5)),

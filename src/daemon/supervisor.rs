@@ -856,6 +856,12 @@ fn wire_shell(
         checkpoint_error: None,
         dra_inputs,
         unsettled: false,
+        memory_spec: settings
+            .memory_spec_dir
+            .clone()
+            .filter(|_| plugin_mode)
+            .map(|dir| (dir, settings.memory_hook.clone())),
+        memory_spec_on_disk: None,
     };
     let inputs = Inputs {
         reports,

@@ -405,3 +405,74 @@ fn volume_mounts_overlay_asks_for_nvml_by_mount_too() {
         .unwrap();
     assert_eq!(mount["readOnly"], true);
 }
+
+/// GPU 0 of the A100 node on an R615 driver shared by size (2 × 16 GiB as gpu-16gb, 1 × 8 GiB
+/// as gpu-8gb): the daemon writes its memory-limit CDI spec before serving, and Allocate
+/// names the toolkit's GPU and slicelet's device for the replicas asked, whose hook carries
+/// their limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limited_replicas_get_the_hook_device_from_slicelets_own_spec() {
+    let node = Node::new(
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-16gb\n        devices: [0]\n        replicas: 2\n        memory: {hard: 16Gi}\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-8gb\n        devices: [0]\n        replicas: 1\n        memory: {hard: 8Gi, soft: 4Gi}\n",
+    );
+    let sim = node.tmp.path().join("a100-r615.yaml");
+    let text = std::fs::read_to_string(a100()).unwrap();
+    std::fs::write(&sim, format!("{text}driverVersion: \"615.20\"\n")).unwrap();
+    let emu = emulator(&node).await;
+    let spec_out = node.tmp.path().join("cdi-out");
+    std::fs::create_dir_all(&spec_out).unwrap();
+    let mut settings = node.settings(&sim);
+    settings.cdi_spec_dirs = vec![spec_dir("a100-40gb-x8")];
+    settings.memory_spec_dir = Some(spec_out.clone());
+    let d = Daemon::start(settings);
+    wait_lists(
+        &emu,
+        &[("nvidia.com/gpu-16gb", 2), ("nvidia.com/gpu-8gb", 1)],
+    )
+    .await;
+    let gpu0 = &uuids(&sim)[0];
+    let spec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(spec_out.join(slicelet::cdi::memory::SPEC_FILE)).unwrap(),
+    )
+    .unwrap();
+    let names: Vec<&str> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            format!("{gpu0}-16384mib-x1"),
+            format!("{gpu0}-16384mib-x2"),
+            format!("{gpu0}-8192mib-x1"),
+        ]
+    );
+    let r = allocate(
+        &emu,
+        "nvidia.com/gpu-16gb",
+        &[format!("{gpu0}::1"), format!("{gpu0}::0")],
+    )
+    .await
+    .unwrap();
+    let got: Vec<&str> = r.cdi_devices.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        got,
+        [
+            format!("nvidia.com/gpu={gpu0}"),
+            format!("gpu.slicelet.io/memory={gpu0}-16384mib-x2")
+        ]
+    );
+    let r = allocate(&emu, "nvidia.com/gpu-8gb", &[format!("{gpu0}::2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.cdi_devices[1].name,
+        format!("gpu.slicelet.io/memory={gpu0}-8192mib-x1")
+    );
+    let hook = &spec["devices"][2]["containerEdits"]["hooks"][0]["args"];
+    assert_eq!(hook[6], "8192", "{hook}");
+    assert_eq!(hook[8], "4096", "{hook}");
+    d.stop().await;
+}
