@@ -71,23 +71,23 @@ pub enum HookCommand {
 #[derive(Debug, Clone, Args)]
 pub struct SetMemoryLimitsArgs {
     /// The GPU's UUID.
-    #[arg(long)]
+    #[arg(long, env = "SLICELET_HOOK_GPU")]
     pub gpu: String,
     /// Hard limit, MiB.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "SLICELET_HOOK_HARD_MIB", value_parser = clap::value_parser!(u64).range(1..))]
     pub hard_mib: u64,
     /// Soft limit, MiB (default: none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "SLICELET_HOOK_SOFT_MIB", default_value_t = 0)]
     pub soft_mib: u64,
     /// `required`: a limit that cannot be set fails container creation; `best-effort`: the
     /// container starts and the miss is printed.
-    #[arg(long, default_value = "required", value_parser = parse_enforce)]
+    #[arg(long, env = "SLICELET_HOOK_ENFORCE", default_value = "required", value_parser = parse_enforce)]
     pub enforce: crate::policy::Enforce,
     /// The NVML library (default libnvidia-ml.so.1).
-    #[arg(long)]
+    #[arg(long, env = "SLICELET_NVML_LIBRARY")]
     pub nvml_library: Option<PathBuf>,
     /// Where the cgroup v2 hierarchy is mounted.
-    #[arg(long, default_value = crate::hook::DEFAULT_CGROUP_ROOT)]
+    #[arg(long, env = "SLICELET_HOOK_CGROUP_ROOT", default_value = crate::hook::DEFAULT_CGROUP_ROOT)]
     pub cgroup_root: PathBuf,
 }
 
