@@ -15,8 +15,6 @@
 //! (the runtime reports the hook's stderr); under `best-effort` the hook says why on stderr
 //! and exits 0. The driver clears the limits when the cgroup is removed.
 
-mod nvml;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +22,8 @@ use serde::Deserialize;
 
 use crate::policy::Enforce;
 
-pub use nvml::{Limits, NVML_DEVICE_MEMORY_LIMIT_MAX};
+use crate::inventory::nvml::limits;
+pub use crate::inventory::sample::LimitReading;
 
 /// The largest OCI state read from stdin, bytes (a state is well under 64 KiB).
 pub const MAX_STATE_BYTES: u64 = 1024 * 1024;
@@ -110,7 +109,10 @@ struct Linux {
 ///
 /// # Errors
 /// [`HookError`]; the caller decides from [`Request::enforce`] whether it fails the container.
-pub fn set_memory_limits(req: &Request, state: impl Read) -> Result<(PathBuf, Limits), HookError> {
+pub fn set_memory_limits(
+    req: &Request,
+    state: impl Read,
+) -> Result<(PathBuf, LimitReading), HookError> {
     let mut text = String::new();
     state
         .take(MAX_STATE_BYTES + 1)
@@ -137,17 +139,16 @@ pub fn set_memory_limits(req: &Request, state: impl Read) -> Result<(PathBuf, Li
         .and_then(|l| l.cgroups_path)
         .ok_or_else(|| HookError::Cgroup(format!("{what} has no linux.cgroupsPath")))?;
     let dir = cgroup_dir(&path, &req.cgroup_root)?;
-    let want = Limits {
+    let want = LimitReading {
         soft: req.soft_mib.saturating_mul(MIB),
         hard: req.hard_mib.saturating_mul(MIB),
         used: 0,
     };
-    let read = nvml::set_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, want).map_err(
-        |message| HookError::Nvml {
+    let read = limits::set_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, want)
+        .map_err(|message| HookError::Nvml {
             gpu: req.gpu.clone(),
             message,
-        },
-    )?;
+        })?;
     if read.hard != want.hard || read.soft != want.soft {
         return Err(HookError::Readback {
             gpu: req.gpu.clone(),

@@ -273,6 +273,9 @@ pub const COLUMNS: [&str; 7] = [
     "DEVICE", "RESOURCE", "STATE", "HOLDER", "SM%", "MEM MiB", "IDLE s",
 ];
 
+/// The extra column shown for a GPU where some holder has a GPU memory limit.
+pub const LIMIT_COLUMN: &str = "LIMIT MiB";
+
 /// One device's cells, in [`COLUMNS`] order.
 pub fn device_cells(d: &DeviceView) -> [String; 7] {
     let mut state = if d.draining.is_some() {
@@ -294,6 +297,23 @@ pub fn device_cells(d: &DeviceView) -> [String; 7] {
     ]
 }
 
+/// The [`LIMIT_COLUMN`] cell: the holder's hard limit in MiB and whether NVML reads it back
+/// (`20480 enforced`, `20480 NOT enforced`, `20480 unchecked` while no process of the holder
+/// ran on the GPU); `-` without a limit.
+pub fn limit_cell(d: &DeviceView) -> String {
+    match d.memory_limit_bytes {
+        None => "-".to_string(),
+        Some(b) => {
+            let state = match d.memory_limit_enforced {
+                Some(true) => "enforced",
+                Some(false) => "NOT enforced",
+                None => "unchecked",
+            };
+            format!("{} {state}", b / (1024 * 1024))
+        }
+    }
+}
+
 /// The first line: generation and readiness.
 pub fn node_line(view: &NodeView) -> String {
     let ready = match &view.ready_reason {
@@ -310,7 +330,8 @@ pub fn node_line(view: &NodeView) -> String {
 
 /// The whole screen for one `/status` answer: [`node_line`], then per GPU a blank line,
 /// [`gpu_line`] and its devices' table (no borders, columns padded one space each side, SM%,
-/// MEM MiB and IDLE s right-aligned, trailing blanks trimmed), then a blank line and
+/// MEM MiB and IDLE s right-aligned, trailing blanks trimmed; a [`LIMIT_COLUMN`] after them
+/// where a holder on that GPU has a memory limit), then a blank line and
 /// `free: <resource> <n>, …`. Pure.
 pub fn render(view: &NodeView) -> String {
     let mut out = printable(&node_line(view));
@@ -322,12 +343,21 @@ pub fn render(view: &NodeView) -> String {
         if g.devices.is_empty() {
             continue;
         }
-        let mut table = Table::new();
-        table.load_preset(presets::NOTHING).set_header(COLUMNS);
-        for d in &g.devices {
-            table.add_row(device_cells(d).map(|c| printable(&c)));
+        let limits = g.devices.iter().any(|d| d.memory_limit_bytes.is_some());
+        let mut header: Vec<&str> = COLUMNS.to_vec();
+        if limits {
+            header.push(LIMIT_COLUMN);
         }
-        for i in 4..COLUMNS.len() {
+        let mut table = Table::new();
+        table.load_preset(presets::NOTHING).set_header(&header);
+        for d in &g.devices {
+            let mut cells = device_cells(d).to_vec();
+            if limits {
+                cells.push(limit_cell(d));
+            }
+            table.add_row(cells.iter().map(|c| printable(c)).collect::<Vec<_>>());
+        }
+        for i in 4..header.len() {
             if let Some(c) = table.column_mut(i) {
                 c.set_cell_alignment(CellAlignment::Right);
             }

@@ -38,6 +38,8 @@ fn device(
         sm_util_percent: figures.map(|f| f.0),
         memory_used_bytes: figures.map(|f| f.1 * MIB),
         idle_seconds: figures.map(|f| f.2),
+        memory_limit_bytes: None,
+        memory_limit_enforced: None,
     }
 }
 
@@ -64,6 +66,7 @@ fn two_pods() -> NodeView {
                 memory_used_bytes: Some(1536 * MIB),
                 memory_total_bytes: Some(81_559 * MIB),
                 unattributed_processes: 1,
+                memory_limits_supported: None,
                 devices: vec![
                     device(&r(0), Some(("ml", "a", "main")), Some((30, 1024, 0.0))),
                     device(&r(1), Some(("ml", "b", "main")), Some((10, 512, 12.4))),
@@ -343,4 +346,39 @@ fn a_sixteen_thousand_device_node_fits_the_cap() {
     let body = serde_json::to_vec(&view).unwrap();
     assert!(body.len() > 4 * 1024 * 1024, "{}", body.len());
     assert!(body.len() < MAX_BODY_BYTES, "{}", body.len());
+}
+
+/// A GPU where a holder has a memory limit gets the LIMIT MiB column, each cell saying
+/// whether the limit is read back; other GPUs' tables keep their columns.
+#[test]
+fn memory_limits_get_their_column_where_a_holder_has_one() {
+    let mut view = two_pods();
+    let devices = &mut view.gpus[0].devices;
+    devices[0].memory_limit_bytes = Some(20480 * MIB);
+    devices[0].memory_limit_enforced = Some(true);
+    devices[1].memory_limit_bytes = Some(20480 * MIB);
+    devices[1].memory_limit_enforced = Some(false);
+    devices[2].memory_limit_bytes = Some(10240 * MIB);
+    let cells: Vec<String> = view.gpus[0].devices.iter().map(limit_cell).collect();
+    assert_eq!(
+        cells,
+        [
+            "20480 enforced",
+            "20480 NOT enforced",
+            "10240 unchecked",
+            "-"
+        ]
+    );
+    let out = render(&view);
+    let lines: Vec<&str> = out.lines().collect();
+    let headers: Vec<&&str> = lines.iter().filter(|l| l.contains("DEVICE")).collect();
+    assert_eq!(headers.len(), 1, "{out}");
+    assert!(headers[0].ends_with(LIMIT_COLUMN), "{out}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ml/b/main") && l.ends_with("20480 NOT enforced")),
+        "{out}"
+    );
+    assert!(!render(&two_pods()).contains(LIMIT_COLUMN));
 }

@@ -191,6 +191,8 @@ struct Actor {
     compute: ComputeModes,
     last: Option<Inventory>,
     sink: EventSink,
+    /// Cgroups seen with a GPU memory limit, asked again once gone.
+    limits: crate::usage::sampler::LimitWatch,
 }
 
 impl Actor {
@@ -244,10 +246,13 @@ impl Actor {
     fn sample(&mut self, request: &SampleRequest) -> Result<crate::usage::Samples, String> {
         match self.source.as_mut() {
             None => Err("the GPU source is not open yet (no discovery succeeded)".to_string()),
-            Some(s) => {
-                crate::usage::sampler::sample(s.as_mut(), &request.proc_root, &request.checkpoint)
-                    .map_err(|e| crate::errors::chain(&e))
-            }
+            Some(s) => crate::usage::sampler::sample(
+                s.as_mut(),
+                &request.proc_root,
+                &request.checkpoint,
+                &mut self.limits,
+            )
+            .map_err(|e| crate::errors::chain(&e)),
         }
     }
 }
@@ -263,6 +268,7 @@ fn actor(open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) 
         compute: ComputeModes::default(),
         last: None,
         sink,
+        limits: crate::usage::sampler::LimitWatch::default(),
     };
     let mut queue: std::collections::VecDeque<Command> = std::collections::VecDeque::new();
     loop {

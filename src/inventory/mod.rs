@@ -10,6 +10,9 @@ pub mod sample;
 pub mod simulated;
 pub mod topology;
 
+/// The first driver branch with per-cgroup GPU memory limits (R615, CUDA 13.4).
+pub const MEMORY_LIMITS_MIN_DRIVER: u32 = 615;
+
 use crate::device_health::Health;
 use std::path::PathBuf;
 
@@ -129,6 +132,27 @@ impl Inventory {
             driver_version: None,
             cgroup_v2: true,
         }
+    }
+
+    /// Why this node cannot take per-cgroup GPU memory limits, or `None` when it can: the
+    /// driver is older than R[`MEMORY_LIMITS_MIN_DRIVER`] or of unknown version, or the node
+    /// runs cgroup v1 (NVML `nvmlDeviceSetMemoryLimits_v1` needs both).
+    pub fn memory_limits_unsupported(&self) -> Option<String> {
+        let Some(v) = self.driver_version.as_deref() else {
+            return Some(
+                "the driver version is unknown (memory limits need R615 or later)".to_string(),
+            );
+        };
+        let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
+        if major.is_none_or(|m| m < MEMORY_LIMITS_MIN_DRIVER) {
+            return Some(format!(
+                "driver {v} is older than R{MEMORY_LIMITS_MIN_DRIVER}, the first with per-cgroup memory limits"
+            ));
+        }
+        if !self.cgroup_v2 {
+            return Some("the node runs cgroup v1 (memory limits need cgroup v2)".to_string());
+        }
+        None
     }
 
     /// The same inventory with these recorded links.
@@ -337,6 +361,20 @@ pub trait GpuSource: Send {
     /// GPUs, a simulated node file that became invalid); the caller keeps the last figures.
     fn sample(&mut self) -> Result<Vec<crate::inventory::sample::GpuSample>, InventoryError> {
         Ok(Vec::new())
+    }
+
+    /// Whether GPU `uuid` takes per-cgroup memory limits (NVML: `nvmlDeviceGetMemoryLimits_v1`
+    /// answers for the cgroup root; driver R615 and later, cgroup v2). `None`: the source
+    /// cannot tell (the default).
+    fn memory_limits_supported(&mut self, _uuid: &str) -> Option<bool> {
+        None
+    }
+
+    /// The memory limits of `cgroup` (a cgroup v2 path as `/proc/<pid>/cgroup` names it,
+    /// below the unified hierarchy's mount) on GPU `uuid`
+    /// (`nvmlDeviceGetMemoryLimits_v1`). The default: [`sample::LimitsRead::Unsupported`].
+    fn memory_limits(&mut self, _uuid: &str, _cgroup: &str) -> sample::LimitsRead {
+        sample::LimitsRead::Unsupported
     }
 
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.

@@ -71,9 +71,10 @@ use nvml_wrapper::{Device, Nvml};
 use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
-use crate::inventory::sample::GpuSample;
+use crate::inventory::sample::{GpuSample, LimitsRead};
 
 mod events;
+pub mod limits;
 mod sample;
 
 use events::{EventTarget, EventWatch};
@@ -98,6 +99,9 @@ pub struct NvmlSource {
     /// Per GPU UUID, the newest process-utilisation sample timestamp received (µs): the
     /// `lastSeenTimeStamp` of the next query.
     last_seen: std::collections::BTreeMap<String, u64>,
+    /// The per-cgroup memory-limit calls, resolved at their first use (`Err`: the driver has
+    /// none, said once).
+    limit_calls: Option<Result<limits::LimitCalls, String>>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -134,7 +138,27 @@ impl NvmlSource {
             proc_root: PathBuf::from("/"),
             topology_logged: Default::default(),
             last_seen: Default::default(),
+            limit_calls: None,
         })
+    }
+
+    /// The memory-limit calls, resolved at the first use; `None` when the driver has none
+    /// (logged once).
+    fn limit_calls(&mut self) -> Option<&limits::LimitCalls> {
+        let library = &self.library;
+        let calls = self.limit_calls.get_or_insert_with(|| {
+            let loaded = limits::LimitCalls::load(OsStr::new(library));
+            if let Err(e) = &loaded {
+                tracing::info!(reason = %e, "per-cgroup GPU memory limits are not available");
+            }
+            loaded
+        });
+        calls.as_ref().ok()
+    }
+
+    /// Where the unified cgroup hierarchy is mounted: `<sysfs root>/fs/cgroup`.
+    fn cgroup_root(&self) -> PathBuf {
+        self.sysfs_root.join("fs/cgroup")
     }
     /// Reads the nvidia-caps MIG minors under `root` instead of `/`
     /// (`<root>/proc/driver/nvidia-caps/mig-minors`; see [`mig::resolve_caps`]).
@@ -400,6 +424,44 @@ fn numa_node(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
 }
 
 impl GpuSource for NvmlSource {
+    fn memory_limits_supported(&mut self, uuid: &str) -> Option<bool> {
+        let root = self.cgroup_root();
+        let nvml = std::sync::Arc::clone(&self.nvml);
+        let device = nvml.device_by_uuid(uuid).ok()?;
+        let Some(calls) = self.limit_calls() else {
+            return Some(false);
+        };
+        match calls.get(&device, &root) {
+            Ok(_) => Some(true),
+            Err(limits::NOT_SUPPORTED) => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    fn memory_limits(&mut self, uuid: &str, cgroup: &str) -> LimitsRead {
+        let dir = self.cgroup_root().join(cgroup.trim_start_matches('/'));
+        let nvml = std::sync::Arc::clone(&self.nvml);
+        let device = match nvml.device_by_uuid(uuid) {
+            Ok(d) => d,
+            Err(e) => return LimitsRead::Failed(e.to_string()),
+        };
+        let Some(calls) = self.limit_calls() else {
+            return LimitsRead::Unsupported;
+        };
+        let answer = calls.get(&device, &dir);
+        if !dir.is_dir() {
+            // The cgroup is gone: NVML should have cleared its limits.
+            let still = answer.ok().filter(|r| r.is_limited());
+            return LimitsRead::Gone { still };
+        }
+        match answer {
+            Ok(r) => LimitsRead::Read(r),
+            Err(limits::NOT_SUPPORTED) => LimitsRead::Unsupported,
+            Err(limits::NOT_FOUND) => LimitsRead::Gone { still: None },
+            Err(rc) => LimitsRead::Failed(limits::describe(rc)),
+        }
+    }
+
     fn discover(&mut self) -> Result<Inventory, InventoryError> {
         let count = self
             .nvml

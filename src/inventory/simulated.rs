@@ -17,6 +17,10 @@
 //!       - pid: 4242                  # host PID (> 0, once per GPU)
 //!         smUtil: 30                 # optional, default 0: SM utilisation, percent
 //!         memoryMiB: 10240           # optional, default 0: at most the GPU's memoryMiB
+//!     memoryLimits:                  # optional: per-cgroup GPU memory limits NVML reads back
+//!       - cgroup: /kubepods/pod<uid>/<id>  # the cgroup v2 path of /proc/<pid>/cgroup
+//!         hardMiB: 20480             # at most the GPU's memoryMiB
+//!         softMiB: 16384             # optional, default 0 (none): at most hardMiB
 //!     mig:                           # optional: present means MIG mode is on
 //!       devices:
 //!         - profile: 1g.10gb
@@ -60,6 +64,12 @@
 //! PID runs on one GPU), as are a repeated PID, a percent above 100, memory above the GPU's,
 //! and more than [`MAX_PROCESSES`] processes, each error naming its path
 //! (`gpus[0].processes[2].smUtil`).
+//!
+//! `memoryLimits` are what [`GpuSource::memory_limits`] reads back for a cgroup, on a node
+//! whose `driverVersion` is R615 or later and whose `cgroupVersion` is 2 (elsewhere the GPU
+//! does not take limits, as with NVML); a cgroup not listed has none. A path that is not
+//! absolute or has `..`, a hard limit above the GPU's memory, a soft limit above the hard one
+//! and more than [`MAX_PROCESSES`] entries are refused with their path.
 
 use crate::device_health::Health;
 use std::path::{Path, PathBuf};
@@ -69,7 +79,9 @@ use sha2::{Digest, Sha256};
 use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
 use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
-use crate::inventory::sample::{GpuSample, MigSample, ProcessSample};
+use crate::inventory::sample::{
+    GpuSample, LimitReading, LimitsRead, MigSample, ProcessSample, NO_HARD_LIMIT,
+};
 use crate::policy::Limits;
 
 /// Most GPU slices one GPU has for MIG devices (A100, H100, H200: 7).
@@ -89,7 +101,10 @@ const MIB: u64 = 1024 * 1024;
 
 mod schema;
 
-use schema::{GpuEntry, HealthValue, MigEntry, NodeFile, PcieValue};
+use schema::{GpuEntry, HealthValue, LimitEntry, MigEntry, NodeFile, PcieValue};
+
+/// Per (GPU UUID, cgroup path): the limits a simulated node's `memoryLimits` list.
+type LimitTable = std::collections::BTreeMap<(String, String), LimitReading>;
 
 /// Reads GPUs from a simulated node file.
 #[derive(Debug, Clone)]
@@ -99,6 +114,9 @@ pub struct SimulatedSource {
     seen_xids: std::collections::BTreeMap<String, u64>,
     events: Vec<XidEvent>,
     proc_root: PathBuf,
+    /// The `memoryLimits` of the last sample's read of the file; `None` where the node takes no
+    /// limits (driver before R615, cgroup v1).
+    limits: Option<LimitTable>,
 }
 
 impl SimulatedSource {
@@ -109,6 +127,7 @@ impl SimulatedSource {
             seen_xids: Default::default(),
             events: Vec::new(),
             proc_root: PathBuf::from("/"),
+            limits: None,
         }
     }
 
@@ -147,7 +166,34 @@ impl GpuSource for SimulatedSource {
     /// figures (see the module documentation).
     fn sample(&mut self) -> Result<Vec<GpuSample>, InventoryError> {
         let text = read(&self.path)?;
-        Ok(parse_all(&self.path, &text)?.samples)
+        let parsed = parse_all(&self.path, &text)?;
+        self.limits = parsed
+            .inventory
+            .memory_limits_unsupported()
+            .is_none()
+            .then_some(parsed.limits);
+        Ok(parsed.samples)
+    }
+
+    /// Whether the last sample's read found a node that takes limits (driver R615 or later,
+    /// cgroup v2).
+    fn memory_limits_supported(&mut self, _uuid: &str) -> Option<bool> {
+        Some(self.limits.is_some())
+    }
+
+    /// The `memoryLimits` entry of (`uuid`, `cgroup`) from the last sample's read; no limit
+    /// for a cgroup not listed.
+    fn memory_limits(&mut self, uuid: &str, cgroup: &str) -> LimitsRead {
+        let Some(table) = &self.limits else {
+            return LimitsRead::Unsupported;
+        };
+        let none = LimitReading {
+            soft: 0,
+            hard: NO_HARD_LIMIT,
+            used: 0,
+        };
+        let key = (uuid.to_string(), cgroup.to_string());
+        LimitsRead::Read(table.get(&key).copied().unwrap_or(none))
     }
 
     fn describe(&self) -> String {
@@ -210,6 +256,65 @@ struct Parsed {
     xids: Vec<(String, u64)>,
     /// The use figures, one per GPU in index order.
     samples: Vec<GpuSample>,
+    /// Every GPU's `memoryLimits`.
+    limits: LimitTable,
+}
+
+/// The `memoryLimits` of the GPU entry `at`, checked (see the module documentation), as
+/// (cgroup path, limits in bytes).
+fn limits_of(
+    path: &Path,
+    at: &str,
+    entry: &GpuEntry,
+) -> Result<Vec<(String, LimitReading)>, InventoryError> {
+    let entries: &[LimitEntry] = entry.memory_limits.as_deref().unwrap_or_default();
+    if entries.len() > MAX_PROCESSES {
+        return Err(invalid(
+            path,
+            &format!("{at}.memoryLimits"),
+            format!("more than {MAX_PROCESSES} entries"),
+        ));
+    }
+    let mut out = Vec::with_capacity(entries.len());
+    for (k, l) in entries.iter().enumerate() {
+        let lk = format!("{at}.memoryLimits[{k}]");
+        if !l.cgroup.starts_with('/') || l.cgroup.split('/').any(|c| c == "..") {
+            return Err(invalid(
+                path,
+                &format!("{lk}.cgroup"),
+                format!(
+                    "{:.200} is not an absolute cgroup path without ..",
+                    l.cgroup
+                ),
+            ));
+        }
+        if l.hard_mib > entry.memory_mib {
+            return Err(invalid(
+                path,
+                &format!("{lk}.hardMiB"),
+                format!(
+                    "{} MiB is more than the GPU's {} MiB",
+                    l.hard_mib, entry.memory_mib
+                ),
+            ));
+        }
+        if l.soft_mib > l.hard_mib {
+            return Err(invalid(
+                path,
+                &format!("{lk}.softMiB"),
+                format!("{} MiB is more than hardMiB {}", l.soft_mib, l.hard_mib),
+            ));
+        }
+        out.push((
+            l.cgroup.clone(),
+            LimitReading {
+                soft: l.soft_mib * MIB,
+                hard: l.hard_mib * MIB,
+                used: 0,
+            },
+        ));
+    }
+    Ok(out)
 }
 
 /// The `utilization`, `memoryUsedMiB` and `processes` of the GPU entry `at`, checked (see the
@@ -309,6 +414,7 @@ fn usage_of(
             memory_used_bytes: Some(p.memory_mib * MIB),
             pod_uid: None,
             container_id: None,
+            cgroup: None,
         });
     }
     if entry.memory_used_mib.is_none() && total > entry.memory_mib {
@@ -328,6 +434,7 @@ fn usage_of(
 fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
     let mut xids = Vec::new();
     let mut samples = Vec::new();
+    let mut limits = LimitTable::new();
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     crate::policy::read::check_nesting(text, &Limits::default()).map_err(|e| {
         let line = match e {
@@ -413,6 +520,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
             ),
         };
         let (processes, memory_used_mib) = usage_of(path, &at, entry, count)?;
+        let cgroup_limits = limits_of(path, &at, entry)?;
         for _ in 0..count {
             let uuid = match &entry.uuid {
                 Some(u) => match crate::uuid::Uuid::parse(u) {
@@ -444,6 +552,9 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
                 })
                 .collect();
             let used_mib = memory_used_mib.unwrap_or_else(|| mig_used.iter().sum());
+            for (cgroup, reading) in &cgroup_limits {
+                limits.insert((uuid.clone(), cgroup.clone()), *reading);
+            }
             samples.push(GpuSample {
                 uuid: uuid.clone(),
                 index,
@@ -453,6 +564,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
                 memory_total_bytes: Some(entry.memory_mib.saturating_mul(MIB)),
                 processes: processes.clone(),
                 mig,
+                ..GpuSample::default()
             });
             gpus.push(Gpu {
                 index,
@@ -509,6 +621,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
         inventory,
         xids,
         samples,
+        limits,
     })
 }
 

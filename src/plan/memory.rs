@@ -18,7 +18,7 @@ use crate::inventory::Inventory;
 use crate::policy::{Enforce, MemoryLimits};
 
 /// The first driver branch with per-cgroup GPU memory limits (R615, CUDA 13.4).
-pub const MIN_DRIVER_MAJOR: u32 = 615;
+pub use crate::inventory::MEMORY_LIMITS_MIN_DRIVER as MIN_DRIVER_MAJOR;
 
 /// A resource's memory limits as planned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,23 +54,8 @@ pub fn unenforceable(
                 .to_string(),
         );
     }
-    match inventory.driver_version.as_deref() {
-        None => {
-            return Some(
-                "the driver version is unknown (memory limits need R615 or later)".to_string(),
-            )
-        }
-        Some(v) => {
-            let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
-            if major.is_none_or(|m| m < MIN_DRIVER_MAJOR) {
-                return Some(format!(
-                    "driver {v} is older than R{MIN_DRIVER_MAJOR}, the first with per-cgroup memory limits"
-                ));
-            }
-        }
-    }
-    if !inventory.cgroup_v2 {
-        return Some("the node runs cgroup v1 (memory limits need cgroup v2)".to_string());
+    if let Some(reason) = inventory.memory_limits_unsupported() {
+        return Some(reason);
     }
     if !dra && !cdi {
         return Some(

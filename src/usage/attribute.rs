@@ -23,17 +23,24 @@
 //! ID, which only the Pod API maps to a container name, so the process goes to the container
 //! whose checkpoint entry is first in container-name order.
 //!
+//! GPU memory limits: a container holding devices of a resource with `memory` limits gets
+//! [`ContainerFigures::memory_limit`]: the policy's limits times the replicas it holds on the
+//! unit, and whether they hold, read back (by the sampler, through NVML) for the cgroups of
+//! its processes on the GPU. Not assumed: with no process on the GPU yet, its cgroup is not
+//! known and `enforced` is `None`; where the plan serves the unit unenforced, or the GPU takes
+//! no limits, it is `Some(false)`.
+//!
 //! MIG: NVIDIA gives no per-process utilisation on MIG devices, so a MIG device's own figures
 //! (memory, and GPM SM use where the GPU supports it) go to the container holding that MIG
 //! device per [`InUse`] (no checkpoint needed). Under MIG with replicas (one MIG device shared
 //! by several containers) the figures go to the first holder in (namespace, pod, container)
 //! order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::plan::{Plan, VirtualDevice};
 use crate::podres::{Holder, InUse};
-use crate::usage::{CheckpointEntry, Samples};
+use crate::usage::{CheckpointEntry, GpuSample, Samples};
 
 /// Everything one sample says, attributed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -45,6 +52,8 @@ pub struct Figures {
     /// Why the checkpoint could not be used ([`Samples::checkpoint_error`]): then no process
     /// is attributed.
     pub checkpoint_error: Option<String>,
+    /// Removed cgroups whose GPU memory limit was still reported ([`Samples::limits_not_cleared`]).
+    pub limits_not_cleared: u32,
 }
 
 impl Figures {
@@ -74,6 +83,8 @@ pub struct GpuFigures {
     pub memory_total_bytes: Option<u64>,
     /// Processes on this GPU that could not be given to a container (see the module doc).
     pub unattributed_processes: u32,
+    /// Whether the GPU takes per-cgroup memory limits ([`GpuSample::memory_limits_supported`]).
+    pub memory_limits_supported: Option<bool>,
     /// Its MIG devices' figures, in the sample's order.
     pub mig: Vec<MigFigures>,
     /// The containers holding devices on this GPU (or its MIG devices), ordered by
@@ -115,6 +126,63 @@ pub struct ContainerFigures {
     pub memory_used_bytes: u64,
     /// Processes counted for it (0 for MIG devices: NVML has no per-process data there).
     pub processes: u32,
+    /// Its GPU memory limit on the unit, when its resource has `memory` limits.
+    pub memory_limit: Option<ContainerLimit>,
+}
+
+/// A container's GPU memory limit on one unit: what the policy gives it, and whether NVML
+/// reads it back for the container's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerLimit {
+    /// Hard limit, bytes: the entry's `memory.hard` times the replicas held on the unit.
+    pub hard_bytes: u64,
+    /// Soft limit, bytes, the same way; `None` when the entry sets none.
+    pub soft_bytes: Option<u64>,
+    /// `Some(true)`: NVML reads back exactly these limits for the cgroup of every process of
+    /// the container on the GPU. `Some(false)`: the plan serves the unit unenforced
+    /// (`enforce: best-effort`), the GPU takes no limits, or a process's cgroup reads back
+    /// other limits or none. `None`: no process on the GPU yet (its cgroup is unknown).
+    pub enforced: Option<bool>,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// The limit of a container holding `ids` of `resource` on `gpu` (a [`GpuSample`]), its
+/// processes' cgroups being `cgroups`; `None` when the resource has no memory limits.
+fn limit_of(
+    plan: &Plan,
+    resource: &str,
+    ids: &[String],
+    gpu: &GpuSample,
+    cgroups: Option<&BTreeSet<String>>,
+) -> Option<ContainerLimit> {
+    let res = plan.resources.get(resource)?;
+    let m = res.memory.as_ref()?;
+    let device = res.device(ids.first()?)?;
+    let n = ids.len() as u64;
+    let hard_bytes = m.limits.hard_mib.saturating_mul(MIB).saturating_mul(n);
+    let soft_bytes = m
+        .limits
+        .soft_mib
+        .map(|s| s.saturating_mul(MIB).saturating_mul(n));
+    let enforced = if !m.enforced(device) || gpu.memory_limits_supported == Some(false) {
+        Some(false)
+    } else {
+        cgroups.filter(|c| !c.is_empty()).map(|cgroups| {
+            cgroups.iter().all(|cgroup| {
+                gpu.cgroup_limits.iter().any(|l| {
+                    l.cgroup == *cgroup
+                        && l.reading.hard == hard_bytes
+                        && l.reading.soft == soft_bytes.unwrap_or(0)
+                })
+            })
+        })
+    };
+    Some(ContainerLimit {
+        hard_bytes,
+        soft_bytes,
+        enforced,
+    })
 }
 
 /// The container's key inside one GPU: (unit UUID, resource, holder).
@@ -164,19 +232,25 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                         sm_util_percent: 0,
                         memory_used_bytes: 0,
                         processes: 0,
+                        memory_limit: None,
                     };
                     (key.clone(), figures)
                 })
                 .collect();
             let mut unattributed = 0u32;
+            // Each container's processes' cgroups on this GPU (for its memory limit).
+            let mut cgroups: HashMap<Key, BTreeSet<String>> = HashMap::new();
             for p in &g.processes {
                 let key = p
                     .pod_uid
                     .as_deref()
                     .and_then(|uid| by_pod.get(uid))
                     .and_then(|entries| container_of(entries, &g.uuid, plan, in_use));
-                match key.and_then(|k| containers.get_mut(&k)) {
-                    Some(c) => {
+                match key.and_then(|k| containers.get_mut(&k).map(|c| (k, c))) {
+                    Some((k, c)) => {
+                        if let Some(cgroup) = &p.cgroup {
+                            cgroups.entry(k).or_default().insert(cgroup.clone());
+                        }
                         c.sm_util_percent = c
                             .sm_util_percent
                             .saturating_add(p.sm_util_percent.unwrap_or(0));
@@ -203,6 +277,9 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                     memory_total_bytes: m.memory_total_bytes,
                 });
             }
+            for (key, c) in &mut containers {
+                c.memory_limit = limit_of(plan, &c.resource, &c.device_ids, g, cgroups.get(key));
+            }
             GpuFigures {
                 uuid: g.uuid.clone(),
                 index: g.index,
@@ -211,6 +288,7 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                 memory_used_bytes: g.memory_used_bytes,
                 memory_total_bytes: g.memory_total_bytes,
                 unattributed_processes: unattributed,
+                memory_limits_supported: g.memory_limits_supported,
                 mig,
                 containers: containers.into_values().collect(),
             }
@@ -220,6 +298,7 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
         at_unix_ms: samples.at_unix_ms,
         gpus,
         checkpoint_error: samples.checkpoint_error.clone(),
+        limits_not_cleared: samples.limits_not_cleared,
     }
 }
 
@@ -273,6 +352,7 @@ fn container_of(
 pub(crate) mod tests {
     use super::*;
     use crate::health::Health;
+    use crate::inventory::sample::{CgroupLimits, LimitReading};
     use crate::plan::{MigInfo, ResourcePlan, Strategy};
     use crate::policy::ResourceName;
     use crate::usage::{GpuSample, MigSample, ProcessSample};
@@ -367,6 +447,7 @@ pub(crate) mod tests {
             memory_used_bytes: Some(mib * MIB),
             pod_uid: pod.map(str::to_string),
             container_id: None,
+            cgroup: None,
         }
     }
 
@@ -394,6 +475,7 @@ pub(crate) mod tests {
             memory_total_bytes: Some(80 * 1024 * MIB),
             processes,
             mig: Vec::new(),
+            ..GpuSample::default()
         }
     }
 
@@ -426,6 +508,7 @@ pub(crate) mod tests {
                 entry("uid-b", "main", SHARED, &[&r1]),
             ]),
             checkpoint_error: None,
+            limits_not_cleared: 0,
         };
         (samples, in_use)
     }
@@ -630,6 +713,7 @@ pub(crate) mod tests {
             // No checkpoint: MIG needs none.
             checkpoint: None,
             checkpoint_error: Some("missing".into()),
+            limits_not_cleared: 0,
         };
         let f = attribute(&samples, &plan, &in_use);
         assert!(f.gpus[0].containers.is_empty());
@@ -651,5 +735,110 @@ pub(crate) mod tests {
         let f = attribute(&samples, &plan, &InUse::default());
         assert!(f.gpus[1].containers.is_empty());
         assert_eq!(f.gpus[1].mig[0].memory_used_bytes, Some(2048 * MIB));
+    }
+
+    /// `nvidia.com/gpu-shared` with `memory: {hard: 10 GiB, soft: 4 GiB}` per replica.
+    pub(crate) fn limited_plan(unenforced: bool) -> Plan {
+        let mut plan = plan();
+        let res = Arc::make_mut(plan.resources.get_mut(SHARED).unwrap());
+        let mut planned = crate::plan::memory::PlannedMemory {
+            entry: "sharing.timeSlicing.resources[0]".into(),
+            limits: crate::policy::MemoryLimits {
+                hard_mib: 10 * 1024,
+                soft_mib: Some(4 * 1024),
+                enforce: crate::policy::Enforce::BestEffort,
+            },
+            unenforced: Default::default(),
+        };
+        if unenforced {
+            planned.unenforced.insert(GPU0.into(), "cgroup v1".into());
+        }
+        res.memory = Some(planned);
+        plan
+    }
+
+    fn limits(f: &Figures) -> Vec<Option<ContainerLimit>> {
+        f.gpus[0]
+            .containers
+            .iter()
+            .map(|c| c.memory_limit)
+            .collect()
+    }
+
+    #[test]
+    fn memory_limits_are_the_policys_and_enforced_only_when_read_back() {
+        let (mut samples, mut in_use) = two_pods();
+        let r2 = crate::plan::replica_id(GPU0, 2);
+        // Pod a holds two replicas: twice the limit.
+        in_use.insert(SHARED, &r2, holder("ml", "a", "main"));
+        if let Some(cp) = samples.checkpoint.as_mut() {
+            cp[0].device_ids.push(r2.clone());
+        }
+        let g = &mut samples.gpus[0];
+        g.memory_limits_supported = Some(true);
+        g.processes[0].cgroup = Some("/kubepods/pod-a/ctr".into());
+        g.processes[1].cgroup = Some("/kubepods/pod-b/ctr".into());
+        let reading = |hard_gib: u64, soft_gib: u64| LimitReading {
+            hard: hard_gib * 1024 * MIB,
+            soft: soft_gib * 1024 * MIB,
+            used: 0,
+        };
+        g.cgroup_limits = vec![
+            CgroupLimits {
+                cgroup: "/kubepods/pod-a/ctr".into(),
+                reading: reading(20, 8),
+            },
+            // b's cgroup reads back another hard limit (a stale or foreign one).
+            CgroupLimits {
+                cgroup: "/kubepods/pod-b/ctr".into(),
+                reading: reading(5, 4),
+            },
+        ];
+        let held = |hard_gib: u64, soft_gib: u64, enforced| {
+            Some(ContainerLimit {
+                hard_bytes: hard_gib * 1024 * MIB,
+                soft_bytes: Some(soft_gib * 1024 * MIB),
+                enforced,
+            })
+        };
+        let plan = limited_plan(false);
+        let f = attribute(&samples, &plan, &in_use);
+        assert_eq!(
+            limits(&f),
+            [held(20, 8, Some(true)), held(10, 4, Some(false))]
+        );
+        // No limit read back for b's cgroup at all: not enforced.
+        let mut none = samples.clone();
+        none.gpus[0].cgroup_limits.truncate(1);
+        let f = attribute(&none, &plan, &in_use);
+        assert_eq!(limits(&f)[1], held(10, 4, Some(false)));
+        // No process on the GPU: not known yet.
+        let mut idle = samples.clone();
+        idle.gpus[0].processes.clear();
+        let f = attribute(&idle, &plan, &in_use);
+        assert_eq!(limits(&f), [held(20, 8, None), held(10, 4, None)]);
+        // A process whose cgroup is unknown: not known either.
+        let mut unknown = samples.clone();
+        unknown.gpus[0].processes[1].cgroup = None;
+        let f = attribute(&unknown, &plan, &in_use);
+        assert_eq!(limits(&f)[1], held(10, 4, None));
+        // The GPU takes no limits, or the plan serves it unenforced: not enforced, whatever
+        // reads back.
+        let mut unsupported = samples.clone();
+        unsupported.gpus[0].memory_limits_supported = Some(false);
+        let f = attribute(&unsupported, &plan, &in_use);
+        assert_eq!(
+            limits(&f),
+            [held(20, 8, Some(false)), held(10, 4, Some(false))]
+        );
+        let f = attribute(&samples, &limited_plan(true), &in_use);
+        assert_eq!(
+            limits(&f),
+            [held(20, 8, Some(false)), held(10, 4, Some(false))]
+        );
+        // Without memory limits in the plan: none.
+        let f = attribute(&samples, &super::tests::plan(), &in_use);
+        assert_eq!(limits(&f), [None, None]);
+        assert_eq!(f.gpus[0].memory_limits_supported, Some(true));
     }
 }

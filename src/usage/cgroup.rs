@@ -81,13 +81,23 @@ pub fn path(proc_root: &Path, pid: u32) -> PathBuf {
     proc_root.join("proc").join(pid.to_string()).join("cgroup")
 }
 
+/// What one `/proc/<pid>/cgroup` says: the pod ([`parse`]) and the cgroup v2 path
+/// ([`unified_path`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcCgroup {
+    /// The pod and container, when the process is in a pod.
+    pub pod: Option<PodCgroup>,
+    /// The `0::` line's path (`/kubepods.slice/…/cri-containerd-<id>.scope`), when present.
+    pub unified: Option<String>,
+}
+
 /// Reads `<proc_root>/proc/<pid>/cgroup` (at most [`MAX_BYTES`], a regular file, opened
-/// non-blocking: see [`crate::policy::read_bounded`]) and [`parse`]s it.
+/// non-blocking: see [`crate::policy::read_bounded`]), then [`parse`]s it and takes its
+/// [`unified_path`].
 ///
 /// # Errors
-/// [`CgroupError::Read`] when the file is missing, unreadable or refused. `Ok(None)`: the
-/// process is not in a pod.
-pub fn read(proc_root: &Path, pid: u32) -> Result<Option<PodCgroup>, CgroupError> {
+/// [`CgroupError::Read`] when the file is missing, unreadable or refused.
+pub fn read(proc_root: &Path, pid: u32) -> Result<ProcCgroup, CgroupError> {
     let limits = crate::policy::Limits {
         max_bytes: MAX_BYTES,
         // Nothing in a cgroup file nests; the defaults of the policy reader are ample.
@@ -95,7 +105,19 @@ pub fn read(proc_root: &Path, pid: u32) -> Result<Option<PodCgroup>, CgroupError
     };
     let text = crate::policy::read_bounded(&path(proc_root, pid), &limits)
         .map_err(|source| CgroupError::Read { pid, source })?;
-    Ok(parse(&text))
+    Ok(ProcCgroup {
+        pod: parse(&text),
+        unified: unified_path(&text).map(str::to_string),
+    })
+}
+
+/// The path of the cgroup v2 line (`0::<path>`): the directory below the unified hierarchy's
+/// mount that the driver's per-cgroup memory limits are keyed by. `None` without such a line
+/// (a host on cgroup v1 only), or for a path that is not absolute or has a `..` component.
+pub fn unified_path(content: &str) -> Option<&str> {
+    let path = content.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let ok = path.starts_with('/') && !path.split('/').any(|c| c == "..");
+    ok.then_some(path)
 }
 
 /// The pod a `/proc/<pid>/cgroup` content names, or `None` for a process of no pod (a system
@@ -189,6 +211,18 @@ mod tests {
     const UID: &str = "0f5a3b2c-1d4e-4f60-8a7b-9c0d1e2f3a4b";
     const UID_: &str = "0f5a3b2c_1d4e_4f60_8a7b_9c0d1e2f3a4b";
     const ID: &str = "4f9c2a7e5b1d3c8f0a6e2b9d7c4f1a3e5b8d0c2f6a9e1b4d7c3f5a8e0b2d6c9f";
+
+    #[test]
+    fn the_unified_path_is_the_v2_line() {
+        let v2 = "/kubepods.slice/kubepods-pod0f5a3b2c_1d4e_4f60_8a7b_9c0d1e2f3a4b.slice/cri-containerd-x.scope";
+        let hybrid = format!("12:memory:/kubepods/x\n1:name=systemd:/y\n0::{v2}\n");
+        assert_eq!(unified_path(&hybrid), Some(v2));
+        assert_eq!(unified_path(&format!("0::{v2}")), Some(v2));
+        assert_eq!(unified_path("12:memory:/kubepods/x\n"), None);
+        assert_eq!(unified_path("10::/not-v2\n"), None);
+        assert_eq!(unified_path("0::relative\n"), None);
+        assert_eq!(unified_path("0::/kubepods/../../etc\n"), None);
+    }
 
     fn pod(container: Option<&str>) -> Option<PodCgroup> {
         Some(PodCgroup {
@@ -285,7 +319,13 @@ mod tests {
         let p = path(dir.path(), 42);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, format!("0::/kubepods/pod{UID}/{ID}\n")).unwrap();
-        assert_eq!(read(dir.path(), 42).unwrap(), pod(Some(ID)));
+        assert_eq!(
+            read(dir.path(), 42).unwrap(),
+            ProcCgroup {
+                pod: pod(Some(ID)),
+                unified: Some(format!("/kubepods/pod{UID}/{ID}")),
+            }
+        );
         let gone = read(dir.path(), 43).unwrap_err();
         assert!(gone.is_not_found(), "{gone}");
         std::fs::write(&p, "0::/".to_string() + &"a/".repeat(40_000)).unwrap();

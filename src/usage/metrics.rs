@@ -59,6 +59,18 @@ pub(crate) struct ContainerLabels {
     pub(crate) resource: String,
 }
 
+/// A container's memory limit on one unit: [`ContainerLabels`] and `kind` (`hard` or `soft`).
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ContainerLimitLabels {
+    pub(crate) pod: String,
+    pub(crate) namespace: String,
+    pub(crate) container: String,
+    pub(crate) UUID: String,
+    pub(crate) resource: String,
+    pub(crate) kind: &'static str,
+}
+
 /// A GPU by UUID only.
 #[allow(non_snake_case)]
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,6 +104,19 @@ pub struct UsageMetrics {
     pub(crate) container_memory: Family<ContainerLabels, Gauge>,
     /// `slicelet_container_gpu_last_active_timestamp_seconds{…}`.
     pub(crate) container_last_active: Family<ContainerLabels, Gauge<f64, AtomicU64>>,
+    /// `slicelet_container_gpu_memory_limit_bytes{…,kind="hard"|"soft"}`: the limit the
+    /// policy gives the container on the unit.
+    pub(crate) container_limit: Family<ContainerLimitLabels, Gauge>,
+    /// `slicelet_container_gpu_memory_limit_enforced{…}`: 1 when NVML reads the limit back for
+    /// the container's cgroup, 0 when not (or unenforced by the plan); absent until the
+    /// container has a process on the GPU.
+    pub(crate) container_limit_enforced: Family<ContainerLabels, Gauge>,
+    /// `slicelet_gpu_memory_limits_supported{UUID,gpu,modelName}`: 1 when the GPU takes
+    /// per-cgroup memory limits.
+    pub(crate) gpu_limits_supported: Family<GpuLabels, Gauge>,
+    /// `slicelet_gpu_memory_limits_not_cleared_total`: removed cgroups whose limit the driver
+    /// still reported.
+    pub(crate) limits_not_cleared: Counter,
     /// `slicelet_resource_allocated_devices{resource}`.
     pub(crate) allocated: Family<ResourceLabels, Gauge>,
     /// `slicelet_resource_free_devices{resource}`.
@@ -149,8 +174,18 @@ impl UsageMetrics {
             "1 while GPU use is attributed to containers; 0 while the kubelet's device checkpoint cannot be used and the per-container series are withheld",
             attribution_up.clone(),
         );
+        let limits_not_cleared = Counter::default();
+        registry.register(
+            "gpu_memory_limits_not_cleared",
+            "Removed container cgroups whose GPU memory limit the driver still reported",
+            limits_not_cleared.clone(),
+        );
         UsageMetrics {
             attribution_up,
+            limits_not_cleared,
+            container_limit: family(registry, "container_gpu_memory_limit_bytes", "GPU memory limit the policy gives a container on a GPU (kind hard or soft), bytes"),
+            container_limit_enforced: family(registry, "container_gpu_memory_limit_enforced", "1 when NVML reads a container's GPU memory limit back for its cgroup, 0 when it does not or the limit is not enforced there; absent until the container runs a process on the GPU"),
+            gpu_limits_supported: family(registry, "gpu_memory_limits_supported", "1 when the GPU takes per-cgroup memory limits (driver R615 or later, cgroup v2)"),
             allocation: family(registry, "allocation_info", "A device held by a container (value 1)"),
             gpu_utilization: family(registry, "gpu_utilization_percent", "GPU utilisation, percent (0-100)"),
             gpu_memory_used: family(registry, "gpu_memory_used_bytes", "GPU framebuffer memory in use, bytes"),

@@ -34,6 +34,9 @@ pub struct Samples {
     /// Why the checkpoint could not be used (missing, unreadable, not a format this parser
     /// knows).
     pub checkpoint_error: Option<String>,
+    /// Removed cgroups whose GPU memory limit the driver still reported, found with this
+    /// sample ([`sampler::read_limits`]).
+    pub limits_not_cleared: u32,
 }
 
 /// One entry of the kubelet's device checkpoint: a container's devices of one resource.

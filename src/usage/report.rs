@@ -18,8 +18,8 @@ use crate::plan::{physical_uuid, Plan};
 use crate::podres::{Holder, InUse};
 use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
 use crate::usage::metrics::{
-    AllocationLabels, ContainerLabels, GpuLabels, MigLabels, ResourceLabels, UsageMetrics,
-    UuidLabels,
+    AllocationLabels, ContainerLabels, ContainerLimitLabels, GpuLabels, MigLabels, ResourceLabels,
+    UsageMetrics, UuidLabels,
 };
 use crate::usage::view::{DeviceView, GpuView, HolderView, NodeView};
 use crate::usage::Samples;
@@ -38,6 +38,9 @@ struct Written {
     mig_memory_total: HashSet<MigLabels>,
     /// The three container families are written together.
     containers: HashSet<ContainerLabels>,
+    container_limits: HashSet<ContainerLimitLabels>,
+    container_enforced: HashSet<ContainerLabels>,
+    gpu_limits_supported: HashSet<GpuLabels>,
     unattributed: HashSet<UuidLabels>,
     allocation: HashSet<AllocationLabels>,
     /// The three per-resource families are written together.
@@ -70,6 +73,17 @@ where
         family.remove(gone);
     }
     *written = now;
+}
+
+fn limit_labels(l: &ContainerLabels, kind: &'static str) -> ContainerLimitLabels {
+    ContainerLimitLabels {
+        pod: l.pod.clone(),
+        namespace: l.namespace.clone(),
+        container: l.container.clone(),
+        UUID: l.UUID.clone(),
+        resource: l.resource.clone(),
+        kind,
+    }
 }
 
 fn container_labels(c: &ContainerFigures) -> ContainerLabels {
@@ -127,12 +141,21 @@ impl Usage {
         let mut mig_used = HashSet::new();
         let mut mig_total = HashSet::new();
         let mut unattributed = HashSet::new();
+        let mut limits = HashSet::new();
+        let mut enforced = HashSet::new();
+        let mut supported = HashSet::new();
         for g in &figures.gpus {
             let labels = GpuLabels {
                 UUID: g.uuid.clone(),
                 gpu: g.index.to_string(),
                 modelName: g.model.clone(),
             };
+            if let Some(s) = g.memory_limits_supported {
+                m.gpu_limits_supported
+                    .get_or_create(&labels)
+                    .set(i64::from(s));
+                supported.insert(labels.clone());
+            }
             for (value, family, set) in [
                 (
                     g.utilization_percent.map(u64::from),
@@ -189,6 +212,21 @@ impl Usage {
                     .get_or_create(&labels)
                     .set(gauge_value(c.memory_used_bytes));
                 m.container_last_active.get_or_create(&labels).set(*last);
+                if let Some(l) = &c.memory_limit {
+                    for (kind, value) in [("hard", Some(l.hard_bytes)), ("soft", l.soft_bytes)] {
+                        if let Some(v) = value {
+                            let k = limit_labels(&labels, kind);
+                            m.container_limit.get_or_create(&k).set(gauge_value(v));
+                            limits.insert(k);
+                        }
+                    }
+                    if let Some(e) = l.enforced {
+                        m.container_limit_enforced
+                            .get_or_create(&labels)
+                            .set(i64::from(e));
+                        enforced.insert(labels.clone());
+                    }
+                }
                 seen.insert(key);
                 containers.insert(labels);
             }
@@ -202,7 +240,22 @@ impl Usage {
         sync(&m.mig_memory_used, &mut w.mig_memory_used, mig_used);
         sync(&m.mig_memory_total, &mut w.mig_memory_total, mig_total);
         sync(&m.unattributed, &mut w.unattributed, unattributed);
+        sync(
+            &m.gpu_limits_supported,
+            &mut w.gpu_limits_supported,
+            supported,
+        );
+        sync(&m.container_limit, &mut w.container_limits, limits);
+        sync(
+            &m.container_limit_enforced,
+            &mut w.container_enforced,
+            enforced,
+        );
         self.sync_containers(metrics, containers);
+        if figures.limits_not_cleared > 0 {
+            m.limits_not_cleared
+                .inc_by(u64::from(figures.limits_not_cleared));
+        }
         m.samples.inc();
         m.attribution_up
             .set(i64::from(figures.checkpoint_error.is_none()));
@@ -216,6 +269,29 @@ impl Usage {
             m.container_memory.remove(gone);
             m.container_last_active.remove(gone);
         }
+        // A container's limit series go with its other series.
+        let w = &mut self.written;
+        w.container_enforced.retain(|l| {
+            let keep = now.contains(l);
+            if !keep {
+                m.container_limit_enforced.remove(l);
+            }
+            keep
+        });
+        w.container_limits.retain(|l| {
+            let base = ContainerLabels {
+                pod: l.pod.clone(),
+                namespace: l.namespace.clone(),
+                container: l.container.clone(),
+                UUID: l.UUID.clone(),
+                resource: l.resource.clone(),
+            };
+            let keep = now.contains(&base);
+            if !keep {
+                m.container_limit.remove(l);
+            }
+            keep
+        });
         self.written.containers = now;
     }
 
@@ -340,6 +416,7 @@ impl Usage {
                         memory_total_bytes: g.memory_total_bytes,
                         unattributed_processes: g.unattributed_processes,
                         devices: Vec::new(),
+                        memory_limits_supported: g.memory_limits_supported,
                     },
                 );
                 for c in &g.containers {
@@ -380,6 +457,10 @@ impl Usage {
                     sm_util_percent: figures.map(|c| c.sm_util_percent),
                     memory_used_bytes: figures.map(|c| c.memory_used_bytes),
                     idle_seconds,
+                    memory_limit_bytes: figures.and_then(|c| c.memory_limit).map(|l| l.hard_bytes),
+                    memory_limit_enforced: figures
+                        .and_then(|c| c.memory_limit)
+                        .and_then(|l| l.enforced),
                 };
                 gpus.entry(gpu_uuid)
                     .or_insert_with(|| GpuView {
@@ -467,10 +548,12 @@ pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse
                 memory_total_bytes: Some(81_559 * MIB),
                 processes: Vec::new(),
                 mig: Vec::new(),
+                ..GpuSample::default()
             })
             .collect(),
         checkpoint: Some(Vec::new()),
         checkpoint_error: None,
+        limits_not_cleared: 0,
     };
     let mut in_use = InUse::default();
     for c in 0..containers {
@@ -500,6 +583,7 @@ pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse
             memory_used_bytes: Some(100 * MIB),
             pod_uid: Some(pod_uid),
             container_id: None,
+            cgroup: None,
         });
     }
     (plan, in_use, samples)

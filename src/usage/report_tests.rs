@@ -196,6 +196,7 @@ fn metrics_text_and_stale_series() {
     want.extend(container("b", 10, 512));
     want.push("slicelet_samples_total 1".into());
     want.push("slicelet_sample_failures_total 0".into());
+    want.push("slicelet_gpu_memory_limits_not_cleared_total 0".into());
     want.sort();
     assert_eq!(usage_series(&metrics.encode()), want);
 
@@ -216,6 +217,7 @@ fn metrics_text_and_stale_series() {
     want.extend(container("a", 30, 1024));
     want.push("slicelet_samples_total 2".into());
     want.push("slicelet_sample_failures_total 1".into());
+    want.push("slicelet_gpu_memory_limits_not_cleared_total 0".into());
     want.sort();
     assert_eq!(usage_series(&metrics.encode()), want);
 
@@ -422,4 +424,73 @@ fn an_unusable_checkpoint_withholds_the_container_series() {
     assert!(text.contains("slicelet_attribution_up 0"), "{text}");
     usage.sampled(&samples, &plan, &in_use, metrics.usage());
     assert_eq!(series(&metrics.encode()), 2);
+}
+
+/// The memory-limit series: each container's hard and soft limit, its enforcement once read
+/// back, the GPU's support and the not-cleared count; a container's go with it.
+#[test]
+fn memory_limit_series_follow_the_containers() {
+    use crate::inventory::sample::{CgroupLimits, LimitReading};
+    use crate::usage::attribute::tests::limited_plan;
+    let plan = limited_plan(false);
+    let (mut samples, in_use) = two_pods();
+    let g = &mut samples.gpus[0];
+    g.memory_limits_supported = Some(true);
+    g.processes[0].cgroup = Some("/a".into());
+    g.cgroup_limits = vec![CgroupLimits {
+        cgroup: "/a".into(),
+        reading: LimitReading {
+            soft: 4 << 30,
+            hard: 10 << 30,
+            used: 0,
+        },
+    }];
+    samples.gpus[1].memory_limits_supported = Some(false);
+    samples.limits_not_cleared = 2;
+    let metrics = Metrics::new();
+    let mut usage = Usage::new();
+    usage.sampled(&samples, &plan, &in_use, metrics.usage());
+    let limit_series = |text: &str| -> Vec<String> {
+        usage_series(text)
+            .into_iter()
+            .filter(|l| l.contains("limit"))
+            .collect()
+    };
+    let limit = |pod: &str, kind: &str, v: u64| {
+        format!("slicelet_container_gpu_memory_limit_bytes{{pod=\"{pod}\",namespace=\"ml\",container=\"main\",UUID=\"{GPU0}\",resource=\"{SHARED}\",kind=\"{kind}\"}} {v}")
+    };
+    let mut want = vec![
+        limit("a", "hard", 10 << 30),
+        limit("a", "soft", 4 << 30),
+        limit("b", "hard", 10 << 30),
+        limit("b", "soft", 4 << 30),
+        // a's cgroup reads back its limit; b has no process with a known cgroup yet.
+        container_series(
+            "container_gpu_memory_limit_enforced",
+            "ml",
+            "a",
+            GPU0,
+            SHARED,
+            "1",
+        ),
+        gpu_series("gpu_memory_limits_supported", GPU0, 0, 1),
+        gpu_series("gpu_memory_limits_supported", GPU1, 1, 0),
+        "slicelet_gpu_memory_limits_not_cleared_total 2".to_string(),
+    ];
+    want.sort();
+    assert_eq!(limit_series(&metrics.encode()), want);
+    let view = usage.view(&plan, &in_use);
+    let a = &view.gpus[0].devices[0];
+    assert_eq!(
+        (a.memory_limit_bytes, a.memory_limit_enforced),
+        (Some(10 << 30), Some(true))
+    );
+    assert_eq!(view.gpus[0].memory_limits_supported, Some(true));
+
+    // b is gone: its limit series go at the allocation change.
+    let mut without_b = InUse::default();
+    without_b.insert(SHARED, &replica_id(GPU0, 0), holder("ml", "a", "main"));
+    usage.allocation(&plan, &without_b, metrics.usage());
+    want.retain(|l| !l.contains("pod=\"b\""));
+    assert_eq!(limit_series(&metrics.encode()), want);
 }

@@ -20,8 +20,11 @@
 //!       "replica": 0, "mig_profile": null, "health": "Healthy",
 //!       "draining": null, "retained": false,
 //!       "holder": {"namespace": "ml", "pod": "a", "container": "main"},
-//!       "sm_util_percent": 30, "memory_used_bytes": 1073741824, "idle_seconds": 0.0
-//!     }]
+//!       "sm_util_percent": 30, "memory_used_bytes": 1073741824, "idle_seconds": 0.0,
+//!       "memory_limit_bytes": 21474836480, // the holder's GPU memory limit (policy `memory`)
+//!       "memory_limit_enforced": true      // read back through NVML (null: not yet known)
+//!     }],
+//!     "memory_limits_supported": true      // the GPU takes per-cgroup limits (null: unknown)
 //!   }],
 //!   "free": {"nvidia.com/gpu-shared": 6}  // Healthy and not held, per resource
 //! }
@@ -75,6 +78,10 @@ pub struct GpuView {
     /// Every advertised device on it (its MIG devices' included), by resource, then plan
     /// order.
     pub devices: Vec<DeviceView>,
+    /// Whether it takes per-cgroup memory limits (driver R615 and later, cgroup v2); `None`
+    /// until sampled, or when the source cannot tell.
+    #[serde(default)]
+    pub memory_limits_supported: Option<bool>,
 }
 
 /// One advertised device.
@@ -107,6 +114,14 @@ pub struct DeviceView {
     /// Seconds from the holder's last sample with SM use > 0 (or from when it was first seen)
     /// to the latest sample; `None` when free or not sampled.
     pub idle_seconds: Option<f64>,
+    /// The holder's hard GPU memory limit on this unit, bytes (the policy's `memory.hard`
+    /// times the replicas it holds there); `None` without limits, when free or not sampled.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+    /// Whether that limit is read back for the holder's cgroup through NVML; `None` while not
+    /// known (no process of the holder on the GPU yet).
+    #[serde(default)]
+    pub memory_limit_enforced: Option<bool>,
 }
 
 /// A container, as pod-resources names it.

@@ -313,3 +313,120 @@ async fn top_through_the_pod_proxy(node: &Node, addr: std::net::SocketAddr, gpu0
         "{err}"
     );
 }
+
+/// GPU memory limits per container, read back: GPU 0 of an A100 node on an R615 driver shared
+/// as two 16 GiB replicas (`nvidia.com/gpu-16gb`, soft 8 GiB). The driver (the node file's
+/// `memoryLimits`) holds pod A's limit for its container's cgroup and none for pod B's: the
+/// metrics give both their limits, A enforced and B not, and `slicelet top` says the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limits_are_read_back_per_container() {
+    const RES: &str = "nvidia.com/gpu-16gb";
+    let node = Node::new(
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-16gb\n        devices: [0]\n        replicas: 2\n        memory: {hard: 16Gi, soft: 8Gi}\n",
+    );
+    let id = "a".repeat(64);
+    let cgroup_a = format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope",
+        UID_A.replace('-', "_")
+    );
+    let gpu =
+        "  - model: NVIDIA A100-SXM4-40GB\n    memoryMiB: 40960\n    computeCapability: \"8.0\"\n";
+    let sim = node.tmp.path().join("a100-r615.yaml");
+    std::fs::write(
+        &sim,
+        format!(
+            "gpus:\n{gpu}    numaNode: 0\n    processes:\n      - {{pid: 4242, smUtil: 30, memoryMiB: 4096}}\n      - {{pid: 4343, smUtil: 10, memoryMiB: 2048}}\n    memoryLimits:\n      - {{cgroup: \"{cgroup_a}\", hardMiB: 16384, softMiB: 8192}}\n{gpu}    numaNode: 0\n    count: 3\n{gpu}    numaNode: 1\n    count: 4\ndriverVersion: \"615.20\"\n"
+        ),
+    )
+    .unwrap();
+    let uuids = uuids(&sim);
+    let proc_root = node.tmp.path().join("host");
+    write_proc(&proc_root);
+    let ids = [format!("{}::0", uuids[0]), format!("{}::1", uuids[0])];
+    let entry = |pod_uid, id| Entry {
+        pod_uid,
+        container: "server",
+        resource: RES,
+        device_ids: id,
+    };
+    node_files::write_checkpoint(
+        &node.plugins().join("kubelet_internal_checkpoint"),
+        &[entry(UID_A, &ids[..1]), entry(UID_B, &ids[1..])],
+    )
+    .unwrap();
+    let pr = PodResources::start(&node.pod_resources()).await.unwrap();
+    pr.hold("ml", "llm-a", "server", RES, &[&ids[0]]);
+    pr.hold("ml", "llm-b", "server", RES, &[&ids[1]]);
+    let emu = emulator(&node).await;
+    let spec_out = node.tmp.path().join("cdi-out");
+    std::fs::create_dir_all(&spec_out).unwrap();
+    let mut settings = node.settings(&sim);
+    settings.proc_root = proc_root;
+    settings.cdi_spec_dirs = vec![fixture("cdi/a100-40gb-x8")];
+    settings.memory_spec_dir = Some(spec_out);
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    settings.sample_interval = Some(std::time::Duration::from_millis(200));
+    let mut d = Daemon::start(settings);
+    wait_lists(&emu, &[(RES, 2)]).await;
+    let s = d.wait_status(|s| s.in_use == 2 && s.samples >= 1).await;
+    let n = s.samples;
+    d.wait_status(|s| s.samples > n).await;
+    let addr = s.address.unwrap();
+    let (_, text) = get(addr, "/metrics").await;
+    let labels = |pod: &'static str| {
+        [
+            ("pod", pod),
+            ("namespace", "ml"),
+            ("container", "server"),
+            ("resource", RES),
+        ]
+    };
+    let limit = |pod, kind| {
+        let mut l = labels(pod).to_vec();
+        l.push(("kind", kind));
+        series(&text, "slicelet_container_gpu_memory_limit_bytes", &l)
+    };
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    for pod in ["llm-a", "llm-b"] {
+        assert_eq!(limit(pod, "hard"), Some(16.0 * GIB), "{pod}:\n{text}");
+        assert_eq!(limit(pod, "soft"), Some(8.0 * GIB), "{pod}:\n{text}");
+    }
+    let enforced = |pod| {
+        series(
+            &text,
+            "slicelet_container_gpu_memory_limit_enforced",
+            &labels(pod),
+        )
+    };
+    assert_eq!(enforced("llm-a"), Some(1.0), "{text}");
+    assert_eq!(enforced("llm-b"), Some(0.0), "{text}");
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_gpu_memory_limits_supported",
+            &[("UUID", &uuids[0])]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
+        .args(["top", "--once", "--address", &format!("http://{addr}")])
+        .output()
+        .await
+        .unwrap();
+    let top = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(top.contains("LIMIT MiB"), "{top}");
+    let row = |pod: &str| {
+        top.lines()
+            .find(|l| l.contains(pod))
+            .unwrap_or_else(|| panic!("{pod} not in\n{top}"))
+            .to_string()
+    };
+    assert!(row("ml/llm-a/server").ends_with("16384 enforced"), "{top}");
+    assert!(
+        row("ml/llm-b/server").ends_with("16384 NOT enforced"),
+        "{top}"
+    );
+    d.stop().await;
+}

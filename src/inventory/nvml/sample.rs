@@ -79,6 +79,7 @@ impl NvmlSource {
             memory_total_bytes: memory.as_ref().map(|m| m.total),
             processes,
             mig,
+            ..GpuSample::default()
         })
     }
 

@@ -56,6 +56,21 @@ pub(super) struct GpuEntry {
     #[serde(rename = "memoryUsedMiB")]
     pub(super) memory_used_mib: Option<u64>,
     pub(super) processes: Option<Vec<ProcessEntry>>,
+    /// `memoryLimits`: the per-cgroup GPU memory limits NVML would read back.
+    pub(super) memory_limits: Option<Vec<LimitEntry>>,
+}
+
+/// `gpus[i].memoryLimits[k]`: one cgroup's GPU memory limits on the GPU, as the driver holds
+/// them after a hook set them (`nvmlDeviceGetMemoryLimits_v1`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitEntry {
+    /// The cgroup v2 path as `/proc/<pid>/cgroup` names it.
+    pub(super) cgroup: String,
+    #[serde(rename = "hardMiB")]
+    pub(super) hard_mib: u64,
+    #[serde(rename = "softMiB", default)]
+    pub(super) soft_mib: u64,
 }
 
 /// `gpus[i].processes[k]`: one process on the GPU.

@@ -111,3 +111,83 @@ fn a_live_edit_changes_the_next_sample_and_a_broken_file_fails_it() {
     let e = src.sample().unwrap_err().to_string();
     assert!(e.contains("gpus[0].processes[0].smUtil"), "{e}");
 }
+
+/// `memoryLimits`: read back per (GPU, cgroup) on an R615 node with cgroup v2, no limit for a
+/// cgroup not listed; unsupported on an older driver or cgroup v1; bad entries refused with
+/// their path.
+#[test]
+fn memory_limits_are_read_back_where_the_node_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("n.yaml");
+    let limits = "    memoryLimits:\n      - {cgroup: /kubepods/pod-a/ctr, hardMiB: 20480, softMiB: 16384}\n";
+    let write = |tail: &str| std::fs::write(&p, format!("{H100}{limits}{tail}")).unwrap();
+    write("driverVersion: \"615.20\"\n");
+    let mut s = SimulatedSource::new(&p);
+    let uuid = s.sample().unwrap()[0].uuid.clone();
+    assert_eq!(s.memory_limits_supported(&uuid), Some(true));
+    assert_eq!(
+        s.memory_limits(&uuid, "/kubepods/pod-a/ctr"),
+        LimitsRead::Read(LimitReading {
+            soft: 16384 * MIB,
+            hard: 20480 * MIB,
+            used: 0
+        })
+    );
+    assert_eq!(
+        s.memory_limits(&uuid, "/kubepods/pod-b/ctr"),
+        LimitsRead::Read(LimitReading {
+            soft: 0,
+            hard: NO_HARD_LIMIT,
+            used: 0
+        })
+    );
+    for tail in [
+        "driverVersion: \"580.10\"\n",
+        "driverVersion: \"615.20\"\ncgroupVersion: 1\n",
+        "",
+    ] {
+        write(tail);
+        s.sample().unwrap();
+        assert_eq!(s.memory_limits_supported(&uuid), Some(false), "{tail}");
+        assert_eq!(
+            s.memory_limits(&uuid, "/kubepods/pod-a/ctr"),
+            LimitsRead::Unsupported,
+            "{tail}"
+        );
+    }
+    for (entry, at, says) in [
+        (
+            "{cgroup: kubepods/x, hardMiB: 1}",
+            "gpus[0].memoryLimits[0].cgroup",
+            "absolute",
+        ),
+        (
+            "{cgroup: /kubepods/../x, hardMiB: 1}",
+            "gpus[0].memoryLimits[0].cgroup",
+            "absolute",
+        ),
+        (
+            "{cgroup: /x, hardMiB: 90000}",
+            "gpus[0].memoryLimits[0].hardMiB",
+            "81559",
+        ),
+        (
+            "{cgroup: /x, hardMiB: 10, softMiB: 11}",
+            "gpus[0].memoryLimits[0].softMiB",
+            "hardMiB",
+        ),
+    ] {
+        let text = format!("{H100}    memoryLimits:\n      - {entry}\n");
+        let e = parse_all(Path::new("n.yaml"), &text).err().unwrap();
+        let InventoryError::SimulatedInvalid {
+            path_in_file,
+            message,
+            ..
+        } = &e
+        else {
+            panic!("{e}");
+        };
+        assert_eq!(path_in_file, at, "{entry}");
+        assert!(message.contains(says), "{entry}: {message}");
+    }
+}
