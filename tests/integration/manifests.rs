@@ -19,6 +19,19 @@ fn h100() -> slicelet::inventory::Inventory {
     simulated::parse(&f, &read(&f)).unwrap()
 }
 
+/// The same node on a driver that enforces per-cgroup memory limits (R615, cgroup v2).
+fn h100_r615() -> slicelet::inventory::Inventory {
+    let f = node_file("h100-80gb-x8-r615.yaml");
+    simulated::parse(&f, &read(&f)).unwrap()
+}
+
+/// Whether a sharing entry of `p` sets `memory` (planned on [`h100_r615`]: under
+/// `enforce: required` an older driver is a plan error).
+fn uses_memory(p: &policy::Policy) -> bool {
+    p.time_slicing.resources.iter().any(|r| r.memory.is_some())
+        || p.mps.resources.iter().any(|e| e.shared.memory.is_some())
+}
+
 #[test]
 fn configmap_policy_is_the_example_policy_and_valid() {
     let cm = yaml(&repo().join("manifests/base/configmap.yaml"));
@@ -58,7 +71,8 @@ fn overlay_policies_are_valid() {
                 {
                     let text = op["value"].as_str().unwrap();
                     let p = policy::parse(text).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
-                    plan::build(&p, &h100()).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
+                    let node = if uses_memory(&p) { h100_r615() } else { h100() };
+                    plan::build(&p, &node).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
                     checked += 1;
                 }
             }
@@ -345,6 +359,7 @@ fn chart_example_configs_are_valid_and_plan() {
         let f = node_file("h100-80gb-x8-mig-mixed.yaml");
         simulated::parse(&f, &read(&f)).unwrap()
     }];
+    let memory_nodes = [h100_r615()];
     let mut checked = 0;
     let mut examples: Vec<_> = std::fs::read_dir(repo().join(CHART).join("ci"))
         .unwrap()
@@ -356,13 +371,25 @@ fn chart_example_configs_are_valid_and_plan() {
         for (name, text) in v["config"]["map"].as_object().unwrap() {
             let at = format!("{}: config.map.{name}", example.display());
             let p = policy::parse(text.as_str().unwrap()).unwrap_or_else(|e| panic!("{at}: {e}"));
-            for node in &nodes {
+            // Memory limits are enforced (required) only on R615 and later, never on MIG.
+            let on = if uses_memory(&p) {
+                &memory_nodes[..]
+            } else {
+                &nodes[..]
+            };
+            for node in on {
                 plan::build(&p, node).unwrap_or_else(|e| panic!("{at}: {e}"));
             }
             if !p.mps.resources.is_empty() {
                 // The chart mounts mps.root; the daemons live under the policy's mpsRoot.
                 assert_eq!(v["mps"]["root"], p.mps_root.to_str().unwrap(), "{at}");
                 assert_ne!(v["mps"]["mode"], "none", "{at}: MPS entries need mps.mode");
+            }
+            if uses_memory(&p) {
+                assert_ne!(
+                    v["memoryLimits"]["enabled"], false,
+                    "{at}: memory limits need the hook (memoryLimits)"
+                );
             }
             checked += 1;
         }
