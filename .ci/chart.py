@@ -21,7 +21,10 @@ variable once, the namespace and its Pod Security label; NVIDIA's variables exac
 chart sets them (MIG_STRATEGY, FAIL_ON_INIT_ERROR, ... for a value of the type its `typeIs`
 checks; MPS_ROOT always), what the configs need switched on from the configs (sharing.mps: MPS;
 flags.migStrategy single|mixed: the MIG settings; a cdi-* strategy: the CDI mounts), the
-optional `slicelet top` Role. The ci/nvidia-* examples (NVIDIA's README in NVIDIA's value shape)
+optional `slicelet top` Role; with memory limits (memoryLimits.enabled, or a config with `memory` on a
+sharing entry) the install-hook init container writing the hook binary to the host directory
+whose path the plugin's SLICELET_HOOK_BINARY names, and memoryLimits.specDir mounted read-write
+as SLICELET_MEMORY_SPEC_DIR (no init container, no such variable or mount without them). The ci/nvidia-* examples (NVIDIA's README in NVIDIA's value shape)
 must select configs by node label with the node RBAC and their own env (NVIDIA_EXAMPLES), and
 ci/gpu-operator-values.yaml must read deployments/gpu-operator/clusterpolicy-patch.yaml's
 ConfigMap, which is validated with jsonschema against clusterpolicy-patch.schema.json. Each
@@ -123,10 +126,20 @@ def strategies(dls: Any) -> set[str]:
     return set(dls) if isinstance(dls, list) else set()
 
 
+def has_memory(p: dict[str, Any]) -> bool:
+    """Whether a config has `memory` on an entry of sharing.timeSlicing or sharing.mps."""
+    sharing = p.get("sharing") or {}
+    return any(isinstance(e, dict) and "memory" in e
+               for kind in ("timeSlicing", "mps")
+               for e in ((sharing.get(kind) or {}).get("resources") or []))
+
+
 def needs(v: dict[str, Any]) -> dict[str, bool]:
-    """What the configs in config.map need: MPS daemons, the MIG settings, the CDI specs."""
+    """What the configs in config.map need: MPS daemons, the MIG settings, the CDI specs, the
+    memory-limit hook."""
     ps = policies(v)
     return {
+        "memory": any(has_memory(p) for p in ps),
         "mps": any((p.get("sharing") or {}).get("mps") for p in ps),
         "mig": any((p.get("flags") or {}).get("migStrategy") in ("single", "mixed") for p in ps),
         "cdi": any(strategies(((p.get("flags") or {}).get("plugin") or {}).get("deviceListStrategy"))
@@ -162,6 +175,18 @@ def effective_cdi(v: dict[str, Any]) -> bool:
     return needs(v)["cdi"] or bool(v["config"]["name"])
 
 
+def effective_memory(v: dict[str, Any]) -> bool:
+    """memoryLimits.enabled; unset: a config in config.map with `memory` on a sharing entry
+    (with config.name the chart cannot read the configs: off)."""
+    if v["memoryLimits"].get("enabled") is not None:
+        return bool(v["memoryLimits"]["enabled"])
+    return needs(v)["memory"]
+
+
+def hook_binary(v: dict[str, Any]) -> str:
+    return v["memoryLimits"]["hookDir"].rstrip("/") + "/slicelet"
+
+
 def namespace_of(v: dict[str, Any]) -> str:
     return v.get("namespaceOverride") or v["namespace"]["name"] or RELEASE_NAMESPACE
 
@@ -192,6 +217,8 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     mps = effective_mps(v)
     mig = effective_mig(v)
     cdi_on = effective_cdi(v)
+    memory = effective_memory(v)
+    memory_dir = v["memoryLimits"]["specDir"]
     label_selection = label_selection_of(v)
     dra = v["dra"]
     needs_api = label_selection or dra["enabled"]
@@ -312,8 +339,10 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                f"{what}: each env variable once, not twice: {sorted({n for n in env_names if env_names.count(n) > 1})}")
         mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
         volumes = {vol["name"]: vol for vol in spec.get("volumes", [])}
-        c.that(all("subPath" not in m for m in mounts.values()), f"{what}: no subPath mounts")
-        mounted = {m["name"] for m in mounts.values()}
+        inits = spec.get("initContainers", [])
+        every_mount = [m for x in [container] + inits for m in x.get("volumeMounts", [])]
+        c.that(all("subPath" not in m for m in every_mount), f"{what}: no subPath mounts")
+        mounted = {m["name"] for m in every_mount}
         c.that(mounted == set(volumes), f"{what}: mounts {sorted(mounted)} vs volumes {sorted(volumes)}")
         c.that(env.get("SLICELET_CONFIG") == "/etc/slicelet" and "/etc/slicelet" in mounts
                and volumes[mounts["/etc/slicelet"]["name"]].get("configMap", {}).get("name")
@@ -344,7 +373,7 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                 c.that(m is not None and not m.get("readOnly")
                        and volumes[m["name"]]["hostPath"]["path"] == d,
                        f"{what}: DRA: host {d} mounted read-write")
-            elif not (cdi_on and d in v["cdi"]["specDirs"]):
+            elif not (cdi_on and d in v["cdi"]["specDirs"]) and not (memory and d == memory_dir):
                 c.that(m is None, f"{what}: {d} mounted only with dra.enabled")
         c.that(container["args"] == (["mps"] if is_mps_ds else ["run"]), f"{what}: args")
         c.that((v["mps"]["root"] in mounts) == (mps != "none"),
@@ -442,11 +471,18 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                    f"{what}: SLICELET_CDI_SPEC_DIRS exactly with the CDI mounts")
             for d in cdi["specDirs"]:
                 m = mounts.get(d)
-                c.that((m is not None) == cdi_on, f"{what}: {d} mounted exactly with the CDI mounts")
+                shared = (dra["enabled"] and d == dra["cdiOutputDir"]) or (memory and d == memory_dir)
+                if cdi_on or not shared:
+                    c.that((m is not None) == cdi_on, f"{what}: {d} mounted exactly with the CDI mounts")
                 if m is not None:
-                    shared = dra["enabled"] and d == dra["cdiOutputDir"]
-                    c.that(m.get("readOnly") is (not shared) and volumes[m["name"]]["hostPath"]["path"] == d,
-                           f"{what}: host {d} read-only (read-write where DRA writes claim specs)")
+                    c.that(bool(m.get("readOnly")) is (not shared) and volumes[m["name"]]["hostPath"]["path"] == d,
+                           f"{what}: host {d} read-only (read-write where DRA writes claim specs or "
+                           f"slicelet its memory-limit spec)")
+            memory_limits(c, what, spec, container, env, mounts, volumes, v, memory)
+        else:
+            c.that(not spec.get("initContainers"), f"{what}: no init container in the -mps DaemonSet")
+            c.that("SLICELET_HOOK_BINARY" not in env and "SLICELET_MEMORY_SPEC_DIR" not in env,
+                   f"{what}: the MPS daemons write no memory-limit spec")
 
     monitors = by_kind.get("ServiceMonitor", [])
     if v["metrics"]["serviceMonitor"]["enabled"]:
@@ -460,6 +496,62 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     else:
         c.that(not monitors, "no ServiceMonitor unless asked for")
     return c.failures
+
+
+def memory_limits(c: Checks, what: str, spec: dict[str, Any], container: dict[str, Any], env: dict[str, Any],
+                  mounts: dict[str, Any], volumes: dict[str, Any], v: dict[str, Any], memory: bool) -> None:
+    """The plugin DaemonSet with memory limits on: the init container `slicelet install-hook`
+    (the same image) writes SLICELET_INSTALL_HOOK_TO into the host directory mounted at the same
+    path, which is where the plugin's SLICELET_HOOK_BINARY (the host path the container runtime
+    runs) points; it is granted nothing but root. memoryLimits.specDir is mounted read-write at
+    its own path from the host's, as SLICELET_MEMORY_SPEC_DIR; SLICELET_HOOK_ENV is hookEnv.
+    Off: no init container, none of those variables, no hook directory."""
+    ml = v["memoryLimits"]
+    inits = spec.get("initContainers", [])
+    hook = hook_binary(v)
+    c.that((env.get("SLICELET_HOOK_BINARY") == hook) == memory,
+           f"{what}: SLICELET_HOOK_BINARY={hook} exactly with memory limits, not {env.get('SLICELET_HOOK_BINARY')}")
+    c.that((env.get("SLICELET_MEMORY_SPEC_DIR") == ml["specDir"]) == memory,
+           f"{what}: SLICELET_MEMORY_SPEC_DIR={ml['specDir']} exactly with memory limits")
+    want_hook_env = ",".join(ml["hookEnv"]) if memory and ml["hookEnv"] else None
+    c.that(env.get("SLICELET_HOOK_ENV") == want_hook_env,
+           f"{what}: SLICELET_HOOK_ENV={want_hook_env!r}, not {env.get('SLICELET_HOOK_ENV')!r}")
+    hook_volumes = [n for n, vol in volumes.items() if vol.get("hostPath", {}).get("path") == ml["hookDir"]]
+    if not memory:
+        c.that(not inits, f"{what}: no init container without memory limits")
+        c.that(not hook_volumes, f"{what}: the hook directory only with memory limits")
+        c.that(mounts.get(ml["specDir"], {}).get("readOnly", True) is True or (
+            v["dra"]["enabled"] and ml["specDir"] == v["dra"]["cdiOutputDir"]),
+               f"{what}: {ml['specDir']} not read-write for a memory-limit spec")
+        return
+    c.that([i["name"] for i in inits] == ["install-hook"], f"{what}: one init container, install-hook")
+    for init in inits:
+        c.that(init["image"] == container["image"] and init.get("imagePullPolicy") == container.get("imagePullPolicy"),
+               f"{what}: install-hook runs the plugin's image")
+        c.that(init.get("args") == ["install-hook"] and "command" not in init,
+               f"{what}: install-hook runs `slicelet install-hook`")
+        init_env = env_of(init)
+        to = init_env.get("SLICELET_INSTALL_HOOK_TO")
+        c.that(to == hook, f"{what}: install-hook writes {to}, not the hook's host path {hook}")
+        init_mounts = init.get("volumeMounts", [])
+        c.that(len(init_mounts) == 1, f"{what}: install-hook mounts the hook directory only")
+        for m in init_mounts:
+            vol = volumes.get(m["name"], {}).get("hostPath", {})
+            c.that(m["mountPath"] == ml["hookDir"] and vol.get("path") == ml["hookDir"]
+                   and vol.get("type") == "DirectoryOrCreate" and not m.get("readOnly"),
+                   f"{what}: the host's {ml['hookDir']} read-write at the same path in install-hook")
+            c.that(isinstance(to, str) and os.path.dirname(to) == m["mountPath"].rstrip("/"),
+                   f"{what}: install-hook writes into the mounted host directory")
+        sc = init.get("securityContext", {})
+        c.that(sc.get("runAsUser") == 0 and sc.get("allowPrivilegeEscalation") is False
+               and sc.get("readOnlyRootFilesystem") is True and sc.get("capabilities") == {"drop": ["ALL"]}
+               and not sc.get("privileged"), f"{what}: install-hook is root and nothing more")
+    c.that(all(m["name"] not in hook_volumes for m in container.get("volumeMounts", [])),
+           f"{what}: the plugin container does not mount the hook directory")
+    m = mounts.get(ml["specDir"])
+    c.that(m is not None and not m.get("readOnly")
+           and volumes.get(m["name"], {}).get("hostPath", {}).get("path") == ml["specDir"],
+           f"{what}: the host's {ml['specDir']} mounted read-write (the memory-limit spec)")
 
 
 def nvidia_example(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]:
@@ -525,6 +617,16 @@ NVIDIA_EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+# A config with memory limits on an MPS entry (memory on time-slicing entries: ci/memory-limits-values.yaml).
+MEMORY_CONFIG = """version: v1
+sharing:
+  mps:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 2
+      memory: {hard: 20Gi}"""
+
+
 # Values the chart must refuse, and a word its message must contain.
 REFUSED = [
     ({"config": {"fallbackStrategy": ["named"]}}, "fallbackStrategy"),
@@ -554,6 +656,12 @@ REFUSED = [
     ({"mig": {"enabled": False}, "config": {"default": "a", "map": {"a": "version: v1", "b": "version: v1\nflags:\n  migStrategy: single"}}},
      "config.map's b (flags.migStrategy single or mixed) needs the MIG settings"),
     ({"cdi": {"enabled": False}, "deviceListStrategy": "cdi-cri"}, "deviceListStrategy=cdi-cri needs the host's CDI spec directories"),
+    ({"memoryLimits": {"enabled": False}, "config": {"default": "a", "map": {"a": "version: v1", "sized": MEMORY_CONFIG}}},
+     "config.map's sized (memory on a sharing entry) needs the GPU memory-limit hook"),
+    ({"memoryLimits": {"hookDir": "bin"}}, "hookDir"),
+    ({"memoryLimits": {"hookDir": "/var/lib/slicelet/bin/"}}, "hookDir"),
+    ({"memoryLimits": {"hookEnv": ["A=1,B=2"]}}, "hookEnv"),
+    ({"memoryLimits": {"enable": True}}, "enable"),
     # NVIDIA's values slicelet has no counterpart for: refused, naming the slicelet way.
     ({"gfd": {"enabled": True}}, "slicelet does not install GPU Feature Discovery"),
     ({"nfd": {"enabled": True}}, "slicelet does not install Node Feature Discovery"),
@@ -627,6 +735,18 @@ FEATURES = {
     "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
     "dra.enabled": lambda v: v["dra"]["enabled"],
     "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and effective_cdi(v),
+    "memory limits from a config's memory (memoryLimits.enabled unset)":
+        lambda v: v["memoryLimits"].get("enabled") is None and needs(v)["memory"],
+    "memory limits with the spec directory one of the CDI mounts":
+        lambda v: effective_memory(v) and effective_cdi(v) and v["memoryLimits"]["specDir"] in v["cdi"]["specDirs"],
+    "memory limits with the spec directory DRA's":
+        lambda v: effective_memory(v) and v["dra"]["enabled"] and not effective_cdi(v)
+        and v["memoryLimits"]["specDir"] == v["dra"]["cdiOutputDir"],
+    "memory limits with a spec directory of its own mount":
+        lambda v: effective_memory(v) and not (effective_cdi(v) and v["memoryLimits"]["specDir"] in v["cdi"]["specDirs"])
+        and not (v["dra"]["enabled"] and v["memoryLimits"]["specDir"] == v["dra"]["cdiOutputDir"]),
+    "memoryLimits.enabled": lambda v: v["memoryLimits"].get("enabled") is True,
+    "memoryLimits.hookEnv": lambda v: effective_memory(v) and bool(v["memoryLimits"]["hookEnv"]),
 }
 
 

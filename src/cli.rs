@@ -56,6 +56,18 @@ pub enum Command {
     /// not by hand).
     #[command(subcommand)]
     Hook(HookCommand),
+    /// Copy this binary to the host path the memory-limit hooks run (`run --hook-binary`),
+    /// atomically, mode 0755: the DaemonSet's init container runs it (the image has no shell).
+    InstallHook(InstallHookArgs),
+}
+
+/// `slicelet install-hook`.
+#[derive(Debug, Clone, Args)]
+pub struct InstallHookArgs {
+    /// Where the binary goes: the hook's host path (`run --hook-binary`), with the host's
+    /// directory mounted at the same path in the container. The directory must exist.
+    #[arg(long, env = "SLICELET_INSTALL_HOOK_TO", default_value = crate::cdi::memory::DEFAULT_HOOK_BINARY)]
+    pub to: PathBuf,
 }
 
 /// `slicelet hook …`.

@@ -1,4 +1,5 @@
-//! `slicelet plan` and `slicelet validate`: what a policy means, without a kubelet.
+//! `slicelet plan` and `slicelet validate`: what a policy means, without a kubelet; and
+//! `slicelet install-hook`, which puts the binary where the memory-limit hooks run it.
 
 use std::fmt::Write as _;
 
@@ -401,4 +402,75 @@ fn link_matrix(inv: &crate::inventory::Inventory) -> String {
 
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The mode of the installed hook binary: run by the container runtime (root), readable and
+/// executable by all, writable by its owner only.
+pub const HOOK_MODE: u32 = 0o755;
+
+/// What [`install_hook`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// The binary was written (there was none, another file, or a link): this many bytes.
+    Written(u64),
+    /// The path already held this very binary, a regular file of mode [`HOOK_MODE`]: nothing
+    /// was written.
+    Unchanged,
+}
+
+/// `slicelet install-hook`: copies the running binary (`/proc/self/exe`) to `to`, the host
+/// path the memory-limit CDI spec's `createContainer` hooks run
+/// ([`crate::cdi::memory::DEFAULT_HOOK_BINARY`], `run --hook-binary`). The image has no shell
+/// (`cp`): the DaemonSet's init container runs this with the host directory mounted at the same
+/// path. The file is written atomically ([`crate::files::write_atomic_from`]: a runtime
+/// starting the hook meanwhile runs the old binary or the new one, never half of one), mode
+/// [`HOOK_MODE`]; when `to` is already a regular file with the same bytes and mode, nothing is
+/// written. The directory must exist (a `DirectoryOrCreate` hostPath makes it).
+///
+/// # Errors
+/// The I/O error of reading the running binary, or of writing `to`.
+pub fn install_hook(to: &std::path::Path) -> std::io::Result<Installed> {
+    use std::io::Seek as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut source = std::fs::File::open("/proc/self/exe")?;
+    let len = source.metadata()?.len();
+    let same = match std::fs::symlink_metadata(to) {
+        Ok(m) if m.is_file() && m.len() == len && m.permissions().mode() & 0o7777 == HOOK_MODE => {
+            let same = same_bytes(&mut source, &mut std::fs::File::open(to)?)?;
+            source.rewind()?;
+            same
+        }
+        _ => false,
+    };
+    if same {
+        return Ok(Installed::Unchanged);
+    }
+    crate::files::write_atomic_from(to, &mut source, HOOK_MODE).map(Installed::Written)
+}
+
+/// Whether `a` and `b` read the same bytes to their ends (compared in 64 KiB blocks).
+fn same_bytes(a: &mut impl std::io::Read, b: &mut impl std::io::Read) -> std::io::Result<bool> {
+    let (mut x, mut y) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = read_full(a, &mut x)?;
+        let m = read_full(b, &mut y)?;
+        if x[..n] != y[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// Reads until `buf` is full or the reader ends; the count read.
+fn read_full(r: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
 }

@@ -5,9 +5,11 @@
 //! under an unpredictable name (the `tempfile` crate: `.<name>.<random>.tmp`), so a symlink or
 //! file planted at any name is never opened, let alone written through; then it is fsynced,
 //! renamed over the target (readers see the old file or the new one, never half of one) and
-//! the directory is fsynced. A failed step removes the temporary file.
+//! the directory is fsynced. A failed step removes the temporary file. [`write_atomic_from`]
+//! does the same with the bytes streamed from a reader and a mode of the caller's (the hook
+//! binary `slicelet install-hook` puts on the host, mode 0755).
 
-use std::io::Write as _;
+use std::io::{Read, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
@@ -15,12 +17,22 @@ use std::path::Path;
 /// its feature files), writable by slicelet only.
 pub const MODE: u32 = 0o644;
 
-/// Writes `bytes` to `path` atomically (see the module docs). Blocking.
+/// Writes `bytes` to `path` atomically (see the module docs), mode [`MODE`]. Blocking.
 ///
 /// # Errors
 /// The I/O error of the step that failed (creating the temporary file, writing, syncing or
 /// renaming it).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_from(path, &mut &bytes[..], MODE).map(|_| ())
+}
+
+/// Writes everything `from` reads to `path` atomically (see the module docs), streamed (a
+/// binary of hundreds of MiB is never held in memory), with mode `mode` set on the file
+/// whatever the umask. Returns the bytes written. Blocking.
+///
+/// # Errors
+/// As [`write_atomic`], and reading `from`.
+pub fn write_atomic_from(path: &Path, from: &mut impl Read, mode: u32) -> std::io::Result<u64> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -32,15 +44,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
-        .permissions(std::fs::Permissions::from_mode(MODE))
+        .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
+    // The umask applied at creation may have taken bits away: set the mode itself.
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let written = std::io::copy(from, &mut tmp)?;
+    tmp.flush()?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    Ok(())
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -81,6 +97,19 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert_eq!(std::fs::read(&path).unwrap(), b"{}");
         assert!(std::fs::symlink_metadata(dir.path().join(".checkpoint.json.tmp")).is_ok());
+    }
+
+    #[test]
+    fn a_stream_is_written_whole_with_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bin");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let n = write_atomic_from(&path, &mut &data[..], 0o755).unwrap();
+        assert_eq!(n, data.len() as u64);
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755);
+        assert_eq!(names(dir.path()), ["bin"]);
     }
 
     #[test]

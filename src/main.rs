@@ -125,6 +125,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .context("GPU memory limit not set under enforce: required")),
             }
         }
+        Command::InstallHook(args) => {
+            let installed = slicelet::commands::install_hook(&args.to)
+                .with_context(|| format!("installing the hook binary at {}", args.to.display()))?;
+            match installed {
+                slicelet::commands::Installed::Written(bytes) => eprintln!(
+                    "slicelet install-hook: {} written ({bytes} bytes, mode 0755)",
+                    args.to.display()
+                ),
+                slicelet::commands::Installed::Unchanged => eprintln!(
+                    "slicelet install-hook: {} is this binary already",
+                    args.to.display()
+                ),
+            }
+            Ok(())
+        }
         Command::Validate(args) => {
             let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;
             print!("{out}");

@@ -150,3 +150,76 @@ async fn required_fails_container_creation_where_the_driver_cannot_and_best_effo
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
 }
+
+async fn install_hook(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
+    let mut c = Command::new(bin());
+    c.arg("install-hook").args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().await.unwrap()
+}
+
+/// `slicelet install-hook` (the DaemonSet's init container, the image having no shell) puts
+/// this very binary at the hook's host path, mode 0755, runnable; a second run writes nothing;
+/// a different file or a planted link there is replaced, never written through.
+#[tokio::test]
+async fn install_hook_puts_the_binary_at_the_hooks_path() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("slicelet");
+    let out = install_hook(&["--to", to.to_str().unwrap()], &[]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("written"), "{}", stderr(&out));
+    let same_as_bin = |p: &Path| std::fs::read(p).unwrap() == std::fs::read(bin()).unwrap();
+    assert!(same_as_bin(&to), "the installed file is not the binary");
+    let meta = std::fs::symlink_metadata(&to).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o755);
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 1, "a temporary file was left behind");
+    let version = Command::new(&to).arg("--version").output().await.unwrap();
+    assert!(version.status.success(), "{}", stderr(&version));
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("slicelet "));
+
+    // Again, the path from the environment: the same file, not rewritten.
+    let out = install_hook(&[], &[("SLICELET_INSTALL_HOOK_TO", &to)]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("already"), "{}", stderr(&out));
+    assert_eq!(std::fs::metadata(&to).unwrap().ino(), meta.ino());
+
+    // An older file (another mode) is replaced.
+    std::fs::remove_file(&to).unwrap();
+    std::fs::write(&to, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let out = install_hook(&["--to", to.to_str().unwrap()], &[]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(same_as_bin(&to));
+    assert_eq!(
+        std::fs::metadata(&to).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+
+    // A link planted at the path is replaced by the file; its target is left alone.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::fs::remove_file(&to).unwrap();
+    std::os::unix::fs::symlink(&victim, &to).unwrap();
+    let out = install_hook(&["--to", to.to_str().unwrap()], &[]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(std::fs::symlink_metadata(&to).unwrap().is_file());
+    assert!(same_as_bin(&to));
+
+    // A directory that is not there: an error naming the path, exit 1.
+    let missing = dir.path().join("missing/slicelet");
+    let out = install_hook(&["--to", missing.to_str().unwrap()], &[]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!(
+            "installing the hook binary at {}",
+            missing.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+}

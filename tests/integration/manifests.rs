@@ -19,6 +19,19 @@ fn h100() -> slicelet::inventory::Inventory {
     simulated::parse(&f, &read(&f)).unwrap()
 }
 
+/// The same node on a driver that enforces per-cgroup memory limits (R615, cgroup v2).
+fn h100_r615() -> slicelet::inventory::Inventory {
+    let f = node_file("h100-80gb-x8-r615.yaml");
+    simulated::parse(&f, &read(&f)).unwrap()
+}
+
+/// Whether a sharing entry of `p` sets `memory` (planned on [`h100_r615`]: under
+/// `enforce: required` an older driver is a plan error).
+fn uses_memory(p: &policy::Policy) -> bool {
+    p.time_slicing.resources.iter().any(|r| r.memory.is_some())
+        || p.mps.resources.iter().any(|e| e.shared.memory.is_some())
+}
+
 #[test]
 fn configmap_policy_is_the_example_policy_and_valid() {
     let cm = yaml(&repo().join("manifests/base/configmap.yaml"));
@@ -58,7 +71,8 @@ fn overlay_policies_are_valid() {
                 {
                     let text = op["value"].as_str().unwrap();
                     let p = policy::parse(text).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
-                    plan::build(&p, &h100()).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
+                    let node = if uses_memory(&p) { h100_r615() } else { h100() };
+                    plan::build(&p, &node).unwrap_or_else(|e| panic!("{}: {e}", k.display()));
                     checked += 1;
                 }
             }
@@ -345,6 +359,7 @@ fn chart_example_configs_are_valid_and_plan() {
         let f = node_file("h100-80gb-x8-mig-mixed.yaml");
         simulated::parse(&f, &read(&f)).unwrap()
     }];
+    let memory_nodes = [h100_r615()];
     let mut checked = 0;
     let mut examples: Vec<_> = std::fs::read_dir(repo().join(CHART).join("ci"))
         .unwrap()
@@ -356,13 +371,25 @@ fn chart_example_configs_are_valid_and_plan() {
         for (name, text) in v["config"]["map"].as_object().unwrap() {
             let at = format!("{}: config.map.{name}", example.display());
             let p = policy::parse(text.as_str().unwrap()).unwrap_or_else(|e| panic!("{at}: {e}"));
-            for node in &nodes {
+            // Memory limits are enforced (required) only on R615 and later, never on MIG.
+            let on = if uses_memory(&p) {
+                &memory_nodes[..]
+            } else {
+                &nodes[..]
+            };
+            for node in on {
                 plan::build(&p, node).unwrap_or_else(|e| panic!("{at}: {e}"));
             }
             if !p.mps.resources.is_empty() {
                 // The chart mounts mps.root; the daemons live under the policy's mpsRoot.
                 assert_eq!(v["mps"]["root"], p.mps_root.to_str().unwrap(), "{at}");
                 assert_ne!(v["mps"]["mode"], "none", "{at}: MPS entries need mps.mode");
+            }
+            if uses_memory(&p) {
+                assert_ne!(
+                    v["memoryLimits"]["enabled"], false,
+                    "{at}: memory limits need the hook (memoryLimits)"
+                );
             }
             checked += 1;
         }
@@ -372,4 +399,103 @@ fn chart_example_configs_are_valid_and_plan() {
         "{checked} configs in {} examples",
         examples.len()
     );
+}
+
+/// overlays/memory-limits: the policy is config/policy-memory.yaml and plans with its limits
+/// enforced on an R615 node; the init container (`slicelet install-hook`, the plugin's image)
+/// writes the hook into the host directory mounted at the same path, which is the path the
+/// plugin's SLICELET_HOOK_BINARY names; slicelet's spec directory is the host's /var/run/cdi,
+/// mounted read-write, and the CDI specs it checks names against are mounted too.
+#[test]
+fn memory_limits_overlay_installs_the_hook_where_the_spec_names_it() {
+    let k = yaml(&repo().join("manifests/overlays/memory-limits/kustomization.yaml"));
+    let mut policy_text = None;
+    let mut init = None;
+    let mut env = std::collections::BTreeMap::new();
+    let mut mounts = Vec::new();
+    let mut volumes = std::collections::BTreeMap::new();
+    for patch in k["patches"].as_array().unwrap() {
+        let ops: serde_json::Value =
+            yaml_serde::from_str(patch["patch"].as_str().unwrap()).unwrap();
+        for op in ops.as_array().unwrap() {
+            let v = &op["value"];
+            match op["path"].as_str().unwrap() {
+                "/data/config.yaml" => policy_text = v.as_str().map(str::to_string),
+                "/spec/template/spec/initContainers" => init = Some(v.clone()),
+                "/spec/template/spec/containers/0/env/-" => {
+                    env.insert(
+                        v["name"].as_str().unwrap().to_string(),
+                        v["value"].as_str().unwrap().to_string(),
+                    );
+                }
+                "/spec/template/spec/containers/0/volumeMounts/-" => mounts.push(v.clone()),
+                "/spec/template/spec/volumes/-" => {
+                    volumes.insert(
+                        v["name"].as_str().unwrap().to_string(),
+                        v["hostPath"]["path"].as_str().unwrap().to_string(),
+                    );
+                }
+                other => panic!("an op the test does not know: {other}"),
+            }
+        }
+    }
+
+    let example = read(&repo().join("config/policy-memory.yaml"));
+    assert_eq!(policy_text.as_deref(), Some(example.as_str()));
+    let p = policy::parse(&example).unwrap();
+    assert!(uses_memory(&p));
+    let built = plan::build(&p, &h100_r615()).unwrap();
+    let sized = &built.plan.resources["nvidia.com/gpu-20gb"];
+    assert_eq!(sized.devices.len(), 2);
+    let m = sized.memory.as_ref().expect("memory limits in the plan");
+    assert!(
+        sized.devices.iter().all(|d| m.enforced(d)),
+        "enforced on R615"
+    );
+
+    // The hook the spec names is the file the init container writes, on the host.
+    let hook = env["SLICELET_HOOK_BINARY"].clone();
+    let init = init.expect("an init container");
+    let init = init.as_array().unwrap();
+    assert_eq!(init.len(), 1);
+    let i = &init[0];
+    let base = yaml(&repo().join("manifests/base/daemonset.yaml"));
+    let plugin = &base["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(i["image"], plugin["image"], "the plugin's image");
+    assert_eq!(i["args"], serde_json::json!(["install-hook"]));
+    assert_eq!(i["env"][0]["name"], "SLICELET_INSTALL_HOOK_TO");
+    assert_eq!(i["env"][0]["value"], hook.as_str());
+    let init_mounts = i["volumeMounts"].as_array().unwrap();
+    assert_eq!(init_mounts.len(), 1);
+    let dir = init_mounts[0]["mountPath"].as_str().unwrap();
+    assert_eq!(Path::new(&hook).parent().unwrap(), Path::new(dir));
+    assert_eq!(
+        volumes[init_mounts[0]["name"].as_str().unwrap()],
+        dir,
+        "the host directory at the same path"
+    );
+    assert_eq!(
+        i["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
+    );
+    assert_eq!(i["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(hook, slicelet::cdi::memory::DEFAULT_HOOK_BINARY);
+
+    // slicelet writes its spec to the host's spec directory (read-write) and checks the CDI
+    // names it hands out (cdi-cri) against the specs there.
+    let spec_dir = env["SLICELET_MEMORY_SPEC_DIR"].as_str();
+    let spec_mount = mounts
+        .iter()
+        .find(|m| m["mountPath"] == spec_dir)
+        .expect("the spec directory mounted");
+    assert_ne!(spec_mount["readOnly"], true, "{spec_dir} read-write");
+    assert_eq!(volumes[spec_mount["name"].as_str().unwrap()], spec_dir);
+    let cdi_dirs: Vec<&str> = env["SLICELET_CDI_SPEC_DIRS"].split(',').collect();
+    assert!(cdi_dirs.contains(&spec_dir));
+    for d in cdi_dirs {
+        let m = mounts.iter().find(|m| m["mountPath"] == d).expect(d);
+        assert_eq!(volumes[m["name"].as_str().unwrap()], d);
+    }
+    // The plugin itself does not mount the hook directory.
+    assert!(mounts.iter().all(|m| m["mountPath"] != dir));
 }

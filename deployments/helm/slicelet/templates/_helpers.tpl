@@ -82,9 +82,11 @@ true
 
 {{/* What the configs in config.map need, as JSON lists of config names: `mps` (sharing.mps),
 `mig` (flags.migStrategy single or mixed), `cdi` (flags.plugin.deviceListStrategy with
-cdi-annotations or cdi-cri, a string or a list). A config that is not YAML is refused here. */}}
+cdi-annotations or cdi-cri, a string or a list), `memory` (a `memory` key on an entry of
+sharing.timeSlicing.resources or sharing.mps.resources). A config that is not YAML is refused
+here. */}}
 {{- define "slicelet.configNeeds" -}}
-{{- $needs := dict "mps" (list) "mig" (list) "cdi" (list) -}}
+{{- $needs := dict "mps" (list) "mig" (list) "cdi" (list) "memory" (list) -}}
 {{- range $name, $text := .Values.config.map -}}
 {{- $cfg := fromYaml (toString $text) -}}
 {{- if hasKey $cfg "Error" -}}
@@ -102,6 +104,18 @@ cdi-annotations or cdi-cri, a string or a list). A config that is not YAML is re
 {{- if or (has "cdi-annotations" $dls) (has "cdi-cri" $dls) -}}
 {{- $_ := set $needs "cdi" (append $needs.cdi $name) -}}
 {{- end -}}
+{{- end -}}
+{{- $memory := false -}}
+{{- range $sharing := list "timeSlicing" "mps" -}}
+{{- $entries := dig "sharing" $sharing "resources" list $cfg -}}
+{{- if kindIs "slice" $entries -}}
+{{- range $entry := $entries -}}
+{{- if and (kindIs "map" $entry) (hasKey $entry "memory") -}}{{- $memory = true -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $memory -}}
+{{- $_ := set $needs "memory" (append $needs.memory $name) -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $needs -}}
@@ -189,6 +203,38 @@ true
 {{- else if $why -}}
 {{- fail (printf "%s needs the host's CDI spec directories (cdi.specDirs): remove cdi.enabled=false (unset, they follow the configs) or set cdi.enabled=true" $why) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Why the values need the GPU memory-limit hook, or "": a config in config.map with
+`memory` on a sharing entry (slicelet's CDI spec then names a createContainer hook the
+container runtime runs from the host). */}}
+{{- define "slicelet.memoryLimitsNeeds" -}}
+{{- $needs := include "slicelet.configNeeds" . | fromJson -}}
+{{- with $needs.memory -}}
+config.map's {{ join ", " . }} (memory on a sharing entry)
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the memory-limit hook is installed: the init container copies the binary to
+memoryLimits.hookDir on the host, and the plugin writes its CDI spec to memoryLimits.specDir
+(mounted read-write). memoryLimits.enabled true: on; null: on when a config needs it (with
+config.name the chart cannot read the configs: set it); false: off, refused when a config
+needs it. */}}
+{{- define "slicelet.memoryLimitsEnabled" -}}
+{{- $why := include "slicelet.memoryLimitsNeeds" . -}}
+{{- $set := .Values.memoryLimits.enabled -}}
+{{- if kindIs "invalid" $set -}}
+{{- if $why -}}true{{- end -}}
+{{- else if $set -}}
+true
+{{- else if $why -}}
+{{- fail (printf "%s needs the GPU memory-limit hook (the slicelet binary on each node in memoryLimits.hookDir, the CDI spec directory memoryLimits.specDir read-write): remove memoryLimits.enabled=false (unset, it follows the configs) or set memoryLimits.enabled=true" $why) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The hook binary's host path: memoryLimits.hookDir/slicelet. */}}
+{{- define "slicelet.hookBinary" -}}
+{{- printf "%s/slicelet" (trimSuffix "/" .Values.memoryLimits.hookDir) -}}
 {{- end -}}
 
 {{/* Pod scheduling shared by both DaemonSets. */}}
