@@ -103,6 +103,11 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Clie
         }
         None => Config::infer().await.map_err(ClientError::Infer)?,
     };
+    // ring, explicitly: rustls picks a process-wide provider from its features only when one
+    // provider is enabled, and a build that unifies a second one into them (the test builds:
+    // the CDI library's jsonschema brings aws-lc-rs) would panic building the TLS config, even
+    // for an http:// server. An install after the first is refused, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     Client::try_from(config).map_err(ClientError::Client)
 }
 

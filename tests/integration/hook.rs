@@ -77,8 +77,9 @@ async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
     child.wait_with_output().await.unwrap()
 }
 
-/// The fake driver's records (`FAKE_NVML_STATE_DIR`): (GPU UUID, cgroup path, soft, hard).
-fn records(dir: &Path) -> Vec<(String, String, u64, u64)> {
+/// The fake driver's records in `<dir>/nvml-state` (`FAKE_NVML_STATE_DIR`): (GPU UUID, cgroup
+/// path, soft, hard).
+pub(crate) fn records(dir: &Path) -> Vec<(String, String, u64, u64)> {
     let Ok(entries) = std::fs::read_dir(dir.join("nvml-state")) else {
         return Vec::new();
     };

@@ -9,6 +9,7 @@ mod dra;
 mod drain;
 mod fixtures;
 mod hook;
+mod hook_runc;
 mod hostile;
 mod interop;
 mod labels;
