@@ -353,8 +353,10 @@ pub struct MemoryArgs {
     pub memory_spec_dir: PathBuf,
     /// The host path of the slicelet binary the spec's createContainer hooks run (the
     /// DaemonSet's init container copies it there).
-    #[arg(long, env = "SLICELET_HOOK_BINARY", default_value = crate::cdi::memory::DEFAULT_HOOK_BINARY)]
-    pub hook_binary: PathBuf,
+    /// Default /var/lib/slicelet/bin/slicelet. Given explicitly (as the chart does when it
+    /// installs the hook), it also turns on memory limits for DRA consumable-capacity shares.
+    #[arg(long, env = "SLICELET_HOOK_BINARY")]
+    pub hook_binary: Option<PathBuf>,
     /// Environment for the hook, KEY=VALUE, comma-separated (e.g. LD_LIBRARY_PATH where the
     /// driver's libraries are outside the loader's path).
     #[arg(long, env = "SLICELET_HOOK_ENV", value_delimiter = ',')]
@@ -364,8 +366,12 @@ pub struct MemoryArgs {
 impl MemoryArgs {
     fn apply(&self, s: &mut crate::settings::Settings) {
         s.memory_spec_dir = Some(self.memory_spec_dir.clone());
+        s.hook_installed = self.hook_binary.is_some();
         s.memory_hook = crate::cdi::memory::HookConfig {
-            binary: self.hook_binary.clone(),
+            binary: self
+                .hook_binary
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(crate::cdi::memory::DEFAULT_HOOK_BINARY)),
             nvml_library: s.nvml_library.clone(),
             env: self.hook_env.clone(),
         };
@@ -548,6 +554,7 @@ impl DraArgs {
                     .clone()
                     .filter(|p| !p.as_os_str().is_empty()),
                 dev_root: dev_root.to_string(),
+                memory_hook: s.hook_installed.then(|| s.memory_hook.clone()),
             }),
             _ => None,
         };

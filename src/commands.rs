@@ -343,7 +343,22 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
             r.replicas,
             r.devices.len()
         );
+        if let Some(c) = r.capacity {
+            let _ = writeln!(
+                out,
+                "  DRA consumable capacity: each device shared by claims of memory and cores (default share 1/{} of each)",
+                c.shares
+            );
+        }
         for d in r.mps.iter().flatten() {
+            if r.capacity.is_some() {
+                let _ = writeln!(
+                    out,
+                    "  MPS daemon {}: each claim's client limited to its claim's cores and memory",
+                    d.uuid
+                );
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "  MPS daemon {}: {} clients, each {} % of the threads and {} MiB pinned memory",

@@ -66,6 +66,9 @@ pub struct DraSettings {
     pub kubeconfig: Option<PathBuf>,
     /// The host's `/dev` root for device nodes (as for Allocate; `/` on a node).
     pub dev_root: String,
+    /// The GPU memory-limit hook for consumable-capacity shares (`--hook-binary` given: the
+    /// hook is on the host); used on nodes whose driver partitions memory per cgroup.
+    pub memory_hook: Option<crate::cdi::memory::HookConfig>,
 }
 
 /// DRA could not start.

@@ -136,6 +136,16 @@ impl VirtualDevice {
     }
 }
 
+/// A consumable-capacity DRA resource's sharing (KEP-5075): each unit is published once with
+/// `allowMultipleAllocations`, `memory` (the unit's MiB) and `cores` (100, percent of its
+/// SMs); a claim that asks for neither consumes the default share, `1/shares` of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityPlan {
+    /// The default number of shares per unit (the entry's `replicas`).
+    pub shares: u32,
+}
+
 /// One advertised extended resource and its devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourcePlan {
@@ -159,6 +169,10 @@ pub struct ResourcePlan {
     pub mps: Option<MpsResource>,
     /// Per-replica GPU memory limits (the entry's `memory`), and where they are not enforced.
     pub memory: Option<memory::PlannedMemory>,
+    /// `dra: capacity`: each device is a whole unit (GPU or MIG device) DRA publishes once,
+    /// shared by the claims that consume its `memory` and `cores` capacity. `None` for every
+    /// other resource.
+    pub capacity: Option<CapacityPlan>,
     /// How GetPreferredAllocation places replicas (`flags.plugin.sharedDevicesAllocationPolicy`;
     /// only time-sliced resources with more than one replica use it).
     pub shared_allocation: SharedAllocation,
@@ -213,6 +227,7 @@ impl ResourcePlan {
             devices,
             mps: None,
             memory: None,
+            capacity: None,
             by_id,
             units,
             links,
@@ -335,6 +350,7 @@ impl Plan {
                     strategy: r.strategy,
                     replicas: r.replicas,
                     dra: r.dra,
+                    capacity: r.capacity,
                     mps: r.mps.as_ref().map(MpsResource::view),
                     devices: r
                         .devices
@@ -383,6 +399,9 @@ pub struct ResourceView {
     /// Served through DRA only (`"dra": true`; absent when the device plugin serves it).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dra: bool,
+    /// `dra: capacity`: the default share count per unit (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityPlan>,
     /// MPS resources: each control daemon and its per-client limits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mps: Option<Vec<MpsDaemonView>>,

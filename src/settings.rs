@@ -68,6 +68,9 @@ pub struct Settings {
     pub memory_spec_dir: Option<PathBuf>,
     /// How that spec's hooks call `slicelet hook set-memory-limits`.
     pub memory_hook: crate::cdi::memory::HookConfig,
+    /// `--hook-binary` was given: the hook is installed on the host (the chart's
+    /// `memoryLimits`), so DRA shares get memory limits too.
+    pub hook_installed: bool,
     /// The kubelet's pod-resources socket (`--pod-resources-socket`, default
     /// [`crate::api::podresources::DEFAULT_SOCKET`]); `None` asks nobody what is in use.
     pub pod_resources_socket: Option<PathBuf>,
@@ -122,6 +125,7 @@ impl Settings {
                 .collect(),
             memory_spec_dir: None,
             memory_hook: crate::cdi::memory::HookConfig::default(),
+            hook_installed: false,
             pod_resources_socket: Some(PathBuf::from(crate::api::podresources::DEFAULT_SOCKET)),
             pod_resources_interval: Duration::from_secs(10),
             sample_interval: Some(Duration::from_secs(5)),

@@ -90,6 +90,53 @@ struct Hook {
     env: Vec<String>,
 }
 
+/// The CDI `createContainer` hook entry that sets `hard_mib`/`soft_mib` (0: none) on GPU
+/// `gpu` for the container: `<binary> hook set-memory-limits --gpu … --hard-mib … --soft-mib
+/// … --enforce …` (and `--nvml-library` when configured), with the configured environment.
+fn hook_entry(
+    hook: &HookConfig,
+    gpu: &str,
+    hard_mib: u64,
+    soft_mib: u64,
+    enforce: crate::policy::Enforce,
+) -> Hook {
+    let mut args = vec![
+        path_string(&hook.binary),
+        "hook".into(),
+        "set-memory-limits".into(),
+        "--gpu".into(),
+        gpu.to_string(),
+        "--hard-mib".into(),
+        hard_mib.to_string(),
+        "--soft-mib".into(),
+        soft_mib.to_string(),
+        "--enforce".into(),
+        enforce.as_str().into(),
+    ];
+    if let Some(lib) = &hook.nvml_library {
+        args.extend(["--nvml-library".into(), path_string(lib)]);
+    }
+    Hook {
+        hook_name: "createContainer",
+        path: path_string(&hook.binary),
+        args,
+        env: hook.env.clone(),
+    }
+}
+
+/// [`hook_entry`] as a CDI spec's JSON (`{"hookName", "path", "args", "env"}`), for specs
+/// written elsewhere (a DRA claim's share: [`crate::dra::prepare`]).
+pub fn hook(
+    hook: &HookConfig,
+    gpu: &str,
+    hard_mib: u64,
+    soft_mib: u64,
+    enforce: crate::policy::Enforce,
+) -> serde_json::Value {
+    serde_json::to_value(hook_entry(hook, gpu, hard_mib, soft_mib, enforce))
+        .expect("plain data serializes")
+}
+
 /// The spec for every enforced memory-limited device of `plan` (JSON), or `None` when the plan
 /// has none (the daemon removes a spec it wrote before).
 pub fn spec(plan: &Plan, hook: &HookConfig) -> Option<String> {
@@ -111,32 +158,11 @@ pub fn spec(plan: &Plan, hook: &HookConfig) -> Option<String> {
             for k in 1..=n {
                 let hard = m.limits.hard_mib * u64::from(k);
                 let soft = m.limits.soft_mib.unwrap_or(0) * u64::from(k);
-                let mut args = vec![
-                    path_string(&hook.binary),
-                    "hook".into(),
-                    "set-memory-limits".into(),
-                    "--gpu".into(),
-                    d.gpu_uuid.clone(),
-                    "--hard-mib".into(),
-                    hard.to_string(),
-                    "--soft-mib".into(),
-                    soft.to_string(),
-                    "--enforce".into(),
-                    m.limits.enforce.as_str().into(),
-                ];
-                if let Some(lib) = &hook.nvml_library {
-                    args.extend(["--nvml-library".into(), path_string(lib)]);
-                }
                 devices.push(Device {
                     name: device_name(d, m.limits.hard_mib, k),
                     container_edits: Edits {
                         env: vec![format!("SLICELET_GPU_MEMORY_LIMIT_MIB={hard}")],
-                        hooks: vec![Hook {
-                            hook_name: "createContainer",
-                            path: path_string(&hook.binary),
-                            args,
-                            env: hook.env.clone(),
-                        }],
+                        hooks: vec![hook_entry(hook, &d.gpu_uuid, hard, soft, m.limits.enforce)],
                     },
                 });
             }

@@ -89,19 +89,27 @@ impl Checkpoint {
         }
     }
 
-    /// Device name → the claim (`namespace/name`) holding it, for every claim but `except`
-    /// (a UID).
-    pub fn held(&self, except: &str) -> BTreeMap<String, String> {
-        self.claims
-            .iter()
-            .filter(|(uid, _)| uid.as_str() != except)
-            .flat_map(|(_, c)| {
-                let holder = format!("{}/{}", c.claim.namespace, c.claim.name);
-                c.devices
-                    .iter()
-                    .map(move |d| (d.device.clone(), holder.clone()))
-            })
-            .collect()
+    /// What every claim but `except` (a UID) holds: device name → the claim
+    /// (`namespace/name`) for whole devices and replicas, and each claim's share of a
+    /// consumable-capacity device.
+    pub fn held(&self, except: &str) -> crate::dra::prepare::Held {
+        let mut out = crate::dra::prepare::Held::default();
+        for (_, c) in self.claims.iter().filter(|(uid, _)| uid.as_str() != except) {
+            let holder = format!("{}/{}", c.claim.namespace, c.claim.name);
+            for d in &c.devices {
+                match &d.share {
+                    Some(s) => out
+                        .shares
+                        .entry(d.device.clone())
+                        .or_default()
+                        .push((holder.clone(), s.clone())),
+                    None => {
+                        out.exclusive.insert(d.device.clone(), holder.clone());
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -188,6 +196,7 @@ mod tests {
                 cdi_ids: vec![format!("gpu.slicelet.io/claim={uid}")],
                 resource: "nvidia.com/gpu".into(),
                 id: "GPU-x".into(),
+                share: None,
             }],
             spec_file: format!("gpu.slicelet.io-claim_{uid}.json"),
             spec: serde_json::json!({"kind": "gpu.slicelet.io/claim"}),
@@ -211,9 +220,33 @@ mod tests {
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from(FILE)]);
         assert_eq!(
-            c.held("u1"),
+            c.held("u1").exclusive,
             BTreeMap::from([("gpu-b".to_string(), "ns/c-u2".to_string())])
         );
+        // A share is held as a share, not exclusively; a checkpoint written before shares
+        // existed (no `share` key) reads as exclusive.
+        let mut shared = claim("u3", "gpu-s");
+        shared.devices[0].share = Some(crate::dra::prepare::Share {
+            id: "s-1".into(),
+            memory_mib: 20480,
+            cores: 25,
+        });
+        c.claims.insert("u3".into(), shared.clone());
+        save(&path, &c).unwrap();
+        assert_eq!(load(&path).unwrap(), c);
+        let held = c.held("u1");
+        assert!(!held.exclusive.contains_key("gpu-s"));
+        assert_eq!(
+            held.shares["gpu-s"],
+            [(
+                "ns/c-u3".to_string(),
+                shared.devices[0].share.clone().unwrap()
+            )]
+        );
+        let old = r#"{"version":1,"claims":{"u9":{"claim":{"namespace":"ns","name":"c","uid":"u9"},"devices":[{"requests":["gpu"],"pool":"node","device":"gpu-a","cdi_ids":[],"resource":"nvidia.com/gpu","id":"GPU-x"}],"spec_file":"f.json","spec":{}}}}"#;
+        std::fs::write(&path, old).unwrap();
+        let loaded = load(&path).unwrap();
+        assert_eq!(loaded.held("").exclusive["gpu-a"], "ns/c");
     }
 
     #[test]

@@ -268,16 +268,15 @@ impl Plugin {
             return Ok(p.devices.clone());
         }
         let held = state.held(&c.uid);
-        let prepared = prepare::prepare(
-            &claim,
-            c,
-            &input.plan,
-            &self.settings.node,
-            &self.settings.driver,
-            &held,
-            &self.settings.dev_root,
-        )
-        .map_err(|e| e.to_string())?;
+        let ctx = prepare::Context {
+            plan: &input.plan,
+            inventory: &input.inventory,
+            node: &self.settings.node,
+            driver: &self.settings.driver,
+            dev_root: &self.settings.dev_root,
+            memory_hook: self.settings.memory_hook.as_ref(),
+        };
+        let prepared = prepare::prepare(&claim, c, &ctx, &held).map_err(|e| e.to_string())?;
         let path = self.spec_path(&c.uid);
         write_spec(&path, &prepared.spec)?;
         let devices = prepared.devices.clone();
@@ -373,12 +372,7 @@ macro_rules! dra_version {
                             Ok(devices) => api::dra::$v::NodePrepareResourceResponse {
                                 devices: devices
                                     .into_iter()
-                                    .map(|d| api::dra::$v::Device {
-                                        request_names: d.requests,
-                                        pool_name: d.pool,
-                                        device_name: d.device,
-                                        cdi_device_ids: d.cdi_ids,
-                                    })
+                                    .map(api::dra::$v::Device::from)
                                     .collect(),
                                 error: String::new(),
                             },
@@ -432,6 +426,31 @@ macro_rules! dra_version {
 
 dra_version!(v1);
 dra_version!(v1beta1);
+
+impl From<PreparedDevice> for api::dra::v1::Device {
+    /// With the share's ID on a consumable-capacity device (v1 only).
+    fn from(d: PreparedDevice) -> Self {
+        api::dra::v1::Device {
+            request_names: d.requests,
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: d.cdi_ids,
+            share_id: d.share.map(|s| s.id).filter(|id| !id.is_empty()),
+        }
+    }
+}
+
+impl From<PreparedDevice> for api::dra::v1beta1::Device {
+    /// v1beta1 has no share IDs (kubelets before 1.34, which have no consumable capacity).
+    fn from(d: PreparedDevice) -> Self {
+        api::dra::v1beta1::Device {
+            request_names: d.requests,
+            pool_name: d.pool,
+            device_name: d.device,
+            cdi_device_ids: d.cdi_ids,
+        }
+    }
+}
 
 /// `pluginregistration.Registration` for the driver.
 pub struct Registrar {

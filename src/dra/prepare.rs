@@ -35,7 +35,8 @@ use serde_json::{json, Value};
 
 use crate::allocate::{self, AllocateError, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
 use crate::health::Health;
-use crate::plan::{Plan, ResourcePlan, VirtualDevice};
+use crate::inventory::Inventory;
+use crate::plan::{CapacityPlan, Plan, ResourcePlan, Strategy, VirtualDevice};
 
 /// The CDI spec version written (the oldest with everything used here).
 pub const CDI_VERSION: &str = "0.6.0";
@@ -75,6 +76,22 @@ pub struct PreparedDevice {
     pub resource: String,
     /// Its device ID in that resource (`<uuid>` or `<uuid>::<n>`).
     pub id: String,
+    /// On a consumable-capacity device: the allocation's share and what it consumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Share>,
+}
+
+/// One claim's share of a consumable-capacity device (KEP-5075): the scheduler's
+/// `shareID` and `consumedCapacity` (the request, or the capacity's default share).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Share {
+    /// `status.allocation.devices.results[].shareID` (empty when the API gave none).
+    pub id: String,
+    /// Memory, MiB (rounded up).
+    pub memory_mib: u64,
+    /// Percent of the unit's SMs.
+    pub cores: u32,
 }
 
 /// A prepared claim: what the checkpoint keeps.
@@ -168,6 +185,35 @@ pub enum PrepareError {
         /// The claim holding it.
         holder: String,
     },
+    /// A share that does not fit what the device has left (the other prepared shares and this
+    /// one ask for more memory or cores than the unit has).
+    #[error("claim {claim}: device {device}: the share asks {want}, but the unit has {total} and other prepared claims hold {used} (the policy may have changed since scheduling)")]
+    ShareDoesNotFit {
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
+        /// The device.
+        device: String,
+        /// What this share asks, e.g. `20480 MiB of memory`.
+        want: String,
+        /// The unit's capacity, e.g. `81559 MiB`.
+        total: String,
+        /// What other shares hold, e.g. `61440 MiB`.
+        used: String,
+    },
+    /// A consumed capacity that is not a quantity this driver reads.
+    #[error("claim {claim}: device {device}: consumedCapacity {name}: {value:?} is not a quantity of {unit}")]
+    BadCapacity {
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
+        /// The device.
+        device: String,
+        /// The capacity's name.
+        name: String,
+        /// The value, cut to 64 characters.
+        value: String,
+        /// What it should be.
+        unit: &'static str,
+    },
     /// Allocate refused the devices (MPS replicas of two GPUs, say).
     #[error("claim {claim}: {source}")]
     Allocate {
@@ -227,22 +273,47 @@ pub fn spec_file(driver: &str, uid: &str) -> String {
     crate::cdi::claim_spec_file(driver, uid)
 }
 
-/// Prepares `want` from the API's `claim`.
-///
-/// `held`: device name → the claim (`namespace/name`) holding it, for every other prepared
-/// claim. `dev_root`: the host's `/dev` root for device nodes (as for Allocate).
+/// What other prepared claims hold, by published device name: whole devices and replicas
+/// (exclusive) and shares of consumable-capacity devices.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Device name → the claim (`namespace/name`) holding it exclusively.
+    pub exclusive: BTreeMap<String, String>,
+    /// Device name → each other claim's share of it: (`namespace/name`, the share).
+    pub shares: BTreeMap<String, Vec<(String, Share)>>,
+}
+
+/// What a claim is prepared against: the node's plan and inventory and how it serves DRA.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The plan (its DRA resources).
+    pub plan: &'a Plan,
+    /// The inventory the plan was built from (units' memory, the driver, cgroups).
+    pub inventory: &'a Inventory,
+    /// This node: the pool's name.
+    pub node: &'a str,
+    /// This driver's name.
+    pub driver: &'a str,
+    /// The host's `/dev` root for device nodes (as for Allocate).
+    pub dev_root: &'a str,
+    /// The hook that sets a container's GPU memory limit ([`crate::cdi::memory`]), for shares
+    /// on nodes whose driver partitions memory per cgroup (R615 and later, cgroup v2); `None`:
+    /// shares are not given a hook.
+    pub memory_hook: Option<&'a crate::cdi::memory::HookConfig>,
+}
+
+/// Prepares `want` from the API's `claim` against `ctx`; `held`: what every other prepared
+/// claim holds.
 ///
 /// # Errors
 /// [`PrepareError`] naming the claim and the device at fault.
 pub fn prepare(
     claim: &ResourceClaim,
     want: &ClaimRef,
-    plan: &Plan,
-    node: &str,
-    driver: &str,
-    held: &BTreeMap<String, String>,
-    dev_root: &str,
+    ctx: &Context<'_>,
+    held: &Held,
 ) -> Result<PreparedClaim, PrepareError> {
+    let (plan, node, driver, dev_root) = (ctx.plan, ctx.node, ctx.driver, ctx.dev_root);
     check_claim_ref(want)?;
     let found = claim.metadata.uid.clone().unwrap_or_default();
     if found != want.uid {
@@ -301,13 +372,19 @@ pub fn prepare(
                 id: d.id.clone(),
             });
         }
-        if let Some(holder) = holder_of(held, &r.device) {
+        if let Some(holder) = holder_of(&held.exclusive, &r.device)
+            .or_else(|| shared_holder_of(held, &r.device, res.capacity.is_some()))
+        {
             return Err(PrepareError::Held {
                 claim: want.to_string(),
                 device: r.device.clone(),
                 holder: holder.clone(),
             });
         }
+        let share = match res.capacity {
+            Some(c) => Some(share_of(want, r, d, c, ctx.inventory, held)?),
+            None => None,
+        };
         // One device allocated for two requests (subrequests) is one device with two names.
         if let Some(p) = devices.iter_mut().find(|p| p.device == r.device) {
             if !p.requests.contains(&r.request) {
@@ -327,6 +404,7 @@ pub fn prepare(
             cdi_ids: Vec::new(),
             resource: res.name.to_string(),
             id: d.id.clone(),
+            share,
         });
     }
     let mut edits = Edits::default();
@@ -338,6 +416,7 @@ pub fn prepare(
             })?;
         edits.merge(a);
     }
+    edits.apply_shares(&devices, plan, ctx)?;
     let kind = cdi_kind(driver);
     let claim_id = format!("{kind}={}", want.uid);
     let mut seen_requests: Vec<String> = Vec::new();
@@ -361,6 +440,124 @@ pub fn prepare(
     })
 }
 
+/// The unit's memory, MiB: the MIG device's or the GPU's (`None` when the inventory lacks it).
+fn unit_memory_mib(d: &VirtualDevice, inventory: &Inventory) -> Option<u64> {
+    let gpu = inventory.by_index(d.gpu_index)?;
+    match &d.mig {
+        None => Some(gpu.memory_mib),
+        Some(_) => gpu
+            .mig_devices
+            .iter()
+            .find(|m| m.uuid == d.gpu_uuid)
+            .map(|m| m.memory_mib),
+    }
+}
+
+/// A capacity quantity as MiB, rounded up (`20Gi` → 20480; `1.5Gi` → 1536; bytes → MiB).
+fn quantity_mib(q: &str) -> Option<u64> {
+    let bytes = crate::policy::quantity::parse_bytes(q).ok()?;
+    let mib = bytes.div_ceil(crate::policy::quantity::MIB);
+    u64::try_from(mib).ok()
+}
+
+/// A `cores` quantity as a whole percent (`25`; `250m` rounds up to 1).
+fn quantity_cores(q: &str) -> Option<u32> {
+    let milli = match q.strip_suffix('m') {
+        Some(m) => m.parse::<u128>().ok()?,
+        None => crate::policy::quantity::parse_bytes(q)
+            .ok()?
+            .saturating_mul(1000),
+    };
+    u32::try_from(milli.div_ceil(1000)).ok()
+}
+
+/// The share allocation `r` holds of capacity device `d` (of `res`, `c`): the consumed
+/// capacity the scheduler recorded (the capacity's default share where it recorded none),
+/// checked against what the unit has left after the other prepared claims' shares.
+fn share_of(
+    want: &ClaimRef,
+    r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+    d: &VirtualDevice,
+    c: CapacityPlan,
+    inventory: &Inventory,
+    held: &Held,
+) -> Result<Share, PrepareError> {
+    let total_mib = unit_memory_mib(d, inventory).unwrap_or(0);
+    let shares = u64::from(c.shares.max(1));
+    let consumed = r.consumed_capacity.as_ref();
+    let get = |name: &str| consumed.and_then(|m| m.get(name)).map(|q| q.0.as_str());
+    let bad = |name: &str, value: &str, unit| PrepareError::BadCapacity {
+        claim: want.to_string(),
+        device: r.device.clone(),
+        name: name.to_string(),
+        value: value.chars().take(64).collect(),
+        unit,
+    };
+    let memory_mib = match get(super::slices::MEMORY) {
+        Some(v) => quantity_mib(v).ok_or_else(|| bad(super::slices::MEMORY, v, "bytes"))?,
+        None => (total_mib / shares).max(1),
+    };
+    let cores = match get(super::slices::CORES) {
+        Some(v) => quantity_cores(v)
+            .filter(|c| *c <= 100)
+            .ok_or_else(|| bad(super::slices::CORES, v, "percent (1-100)"))?,
+        None => (100 / c.shares.max(1)).max(1),
+    };
+    let others = held
+        .shares
+        .get(&r.device)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let used_mib: u64 = others.iter().map(|(_, s)| s.memory_mib).sum();
+    let used_cores: u32 = others.iter().map(|(_, s)| s.cores).sum();
+    if used_mib.saturating_add(memory_mib) > total_mib {
+        return Err(PrepareError::ShareDoesNotFit {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            want: format!("{memory_mib} MiB of memory"),
+            total: format!("{total_mib} MiB"),
+            used: format!("{used_mib} MiB"),
+        });
+    }
+    if used_cores.saturating_add(cores) > 100 {
+        return Err(PrepareError::ShareDoesNotFit {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            want: format!("{cores} % of the cores"),
+            total: "100 %".to_string(),
+            used: format!("{used_cores} %"),
+        });
+    }
+    Ok(Share {
+        id: r.share_id.clone().unwrap_or_default(),
+        memory_mib,
+        cores,
+    })
+}
+
+/// A claim holding shares of `device`'s unit when `device` is not itself a capacity device
+/// (`capacity` false), or one holding the unit whole or a replica of it when it is (handled by
+/// [`holder_of`] over the exclusive holders): shares and exclusive holders of one unit never
+/// mix, whatever the policy became since.
+fn shared_holder_of<'a>(held: &'a Held, device: &str, capacity: bool) -> Option<&'a String> {
+    if capacity {
+        // Shares of the same device are checked for fit, not refused.
+        let (unit, _) = unit_of(device);
+        return held
+            .shares
+            .iter()
+            .find(|(name, list)| {
+                name.as_str() != device && unit_of(name).0 == unit && !list.is_empty()
+            })
+            .and_then(|(_, list)| list.first().map(|(h, _)| h));
+    }
+    let (unit, _) = unit_of(device);
+    held.shares
+        .iter()
+        .find(|(name, list)| unit_of(name).0 == unit && !list.is_empty())
+        .and_then(|(_, list)| list.first().map(|(h, _)| h))
+}
+
 /// The merged container edits of a claim.
 #[derive(Debug, Default)]
 struct Edits {
@@ -368,9 +565,69 @@ struct Edits {
     mounts: Vec<allocate::MountSpec>,
     nodes: Vec<allocate::DeviceNode>,
     cdi_devices: Vec<String>,
+    /// `createContainer` hooks (a share's memory limit), as CDI `hooks` entries.
+    hooks: Vec<Value>,
 }
 
 impl Edits {
+    /// A claim's shares of consumable-capacity devices: on an MPS device the share's cores
+    /// and memory become its client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the daemon's defaults are the whole unit, so the
+    /// client's own values are what hold); on a node whose driver partitions memory per cgroup
+    /// the share's memory is also the container's hard limit, set by slicelet's hook.
+    /// `SLICELET_GPU_SHARE_MEMORY_MIB` / `SLICELET_GPU_SHARE_CORES` tell the workload its share
+    /// whatever the mode (time-slicing only accounts for them).
+    fn apply_shares(
+        &mut self,
+        devices: &[PreparedDevice],
+        plan: &Plan,
+        ctx: &Context<'_>,
+    ) -> Result<(), PrepareError> {
+        let mut memory = 0u64;
+        let mut cores = 0u32;
+        let mut hooks = Vec::new();
+        for p in devices {
+            let Some(s) = &p.share else { continue };
+            memory = memory.saturating_add(s.memory_mib);
+            cores = cores.saturating_add(s.cores);
+            let Some(res) = plan.resources.get(&p.resource) else {
+                continue;
+            };
+            let Some(d) = res.device(&p.id) else { continue };
+            if res.strategy == Strategy::Mps {
+                self.env.insert(
+                    allocate::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.to_string(),
+                    s.cores.to_string(),
+                );
+                self.env.insert(
+                    allocate::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.to_string(),
+                    format!("0={}M", s.memory_mib),
+                );
+            }
+            if let Some(hook) = ctx.memory_hook {
+                if crate::plan::memory::unenforceable(ctx.inventory, d, true, true).is_none() {
+                    hooks.push(crate::cdi::memory::hook(
+                        hook,
+                        &d.gpu_uuid,
+                        s.memory_mib,
+                        0,
+                        crate::policy::Enforce::Required,
+                    ));
+                }
+            }
+        }
+        if memory > 0 {
+            self.env.insert(
+                "SLICELET_GPU_SHARE_MEMORY_MIB".to_string(),
+                memory.to_string(),
+            );
+            self.env
+                .insert("SLICELET_GPU_SHARE_CORES".to_string(), cores.to_string());
+        }
+        self.hooks = hooks;
+        Ok(())
+    }
+
     fn merge(&mut self, a: allocate::ContainerAllocation) {
         for (k, v) in a.envs {
             match self.env.get_mut(&k) {
@@ -443,6 +700,9 @@ impl Edits {
         }
         if !nodes.is_empty() {
             edits["deviceNodes"] = Value::Array(nodes);
+        }
+        if !self.hooks.is_empty() {
+            edits["hooks"] = Value::Array(self.hooks.clone());
         }
         json!({
             "cdiVersion": CDI_VERSION,

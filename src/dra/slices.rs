@@ -28,6 +28,14 @@
 //!   as a quantity in MiB (`81559Mi`); for an MPS replica the client's pinned-memory limit,
 //!   which the daemon enforces. A time-sliced replica shows its unit's whole memory: replicas
 //!   share it with no isolation.
+//! - A consumable-capacity resource (`dra: capacity`, KEP-5075 `DRAConsumableCapacity`, beta
+//!   and on by default since Kubernetes 1.36): one device per unit with
+//!   `allowMultipleAllocations: true` and two capacities claims consume ([`capacities`]):
+//!   `memory`, the unit's memory (`81559Mi`), and `cores`, percent of its SMs (`100`); each with
+//!   a `requestPolicy` whose default is the share `1/replicas` of the entry (rounded down) and
+//!   whose `validRange` is 1Mi up for memory, 1 to 100 in steps of 1 for cores. The scheduler
+//!   records what each allocation consumed and a `shareID`; [`super::prepare`] turns those
+//!   into the share's limits.
 //! - String attributes are at most [`MAX_STRING_ATTRIBUTE`] (64) characters and versions must
 //!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
 //!   is written `535.104.5` (semver forbids leading zeros), one it cannot read is left out.
@@ -35,7 +43,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -188,6 +197,47 @@ fn memory_mib(res: &ResourcePlan, d: &VirtualDevice, inventory: &Inventory) -> O
     }
 }
 
+/// The capacity name of a unit's memory, MiB quantities.
+pub const MEMORY: &str = "memory";
+/// The capacity name of a unit's SMs, percent (`100` for the whole unit).
+pub const CORES: &str = "cores";
+
+/// The `memory` and `cores` capacities of a consumable-capacity unit of `memory_mib` MiB
+/// shared by default `shares` ways (see the module docs): memory `<MiB>Mi`, default
+/// `<MiB / shares>Mi`, valid from `1Mi`; cores `100`, default `100 / shares` (at least 1),
+/// valid 1–100 in steps of 1.
+pub fn capacities(memory_mib: u64, shares: u32) -> BTreeMap<String, DeviceCapacity> {
+    let shares = shares.max(1);
+    let memory = DeviceCapacity {
+        value: Quantity(format!("{memory_mib}Mi")),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(Quantity(format!(
+                "{}Mi",
+                (memory_mib / u64::from(shares)).max(1)
+            ))),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity("1Mi".to_string()),
+                max: None,
+                step: None,
+            }),
+            valid_values: None,
+        }),
+    };
+    let cores = DeviceCapacity {
+        value: Quantity("100".to_string()),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(Quantity((100 / shares).max(1).to_string())),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity("1".to_string()),
+                max: Some(Quantity("100".to_string())),
+                step: Some(Quantity("1".to_string())),
+            }),
+            valid_values: None,
+        }),
+    };
+    BTreeMap::from([(MEMORY.to_string(), memory), (CORES.to_string(), cores)])
+}
+
 fn device(
     res: &ResourcePlan,
     d: &VirtualDevice,
@@ -210,10 +260,22 @@ fn device(
         attrs.insert("profile".to_string(), string(&m.profile));
     }
     let replica = d.replica.or(match res.strategy {
-        // An MPS or time-sliced unit with one replica is replica 0 of its unit.
+        // An MPS or time-sliced unit with one replica is replica 0 of its unit; a
+        // consumable-capacity unit is no replica at all.
+        _ if res.capacity.is_some() => None,
         Strategy::None => None,
         _ => Some(0),
     });
+    if res.capacity.is_some() {
+        // What keeps one share's memory from another's: MPS clients' pinned-memory limits;
+        // time-slicing only accounts for it.
+        let isolation = if res.strategy == Strategy::Mps {
+            "mps"
+        } else {
+            "none"
+        };
+        attrs.insert("memoryIsolation".to_string(), string(isolation));
+    }
     if let Some(n) = replica {
         attrs.insert("replica".to_string(), int(i64::from(n)));
     }
@@ -232,19 +294,24 @@ fn device(
     if let Some(v) = driver_version.and_then(semver) {
         attrs.insert("driverVersion".to_string(), version(v));
     }
-    let capacity = memory_mib(res, d, inventory).map(|mib| {
-        BTreeMap::from([(
-            "memory".to_string(),
-            DeviceCapacity {
-                value: Quantity(format!("{mib}Mi")),
-                ..DeviceCapacity::default()
-            },
-        )])
-    });
+    let mib = memory_mib(res, d, inventory);
+    let capacity = match (res.capacity, mib) {
+        (Some(c), Some(mib)) => Some(capacities(mib, c.shares)),
+        (_, mib) => mib.map(|mib| {
+            BTreeMap::from([(
+                MEMORY.to_string(),
+                DeviceCapacity {
+                    value: Quantity(format!("{mib}Mi")),
+                    ..DeviceCapacity::default()
+                },
+            )])
+        }),
+    };
     Device {
         name,
         attributes: Some(attrs),
         capacity,
+        allow_multiple_allocations: res.capacity.map(|_| true),
         ..Device::default()
     }
 }

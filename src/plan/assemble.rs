@@ -192,6 +192,14 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         fresh.shared_allocation = policy.shared_allocation;
         fresh.delivery.clone_from(&policy.delivery);
         fresh.dra = policy.dra.contains(&fresh.name);
+        fresh.capacity = policy
+            .time_slicing
+            .resources
+            .iter()
+            .chain(policy.mps.resources.iter().map(|m| &m.shared))
+            .find(|e| e.advertised == fresh.name)
+            .and_then(|e| e.capacity_shares)
+            .map(|shares| crate::plan::CapacityPlan { shares });
     }
     let limits: BTreeMap<String, (String, crate::policy::MemoryLimits)> = policy
         .time_slicing

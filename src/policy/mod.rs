@@ -97,8 +97,13 @@ pub struct SharedResource {
     pub devices: DeviceSelector,
     /// Replicas per device (≥ 1).
     pub replicas: u32,
-    /// `dra: true`: the replicas are served through DRA only (slicelet extension).
+    /// `dra: true` or `dra: capacity`: the replicas are served through DRA only (slicelet
+    /// extension).
     pub dra: bool,
+    /// `dra: capacity`: the default number of shares per GPU (the entry's `replicas`), each
+    /// GPU published once as a device claims consume `memory` and `cores` of; `replicas` is 1
+    /// then (one device per GPU). `None` for every other entry.
+    pub capacity_shares: Option<u32>,
     /// `memory`: each replica's GPU memory limits (slicelet extension); `None`: unlimited.
     pub memory: Option<MemoryLimits>,
 }
@@ -515,13 +520,31 @@ fn validate_replicated(
             }
             None => None,
         };
+        let mode = entry.dra.unwrap_or(schema::DraMode::Off);
+        let capacity_shares = (mode == schema::DraMode::Capacity).then_some(entry.replicas.0);
+        if capacity_shares.is_some() && memory.is_some() {
+            return Err(err(
+                format!("{path}.memory"),
+                "dra: capacity shares take their memory from each claim's capacity request (exactly.capacity.requests.memory); drop memory or use dra: true".to_string(),
+            ));
+        }
+        if capacity_shares.is_some() {
+            extensions.push(format!(
+                "{path}.dra: capacity publishes each GPU once as a consumable-capacity DRA device (Kubernetes 1.36 or later); a slicelet extension"
+            ));
+        }
         out.resources.push(SharedResource {
             path,
             source: entry.name,
             advertised,
             devices,
-            replicas: entry.replicas.0,
-            dra: entry.dra.unwrap_or(false),
+            replicas: if capacity_shares.is_some() {
+                1
+            } else {
+                entry.replicas.0
+            },
+            dra: mode != schema::DraMode::Off,
+            capacity_shares,
             memory,
         });
     }

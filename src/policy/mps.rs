@@ -103,12 +103,23 @@ pub(super) fn validate_mps(
         resources: Vec::new(),
     };
     for (entry, (pct, mem)) in shared.resources.into_iter().zip(extensions) {
-        if entry.replicas > MAX_CLIENTS {
+        if entry.capacity_shares.is_some() && (pct.is_some() || mem.is_some()) {
+            let key = if pct.is_some() {
+                "activeThreadPercentage"
+            } else {
+                "pinnedDeviceMemoryLimit"
+            };
+            return Err(err(
+                format!("{}.{key}", entry.path),
+                "dra: capacity shares take their threads and memory from each claim's capacity request (cores, memory); drop it or use dra: true".to_string(),
+            ));
+        }
+        let clients = entry.capacity_shares.unwrap_or(entry.replicas);
+        if clients > MAX_CLIENTS {
             return Err(err(
                 format!("{}.replicas", entry.path),
                 format!(
-                    "{} replicas exceed the {MAX_CLIENTS} clients one MPS control daemon serves; use at most {MAX_CLIENTS}",
-                    entry.replicas
+                    "{clients} replicas exceed the {MAX_CLIENTS} clients one MPS control daemon serves; use at most {MAX_CLIENTS}"
                 ),
             ));
         }

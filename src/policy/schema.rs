@@ -288,8 +288,9 @@ pub struct MpsResource {
     /// slicelet extension: each client's pinned device memory, a Kubernetes quantity such as
     /// `10Gi` (default: the GPU's memory / replicas, rounded down to MiB).
     pub pinned_device_memory_limit: Option<MemoryQuantity>,
-    /// slicelet extension: serve this entry's replicas through DRA only (default false).
-    pub dra: Option<bool>,
+    /// slicelet extension: serve this entry's replicas through DRA only (default false):
+    /// `true` one device per replica, `capacity` one shared device per GPU (see [`DraMode`]).
+    pub dra: Option<DraMode>,
     /// slicelet extension: each client's GPU memory, enforced per container cgroup by the
     /// driver (see [`MemorySpec`]).
     pub memory: Option<MemorySpec>,
@@ -404,8 +405,9 @@ pub struct ReplicatedResource {
     /// Replicas per device, an integer of at least 1.
     pub replicas: Replicas,
     /// slicelet extension: serve this entry's replicas through DRA only, not the device
-    /// plugin (default false).
-    pub dra: Option<bool>,
+    /// plugin (default false): `true` one device per replica, `capacity` one shared device per
+    /// GPU (see [`DraMode`]).
+    pub dra: Option<DraMode>,
     /// slicelet extension: each replica's GPU memory, enforced per container cgroup by the
     /// driver (see [`MemorySpec`]).
     pub memory: Option<MemorySpec>,
@@ -459,6 +461,43 @@ pub struct Imex {
     pub channel_ids: Option<Vec<u32>>,
     /// Fail when the channels are missing.
     pub required: Option<bool>,
+}
+
+/// A sharing entry's `dra` (slicelet extension): `false` (the device plugin serves it),
+/// `true` (DRA, one device per replica: every Kubernetes version with DRA), or `capacity`
+/// (DRA, one device per GPU with `allowMultipleAllocations` and `memory`/`cores` capacities
+/// that claims consume: KEP-5075 `DRAConsumableCapacity`, beta and on by default since
+/// Kubernetes 1.36). Anything else is refused while parsing, with its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraMode {
+    /// `false`.
+    Off,
+    /// `true`.
+    Replicas,
+    /// `capacity`.
+    Capacity,
+}
+
+impl<'de> Deserialize<'de> for DraMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DraMode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false or capacity")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<DraMode, E> {
+                Ok(if v { DraMode::Replicas } else { DraMode::Off })
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DraMode, E> {
+                match v {
+                    "capacity" => Ok(DraMode::Capacity),
+                    _ => Err(E::invalid_value(Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A replica count: an integer ≥ 1. Strings (`"4"`), fractions, zero and negatives are

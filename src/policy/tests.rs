@@ -671,10 +671,46 @@ fn dra_key_table() {
             (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
         }
     }
-    // Strict: `dra` must be a bool, with its path.
+    // Strict: `dra` must be a bool or `capacity`, with its path.
     let e = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        dra: yes-please\n").unwrap_err();
     assert_eq!(e.path, "sharing.timeSlicing.resources[0].dra", "{e}");
     assert!(e.location.is_some());
+    assert!(e.to_string().contains("true, false or capacity"), "{e}");
+}
+
+/// `dra: capacity`: DRA's, one device per GPU (replicas 1), the entry's replicas kept as the
+/// default share count; listed as an extension; its own limits refused, naming the key.
+#[test]
+fn dra_capacity_is_read_and_its_conflicts_named() {
+    for mode in ["timeSlicing", "mps"] {
+        let p = parse(&format!("version: v1\nsharing:\n  {mode}:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 4\n        dra: capacity\n")).unwrap();
+        let e = if mode == "mps" {
+            assert_eq!(p.mps.resources[0].active_thread_percentage, 100);
+            assert_eq!(p.mps.resources[0].pinned_device_memory_limit_mib, None);
+            &p.mps.resources[0].shared
+        } else {
+            &p.time_slicing.resources[0]
+        };
+        assert!(e.dra);
+        assert_eq!((e.replicas, e.capacity_shares), (1, Some(4)));
+        let names: Vec<&str> = p.dra.iter().map(ResourceName::as_str).collect();
+        assert_eq!(names, ["nvidia.com/gpu-shared"]);
+        assert!(
+            p.extensions.iter().any(|x| x.contains("dra: capacity")),
+            "{:?}",
+            p.extensions
+        );
+    }
+    let bad = [
+        ("timeSlicing", "        memory: {hard: 20Gi}\n", "sharing.timeSlicing.resources[0].memory"),
+        ("mps", "        activeThreadPercentage: 25\n", "sharing.mps.resources[0].activeThreadPercentage"),
+        ("mps", "        pinnedDeviceMemoryLimit: 10Gi\n", "sharing.mps.resources[0].pinnedDeviceMemoryLimit"),
+    ];
+    for (mode, extra, path) in bad {
+        let e = parse(&format!("version: v1\nsharing:\n  {mode}:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: capacity\n{extra}")).unwrap_err();
+        assert_eq!(e.path, path, "{e}");
+        assert!(e.to_string().contains("capacity request"), "{e}");
+    }
 }
 
 #[test]

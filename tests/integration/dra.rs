@@ -35,6 +35,7 @@ pub(crate) fn daemon_dra(node: &crate::common::Node, api: &KubeApi) -> DraSettin
         cdi_dir: node.tmp.path().join("cdi"),
         kubeconfig: Some(api.kubeconfig(node.tmp.path())),
         dev_root: "/".to_string(),
+        memory_hook: None,
     }
 }
 
@@ -93,6 +94,7 @@ impl Dra {
                 .unwrap_or_else(|| self.dir.path().join("cdi")),
             kubeconfig: Some(self.api.kubeconfig(self.dir.path())),
             dev_root: "/".to_string(),
+            memory_hook: None,
         }
     }
 

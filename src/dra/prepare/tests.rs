@@ -41,6 +41,30 @@ fn claim(uid: &str, results: &[(&str, &str, &str, &str)]) -> ResourceClaim {
     c
 }
 
+/// [`prepare`] on `plan` with `held` exclusively held (a test node of 8 GPUs as the
+/// inventory, no memory hook).
+fn run(
+    c: &ResourceClaim,
+    want: &ClaimRef,
+    plan: &Plan,
+    held: &BTreeMap<String, String>,
+) -> Result<PreparedClaim, PrepareError> {
+    let inv = test_node(8);
+    let ctx = Context {
+        plan,
+        inventory: &inv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: None,
+    };
+    let held = Held {
+        exclusive: held.clone(),
+        shares: BTreeMap::new(),
+    };
+    prepare(c, want, &ctx, &held)
+}
+
 fn want(uid: &str) -> ClaimRef {
     ClaimRef {
         namespace: "ns".into(),
@@ -82,7 +106,7 @@ fn two_replicas_of_gpu_0_name_its_uuid_once() {
         UID,
         &[("gpu", DRIVER, NODE, &r0), ("gpu", DRIVER, NODE, &r1)],
     );
-    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
     assert_eq!(p.devices.len(), 2);
     assert_eq!(
         p.devices[0].cdi_ids,
@@ -115,7 +139,7 @@ fn two_requests_each_get_the_claim_id_and_both_gpus_are_listed() {
     let a = device_name(&format!("{g0}::0"));
     let b = device_name(&format!("{g1}::3"));
     let c = claim(UID, &[("a", DRIVER, NODE, &a), ("b", DRIVER, NODE, &b)]);
-    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
     assert!(p.devices.iter().all(|d| d.cdi_ids.len() == 1));
     assert!(env(&p).contains(&format!("NVIDIA_VISIBLE_DEVICES={g0},{g1}")));
 }
@@ -129,7 +153,7 @@ fn mps_claims_get_the_pipe_directory_shm_and_limits() {
         UID,
         &[("gpu", DRIVER, NODE, &device_name(&format!("{g0}::1")))],
     );
-    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
     let e = env(&p);
     assert!(
         e.contains(&format!(
@@ -252,13 +276,13 @@ fn refusals_table() {
         ),
     ];
     for (name, uid, c, plan, held, msg) in cases {
-        let e = prepare(&c, &want(uid), plan, NODE, DRIVER, held, "/").unwrap_err();
+        let e = run(&c, &want(uid), plan, held).unwrap_err();
         assert!(e.to_string().contains(msg), "{name}: {e}");
     }
     // A device-plugin resource's device is not DRA's.
     let (dp_plan, _) = plan_of("version: v1\n", 1, None);
     let c = claim(UID, &[("gpu", DRIVER, NODE, &device_name(g0))]);
-    let e = prepare(&c, &want(UID), &dp_plan, NODE, DRIVER, &none, "/").unwrap_err();
+    let e = run(&c, &want(UID), &dp_plan, &none).unwrap_err();
     assert!(matches!(e, PrepareError::UnknownDevice { .. }), "{e}");
 }
 
@@ -317,7 +341,7 @@ fn a_replica_of_a_gpu_another_claim_holds_whole_is_refused() {
     let held = BTreeMap::from([(device_name(g0), "ns/exclusive".to_string())]);
     let r0 = device_name(&format!("{g0}::0"));
     let c = claim(UID, &[("gpu", DRIVER, NODE, &r0)]);
-    let got = prepare(&c, &want(UID), &plan, NODE, DRIVER, &held, "/");
+    let got = run(&c, &want(UID), &plan, &held);
     assert!(
         matches!(got, Err(PrepareError::Held { .. })),
         "prepared {r0} on GPU {g0}, which prepared claim ns/exclusive holds whole: {:?}",
@@ -428,10 +452,291 @@ fn one_device_for_two_requests_is_one_device_with_both_names() {
             ("a", DRIVER, NODE, &a),
         ],
     );
-    let p = prepare(&c, &want(UID), &plan, NODE, DRIVER, &BTreeMap::new(), "/").unwrap();
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
     assert_eq!(p.devices.len(), 1);
     assert_eq!(
         p.devices[0].requests,
         vec!["a".to_string(), "b".to_string()]
     );
+}
+
+// ---- consumable capacity (`dra: capacity`) ----
+
+const CAPACITY: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: capacity\n";
+
+/// The shipped 8× H100 80GB node (81,559 MiB each), optionally on an R615 driver.
+fn h100(driver: Option<&str>) -> crate::inventory::Inventory {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodes/h100-80gb-x8.yaml");
+    let mut inv =
+        crate::inventory::simulated::parse(&path, &std::fs::read_to_string(&path).unwrap())
+            .unwrap();
+    inv.driver_version = driver.map(str::to_string);
+    inv
+}
+
+/// A claim of one share of `device`: `memory`/`cores` consumed (none: the scheduler
+/// recorded no consumed capacity), share ID `share`.
+fn share_claim(
+    uid: &str,
+    device: &str,
+    share: &str,
+    memory: Option<&str>,
+    cores: Option<&str>,
+) -> ResourceClaim {
+    let mut c = claim(uid, &[("gpu", DRIVER, NODE, device)]);
+    let r = &mut c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap()[0];
+    r.share_id = Some(share.to_string());
+    let mut consumed = BTreeMap::new();
+    if let Some(m) = memory {
+        consumed.insert(
+            "memory".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(m.to_string()),
+        );
+    }
+    if let Some(c) = cores {
+        consumed.insert(
+            "cores".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(c.to_string()),
+        );
+    }
+    r.consumed_capacity = (!consumed.is_empty()).then_some(consumed);
+    c
+}
+
+fn env_value(p: &PreparedClaim, key: &str) -> Option<String> {
+    env(p)
+        .into_iter()
+        .find_map(|e| e.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+/// The case: three shares of 20, 20 and 38 GiB of one H100 80GB prepared with their
+/// own MPS limits; a fourth of 2 GiB no longer fits (81,559 MiB is full).
+#[test]
+fn shares_of_one_gpu_get_their_own_limits_until_it_is_full() {
+    let inv = h100(None);
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let gpu0 = device_name(&inv.gpus[0].uuid);
+    let ctx = Context {
+        plan: &plan,
+        inventory: &inv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: None,
+    };
+    let mut held = Held::default();
+    let mut limits = Vec::new();
+    for (i, (memory, cores)) in [("20Gi", "25"), ("20Gi", "25"), ("38Gi", "50")]
+        .into_iter()
+        .enumerate()
+    {
+        let uid = format!("00000000-0000-0000-0000-00000000000{i}");
+        let c = share_claim(
+            &uid,
+            &gpu0,
+            &format!("share-{i}"),
+            Some(memory),
+            Some(cores),
+        );
+        let p = prepare(&c, &want(&uid), &ctx, &held).unwrap();
+        let share = p.devices[0].share.clone().unwrap();
+        assert_eq!(share.id, format!("share-{i}"));
+        // Each spec carries its own share only.
+        limits.push((
+            env_value(&p, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").unwrap(),
+            env_value(&p, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").unwrap(),
+        ));
+        held.shares
+            .entry(gpu0.clone())
+            .or_default()
+            .push((format!("ns/c{i}"), share));
+    }
+    assert_eq!(
+        limits,
+        [
+            ("0=20480M".to_string(), "25".to_string()),
+            ("0=20480M".to_string(), "25".to_string()),
+            ("0=38912M".to_string(), "50".to_string()),
+        ]
+    );
+    let uid = "00000000-0000-0000-0000-000000000009";
+    let c = share_claim(uid, &gpu0, "share-9", Some("2Gi"), None);
+    let e = prepare(&c, &want(uid), &ctx, &held).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, PrepareError::ShareDoesNotFit { .. }), "{msg}");
+    assert!(
+        msg.contains("2048 MiB of memory")
+            && msg.contains("81559 MiB")
+            && msg.contains("79872 MiB"),
+        "{msg}"
+    );
+    // Cores run out the same way, memory to spare.
+    let c = share_claim(uid, &gpu0, "share-9", Some("1Gi"), Some("1"));
+    let mut cores_full = held.clone();
+    cores_full.shares.get_mut(&gpu0).unwrap().truncate(1);
+    cores_full.shares.get_mut(&gpu0).unwrap()[0].1.cores = 100;
+    let e = prepare(&c, &want(uid), &ctx, &cores_full).unwrap_err();
+    assert!(e.to_string().contains("1 % of the cores"), "{e}");
+}
+
+#[test]
+fn a_share_without_consumed_capacity_takes_the_default_and_bad_quantities_are_refused() {
+    let inv = h100(None);
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let gpu0 = device_name(&inv.gpus[0].uuid);
+    let ctx = Context {
+        plan: &plan,
+        inventory: &inv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: None,
+    };
+    let c = share_claim(UID, &gpu0, "s", None, None);
+    let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
+    // 81559 / 4 replicas, 100 / 4.
+    assert_eq!(
+        p.devices[0].share,
+        Some(Share {
+            id: "s".into(),
+            memory_mib: 20389,
+            cores: 25
+        })
+    );
+    assert_eq!(
+        env_value(&p, "SLICELET_GPU_SHARE_MEMORY_MIB").as_deref(),
+        Some("20389")
+    );
+    // 1.5Gi rounds to MiB; 250m of cores rounds up to 1 %.
+    let c = share_claim(UID, &gpu0, "s", Some("1.5Gi"), Some("250m"));
+    let s = prepare(&c, &want(UID), &ctx, &Held::default())
+        .unwrap()
+        .devices[0]
+        .share
+        .clone()
+        .unwrap();
+    assert_eq!((s.memory_mib, s.cores), (1536, 1));
+    for (memory, cores, says) in [
+        (Some("lots"), None, "memory"),
+        (None, Some("101"), "cores"),
+        (None, Some("x"), "cores"),
+    ] {
+        let c = share_claim(UID, &gpu0, "s", memory, cores);
+        let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
+        assert!(
+            matches!(e, PrepareError::BadCapacity { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn shares_and_exclusive_holders_of_one_gpu_never_mix() {
+    let inv = h100(None);
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let g0 = &inv.gpus[0].uuid;
+    let gpu0 = device_name(g0);
+    let ctx = Context {
+        plan: &plan,
+        inventory: &inv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: None,
+    };
+    // A claim prepared on a replica of GPU 0 before the policy turned to capacity.
+    let mut held = Held::default();
+    held.exclusive
+        .insert(device_name(&format!("{g0}::1")), "ns/old".into());
+    let c = share_claim(UID, &gpu0, "s", Some("1Gi"), None);
+    let e = prepare(&c, &want(UID), &ctx, &held).unwrap_err();
+    assert!(matches!(e, PrepareError::Held { .. }), "{e}");
+    // The other way: shares of GPU 0 held, the policy back to replicas.
+    let (ts_plan, _) = plan_of(TS, 1, None);
+    let tinv = test_node(1);
+    let t0 = &tinv.gpus[0].uuid;
+    let mut held = Held::default();
+    held.shares.insert(
+        device_name(t0),
+        vec![(
+            "ns/share".into(),
+            Share {
+                id: "x".into(),
+                memory_mib: 1,
+                cores: 1,
+            },
+        )],
+    );
+    let c = claim(
+        UID,
+        &[("gpu", DRIVER, NODE, &device_name(&format!("{t0}::0")))],
+    );
+    let ctx = Context {
+        plan: &ts_plan,
+        inventory: &tinv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: None,
+    };
+    let e = prepare(&c, &want(UID), &ctx, &held).unwrap_err();
+    assert!(e.to_string().contains("ns/share"), "{e}");
+}
+
+#[test]
+fn on_an_r615_node_a_share_gets_the_memory_hook() {
+    let inv = h100(Some("615.20"));
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let gpu0 = device_name(&inv.gpus[0].uuid);
+    let hook = crate::cdi::memory::HookConfig::default();
+    let ctx = Context {
+        plan: &plan,
+        inventory: &inv,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: Some(&hook),
+    };
+    let c = share_claim(UID, &gpu0, "s", Some("20Gi"), None);
+    let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
+    let hooks = &p.spec["devices"][0]["containerEdits"]["hooks"];
+    let args: Vec<&str> = hooks[0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(hooks[0]["hookName"], "createContainer");
+    assert!(
+        args.windows(2).any(|w| w == ["--hard-mib", "20480"]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--gpu", inv.gpus[0].uuid.as_str()]),
+        "{args:?}"
+    );
+    // Without R615 (or without the hook installed): no hook, the MPS limit only.
+    let old = h100(Some("550.54.15"));
+    let ctx = Context {
+        inventory: &old,
+        ..ctx
+    };
+    let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
+    assert!(p.spec["devices"][0]["containerEdits"]
+        .get("hooks")
+        .is_none());
 }

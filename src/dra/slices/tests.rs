@@ -442,3 +442,63 @@ fn one_policy_both_paths_table() {
         }
     }
 }
+
+/// `dra: capacity`: each GPU published once, shared (`allowMultipleAllocations`), with its
+/// memory and 100 % of its cores as capacities whose default share is 1/replicas.
+#[test]
+fn a_capacity_resource_publishes_each_gpu_once_with_memory_and_cores() {
+    let inv = simulated::parse(
+        std::path::Path::new("h100"),
+        include_str!("../../../config/nodes/h100-80gb-x8.yaml"),
+    )
+    .unwrap();
+    for (mode, isolation) in [("mps", "mps"), ("timeSlicing", "none")] {
+        let policy = format!("version: v1\nsharing:\n  {mode}:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0, 1]\n        replicas: 4\n        dra: capacity\n");
+        let plan = plan_of(&policy, &inv);
+        let s = build(dra_resources(&plan), &inv, &params(1));
+        let devices = all_devices(&s);
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                device_name(&inv.gpus[0].uuid),
+                device_name(&inv.gpus[1].uuid)
+            ],
+            "{mode}"
+        );
+        let d = devices[0];
+        assert_eq!(d.allow_multiple_allocations, Some(true));
+        assert_eq!(str_attr(d, "memoryIsolation"), Some(isolation));
+        assert!(attr(d, "replica").is_none(), "{mode}: a unit is no replica");
+        let cap = d.capacity.as_ref().unwrap();
+        let memory = &cap[MEMORY];
+        assert_eq!(memory.value.0, "81559Mi");
+        let policy = memory.request_policy.as_ref().unwrap();
+        assert_eq!(policy.default.as_ref().unwrap().0, "20389Mi");
+        assert_eq!(policy.valid_range.as_ref().unwrap().min.0, "1Mi");
+        let cores = &cap[CORES];
+        assert_eq!(cores.value.0, "100");
+        let policy = cores.request_policy.as_ref().unwrap();
+        assert_eq!(policy.default.as_ref().unwrap().0, "25");
+        let range = policy.valid_range.as_ref().unwrap();
+        assert_eq!(
+            (
+                range.min.0.as_str(),
+                range.max.as_ref().unwrap().0.as_str(),
+                range.step.as_ref().unwrap().0.as_str()
+            ),
+            ("1", "100", "1")
+        );
+    }
+    // `dra: true` stays one device per replica, not shared.
+    let plan = plan_of("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: true\n", &inv);
+    let s = build(dra_resources(&plan), &inv, &params(1));
+    let devices = all_devices(&s);
+    assert_eq!(devices.len(), 4);
+    assert!(devices
+        .iter()
+        .all(|d| d.allow_multiple_allocations.is_none()));
+    assert!(devices
+        .iter()
+        .all(|d| !d.capacity.as_ref().unwrap().contains_key(CORES)));
+}
