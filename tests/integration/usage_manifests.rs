@@ -290,7 +290,22 @@ fn examples_and_docs_use_only_registered_metrics() {
     // prometheus-client leaves families without series out of the exposition, so fill them
     // from a node with containers on its GPUs (the benchmark's synthetic node).
     let metrics = slicelet::status::Metrics::new();
-    let (plan, in_use, mut samples) = slicelet::usage::report::synthetic_node(2, 4, 3);
+    let (mut plan, in_use, mut samples) = slicelet::usage::report::synthetic_node(2, 4, 3);
+    // Per-replica memory limits read back for one container's cgroup, for the
+    // slicelet_*memory_limit* families.
+    for res in plan.resources.values_mut() {
+        std::sync::Arc::make_mut(res).memory = Some(slicelet::plan::memory::PlannedMemory {
+            entry: "sharing.timeSlicing.resources[0]".into(),
+            limits: slicelet::policy::MemoryLimits {
+                hard_mib: 1024,
+                soft_mib: None,
+                enforce: slicelet::policy::Enforce::Required,
+            },
+            unenforced: Default::default(),
+        });
+    }
+    samples.gpus[0].memory_limits_supported = Some(true);
+    samples.gpus[0].processes[0].cgroup = Some("/kubepods/pod-0/ctr".into());
     // And a MIG device, for the slicelet_mig_* families.
     samples.gpus[1].mig.push(slicelet::usage::MigSample {
         uuid: "MIG-00000001-0000-0000-0000-000000000000".into(),
