@@ -13,7 +13,10 @@ the library accepts (helm-python-sdk is pinned in .ci/run).
 For the default values and every CHART_DIR/ci/*.yaml, and each KUBE_VERSION (1.34.0), it writes
 OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the rendering against the
 merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
-MPS root mounted only when MPS is on, DRA's DeviceClasses, RBAC (ResourceSlices, ResourceClaims get),
+MPS root mounted only when MPS is on, DRA's DeviceClasses (with dra.extendedResources one bridge
+class per name, <name with / and . as ->.bridge.<driver>, carrying spec.extendedResourceName and
+selecting exactly the devices whose `resource` attribute is that name, each name a DRA resource
+of the configs as read here), RBAC (ResourceSlices, ResourceClaims get),
 admission policy, env and read-write mounts exactly with dra.enabled, hostPID only in-process, every volume mounted and every
 mount backed by a volume, no subPath, the NFD and CDI paths, the pod-resources directory
 (read-only) and the host's /proc (read-only, only with usage.perPodAttribution), each env
@@ -58,6 +61,10 @@ DRA_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
 ]
+
+
+# The chart's files/policy.yaml, parsed: the one config without config.map (set by main).
+DEFAULT_CONFIG: dict[str, Any] = {}
 
 
 def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> str:
@@ -132,6 +139,31 @@ def has_memory(p: dict[str, Any]) -> bool:
     return any(isinstance(e, dict) and "memory" in e
                for kind in ("timeSlicing", "mps")
                for e in ((sharing.get(kind) or {}).get("resources") or []))
+
+
+def qualified(name: Any) -> str:
+    """A resource name as slicelet advertises it: `nvidia.com/` added when it has no `/`."""
+    name = str(name)
+    return name if "/" in name else f"nvidia.com/{name}"
+
+
+def dra_resources(p: dict[str, Any]) -> set[str]:
+    """The DRA resources of one config: `dra.resources`, and the advertised name of every
+    sharing entry with `dra: true` (rename, else <name>.shared under renameByDefault, else name)."""
+    out = {qualified(n) for n in ((p.get("dra") or {}).get("resources") or [])}
+    sharing = p.get("sharing") or {}
+    for kind in ("timeSlicing", "mps"):
+        section = sharing.get(kind) or {}
+        for e in section.get("resources") or []:
+            if isinstance(e, dict) and e.get("dra") is True:
+                name = e.get("rename") or (f"{e['name']}.shared" if section.get("renameByDefault") is True else e["name"])
+                out.add(qualified(name))
+    return out
+
+
+def bridge_class(name: str, driver: str) -> str:
+    """The migration bridge's DeviceClass of an extended resource name."""
+    return f"{name.replace('/', '-').replace('.', '-')}.bridge.{driver}"
 
 
 def needs(v: dict[str, Any]) -> dict[str, bool]:
@@ -270,10 +302,10 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
             c.that(b["roleRef"]["name"] == f"{RELEASE}-dra"
                    and b["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": namespace}],
                    "dra binding: the role, to the ServiceAccount")
-        policies = by_kind.get("ValidatingAdmissionPolicy", [])
+        vaps = by_kind.get("ValidatingAdmissionPolicy", [])
         policy_bindings = by_kind.get("ValidatingAdmissionPolicyBinding", [])
-        c.that(len(policies) == 1 and len(policy_bindings) == 1, "dra: one ValidatingAdmissionPolicy and its binding")
-        for p in policies:
+        c.that(len(vaps) == 1 and len(policy_bindings) == 1, "dra: one ValidatingAdmissionPolicy and its binding")
+        for p in vaps:
             spec = p["spec"]
             rules = spec["matchConstraints"]["resourceRules"]
             c.that(rules == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
@@ -286,21 +318,35 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                    "dra policy: the token's node-name claim against the slice's spec.nodeName")
             c.that(spec["failurePolicy"] == "Fail", "dra policy: fails closed")
         for b in policy_bindings:
-            c.that(b["spec"]["policyName"] == policies[0]["metadata"]["name"] if policies else False,
+            c.that(b["spec"]["policyName"] == vaps[0]["metadata"]["name"] if vaps else False,
                    "dra policy binding names the policy")
             c.that(b["spec"]["validationActions"] == ["Deny"], "dra policy binding denies")
         classes = {d["metadata"]["name"]: d for d in by_kind.get("DeviceClass", [])}
         driver = dra["driverName"]
+        bridges = {bridge_class(n, driver): n for n in dra["extendedResources"]}
         want_classes = {driver, f"time-sliced.{driver}", f"mps.{driver}", f"mig.{driver}"} | {
-            f"mig-{p}.{driver}" for p in dra["migProfiles"]}
+            f"mig-{p}.{driver}" for p in dra["migProfiles"]} | set(bridges)
         c.that(set(classes) == want_classes, f"DeviceClasses {sorted(classes)}, not {sorted(want_classes)}")
         for name, dc in classes.items():
             expr = dc["spec"]["selectors"][0]["cel"]["expression"]
             c.that(expr.startswith(f'device.driver == "{driver}" && device.attributes["{driver}"].'),
                    f"DeviceClass {name}: selects the driver's devices by attribute: {expr}")
+            bridged = bridges.get(name)
+            c.that(dc["spec"].get("extendedResourceName") == bridged,
+                   f"DeviceClass {name}: extendedResourceName {dc['spec'].get('extendedResourceName')!r}, not {bridged!r}")
+            if bridged is not None:
+                want = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{bridged}"'
+                c.that(len(dc["spec"]["selectors"]) == 1 and expr == want,
+                       f"bridge DeviceClass {name}: selects exactly the devices mirroring {bridged}: {expr}")
+        if not v["config"]["name"]:
+            ps = policies(v) or [DEFAULT_CONFIG]
+            served = set().union(*(dra_resources(p) for p in ps))
+            for n in dra["extendedResources"]:
+                c.that(n in served, f"bridged {n} is a DRA resource of a config ({sorted(served)})")
         c.that('.sharing == "time-slicing"' in classes.get(f"time-sliced.{driver}", {}).get("spec", {}).get("selectors", [{}])[0].get("cel", {}).get("expression", ""),
                "time-sliced class selects sharing time-slicing")
     else:
+        c.that(not dra["extendedResources"], "dra.extendedResources rendered without dra.enabled")
         c.that(not dra_roles and not dra_bindings and not by_kind.get("DeviceClass")
                and not by_kind.get("ValidatingAdmissionPolicy"), "no DRA objects without dra.enabled")
     if label_selection:
@@ -686,6 +732,31 @@ REFUSED = [
     ({"usage": {"perPodAttribution": {"hostPID": True}}}, "hostPID"),
     ({"dra": {"driverName": "Not_A_Driver"}}, "driverName"),
     ({"dra": {"enable": True}}, "enable"),
+    # The migration bridge: names as Kubernetes takes them, each DRA's in a config, each once,
+    # each a DeviceClass name of its own, only with DRA.
+    ({"dra": {"enabled": True, "extendedResources": ["NVIDIA.com/gpu"]}}, "extendedResources"),
+    ({"dra": {"enabled": True, "extendedResources": ["gpu-shared"]}}, "extendedResources"),
+    ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu_shared"]}}, "extendedResources"),
+    ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu", "nvidia.com/gpu"]}}, "extendedResources"),
+    ({"dra": {"enabled": True, "extendedResources": ["kubernetes.io/gpu"]}}, "reserved for native resources"),
+    ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu-shared"]}},
+     "nvidia.com/gpu-shared is no DRA resource of the chart's configs, so its DeviceClass would select no device (their DRA resources: none)"),
+    ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu"]}, "config": {"default": "dp", "map": {
+        "dp": "version: v1", "dra": "version: v1\ndra:\n  resources: [mig-1g.10gb]"}}},
+     "(their DRA resources: nvidia.com/mig-1g.10gb)"),
+    # What the chart reads as a config's DRA resources: renameByDefault's <name>.shared, an MPS
+    # entry's rename, `nvidia.com/` added to a bare name; not an entry without `dra: true`.
+    ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu"]}, "config": {"default": "ts", "map": {
+        "ts": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
+              "    - name: nvidia.com/gpu\n      replicas: 2\n      dra: true",
+        "mps": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      rename: gpu-mps\n"
+               "      replicas: 2\n      dra: true\n    - name: nvidia.com/gpu\n      rename: gpu-plugin\n      replicas: 2"}}},
+     "(their DRA resources: nvidia.com/gpu-mps, nvidia.com/gpu.shared)"),
+    ({"dra": {"extendedResources": ["nvidia.com/gpu-shared"]}}, "dra.extendedResources needs dra.enabled=true"),
+    ({"config": {"name": "theirs"}, "dra": {"enabled": True, "extendedResources": ["a.b/c", "a-b/c"]}},
+     "a.b/c and a-b/c both give the DeviceClass name a-b-c.bridge.gpu.slicelet.io"),
+    ({"config": {"name": "theirs"}, "dra": {"enabled": True, "extendedResources": ["example.com/" + "g" * 60]}},
+     "over 63 characters"),
 ]
 
 
@@ -735,6 +806,8 @@ FEATURES = {
     "usage.sampleSeconds 0": lambda v: v["usage"]["sampleSeconds"] == 0,
     "dra.enabled": lambda v: v["dra"]["enabled"],
     "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and effective_cdi(v),
+    "dra.extendedResources (the migration bridge) checked against config.map":
+        lambda v: v["dra"]["enabled"] and bool(v["dra"]["extendedResources"]) and bool(v["config"]["map"]),
     "memory limits from a config's memory (memoryLimits.enabled unset)":
         lambda v: v["memoryLimits"].get("enabled") is None and needs(v)["memory"],
     "memory limits with the spec directory one of the CDI mounts":
@@ -797,6 +870,7 @@ def main() -> int:
     out = pathlib.Path(sys.argv[2])
     versions = sys.argv[3:]
     out.mkdir(parents=True, exist_ok=True)
+    DEFAULT_CONFIG.update(yaml.safe_load((chart / "files" / "policy.yaml").read_text()))
     examples: list[tuple[str, dict[str, Any]]] = [("default", {})]
     for f in sorted((chart / "ci").glob("*.yaml")):
         examples.append((f.stem, helm.values_from_yaml(f.read_text())))

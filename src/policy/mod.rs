@@ -418,6 +418,9 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         };
     }
 
+    // Entries that say `dra: false` in so many words: a `dra.resources` item naming what one
+    // advertises contradicts it (checked below, once the advertised names are known).
+    let says_not_dra = not_dra_paths(file.sharing.as_ref());
     if let Some(sharing) = file.sharing {
         if let Some(ts) = sharing.time_slicing {
             policy.time_slicing = validate_replicated(
@@ -438,26 +441,71 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             )?;
         }
     }
+    let entries = || {
+        policy
+            .time_slicing
+            .resources
+            .iter()
+            .chain(policy.mps.resources.iter().map(|m| &m.shared))
+    };
+    let mut listed = std::collections::BTreeSet::new();
     if let Some(d) = &file.dra {
         for (i, name) in d.resources.iter().flatten().enumerate() {
-            if !policy.dra.insert(name.clone()) {
+            if !listed.insert(name.clone()) {
                 return Err(err(
                     format!("dra.resources[{i}]"),
                     format!("{name} is listed twice"),
                 ));
             }
+            // One name, one path: an entry that asks for the device plugin by name cannot be
+            // DRA's because of this list.
+            if let Some(e) =
+                entries().find(|e| &e.advertised == name && says_not_dra.contains(&e.path))
+            {
+                return Err(err(
+                    format!("{}.dra", e.path),
+                    format!(
+                        "false, but dra.resources[{i}] lists {name}, which this entry advertises; a node serves a name through the device plugin or through DRA, not both: remove one of the two"
+                    ),
+                ));
+            }
         }
     }
-    let entries = policy
-        .time_slicing
-        .resources
-        .iter()
-        .chain(policy.mps.resources.iter().map(|m| &m.shared));
-    for e in entries.filter(|e| e.dra) {
-        policy.dra.insert(e.advertised.clone());
-    }
+    let from_entries: Vec<ResourceName> = entries()
+        .filter(|e| e.dra)
+        .map(|e| e.advertised.clone())
+        .collect();
+    policy.dra = listed;
+    policy.dra.extend(from_entries);
     policy.ignored_keys = ignored;
     Ok(policy)
+}
+
+/// The field paths of the sharing entries with `dra: false` written out
+/// (`sharing.timeSlicing.resources[2]`), in the paths [`validate_replicated`] gives them.
+fn not_dra_paths(sharing: Option<&schema::Sharing>) -> std::collections::BTreeSet<String> {
+    let Some(sharing) = sharing else {
+        return std::collections::BTreeSet::new();
+    };
+    let ts = sharing
+        .time_slicing
+        .iter()
+        .flat_map(|t| t.resources.iter().flatten())
+        .map(|e| e.dra);
+    let mps = sharing
+        .mps
+        .iter()
+        .flat_map(|m| m.resources.iter().flatten())
+        .map(|e| e.dra);
+    ts.enumerate()
+        .filter(|(_, dra)| *dra == Some(false))
+        .map(|(i, _)| format!("sharing.timeSlicing.resources[{i}]"))
+        .chain(
+            mps.enumerate()
+                .filter(|(_, dra)| *dra == Some(false))
+                .map(|(i, _)| format!("sharing.mps.resources[{i}]")),
+        )
+        .collect()
 }
 
 fn validate_replicated(

@@ -733,3 +733,57 @@ fn memory_limits_are_read_checked_and_listed_as_an_extension() {
         Enforce::BestEffort
     );
 }
+
+/// One name, one path per node (KEP-5004, the DRA extended-resource bridge: a node may serve
+/// an extended resource name through a device plugin or through DRA, never both). A policy
+/// whose device-plugin entry advertises a name a DRA entry also advertises is refused, naming
+/// the name and both entries. Already refused by the one-name-one-entry rule before the
+/// bridge; kept as its regression test.
+#[test]
+fn one_name_through_dra_and_the_device_plugin_is_refused_naming_both_entries() {
+    let ts = |first_dra: bool, second_dra: bool| {
+        format!(
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: {first_dra}\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [4, 5, 6, 7]\n        replicas: 4\n        dra: {second_dra}\n"
+        )
+    };
+    for (first, second) in [(true, false), (false, true)] {
+        let e = parse(&ts(first, second)).unwrap_err();
+        assert_eq!(e.path, "sharing.timeSlicing.resources[1]", "{e}");
+        assert!(
+            e.message.contains("nvidia.com/gpu-shared")
+                && e.message.contains("sharing.timeSlicing.resources[0]"),
+            "{e}"
+        );
+    }
+    // A time-slicing entry through DRA and an MPS entry through the device plugin.
+    let e = parse("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [4, 5, 6, 7]\n        replicas: 4\n").unwrap_err();
+    assert_eq!(e.path, "sharing.mps.resources[0]", "{e}");
+    assert!(
+        e.message.contains("nvidia.com/gpu-shared")
+            && e.message.contains("sharing.timeSlicing.resources[0]"),
+        "{e}"
+    );
+}
+
+/// `dra.resources` lists a name that an entry saying `dra: false` advertises: the entry asks
+/// for the device plugin, the list for DRA. Refused at the entry's `dra`, naming the list
+/// item and the name (it was read as DRA, silently overriding the entry).
+#[test]
+fn an_entry_saying_dra_false_for_a_name_dra_resources_lists_is_refused() {
+    for (sharing, path) in [
+        ("timeSlicing", "sharing.timeSlicing.resources[0].dra"),
+        ("mps", "sharing.mps.resources[0].dra"),
+    ] {
+        let e = parse(&format!("version: v1\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/gpu-shared]\nsharing:\n  {sharing}:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-shared\n        replicas: 4\n        dra: false\n")).unwrap_err();
+        assert_eq!(e.path, path, "{e}");
+        assert!(
+            e.message.contains("nvidia.com/gpu-shared") && e.message.contains("dra.resources[1]"),
+            "{e}"
+        );
+    }
+    // Without `dra: false` the list decides (the entry says nothing), and `dra: true` agrees.
+    for dra in ["", "        dra: true\n"] {
+        let p = parse(&format!("version: v1\ndra:\n  resources: [nvidia.com/gpu-shared]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-shared\n        replicas: 4\n{dra}")).unwrap();
+        assert!(p.dra.iter().any(|n| n.as_str() == "nvidia.com/gpu-shared"));
+    }
+}

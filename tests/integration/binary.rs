@@ -106,6 +106,32 @@ async fn validate_accepts_and_rejects_with_field_paths() {
     }
 }
 
+/// One name, one path per node (the migration bridge): `slicelet validate` refuses a policy
+/// that serves nvidia.com/gpu-shared through DRA on GPUs 0-3 and through the device plugin on
+/// GPUs 4-7, naming the name and both entries, with exit 1.
+#[tokio::test]
+async fn validate_refuses_one_name_through_dra_and_the_device_plugin() {
+    let node = Node::new("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [4, 5, 6, 7]\n        replicas: 4\n");
+    let sim = node_file("a100-40gb-x8.yaml");
+    let out = output(&[
+        "validate",
+        "--config",
+        node.policy().to_str().unwrap(),
+        "--simulate",
+        sim.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    for part in [
+        "nvidia.com/gpu-shared",
+        "sharing.timeSlicing.resources[0]",
+        "sharing.timeSlicing.resources[1]",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn plan_json_has_the_documented_shape() {
     let sim = node_file("l4-x1.yaml");

@@ -499,3 +499,155 @@ fn memory_limits_overlay_installs_the_hook_where_the_spec_names_it() {
     // The plugin itself does not mount the hook directory.
     assert!(mounts.iter().all(|m| m["mountPath"] != dir));
 }
+
+/// The migration bridge's DeviceClass name of an extended resource name:
+/// `<name with "/" and "." as "-">.bridge.gpu.slicelet.io`.
+fn bridge_class(name: &str) -> String {
+    format!("{}.bridge.gpu.slicelet.io", name.replace(['/', '.'], "-"))
+}
+
+/// The devices the slices of `config` on `node` publish with the attribute `resource` ==
+/// `name`, and the devices of resource `name` in its plan, both as published device names.
+fn bridged_devices(
+    config: &policy::Policy,
+    node: &slicelet::inventory::Inventory,
+    name: &str,
+) -> (Vec<String>, Vec<String>) {
+    use slicelet::dra::slices;
+    let plan = plan::build(config, node).unwrap().plan;
+    let params = slices::SliceParams {
+        node: "node-1".to_string(),
+        driver: "gpu.slicelet.io".to_string(),
+        generation: 1,
+        driver_version: None,
+    };
+    let built = slices::build(slices::dra_resources(&plan), node, &params);
+    let mut selected: Vec<String> = built
+        .slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get("resource"))
+                .and_then(|a| a.string.as_deref())
+                == Some(name)
+        })
+        .map(|d| d.name.clone())
+        .collect();
+    let mut of_resource: Vec<String> = plan
+        .resources
+        .get(name)
+        .filter(|r| r.dra)
+        .map(|r| {
+            r.devices
+                .iter()
+                .map(|d| slices::device_name(&d.id))
+                .collect()
+        })
+        .unwrap_or_default();
+    selected.sort();
+    of_resource.sort();
+    (selected, of_resource)
+}
+
+/// The migration bridge (overlays/dra-bridge and the chart's dra.extendedResources): every
+/// bridged name is a DRA resource of a config (read by slicelet's own parser, not the chart's
+/// reading of it), its class is named and selects as documented, and on a node that config
+/// publishes exactly the devices of that resource with the attribute the class selects on
+/// (so a pod asking the name gets a device of that resource and no other). In the overlay the
+/// default config serves the same name through the device plugin: the same pods fit both kinds
+/// of node.
+#[test]
+fn bridge_classes_name_dra_resources_and_select_exactly_their_devices() {
+    let mig = {
+        let f = node_file("h100-80gb-x8-mig-mixed.yaml");
+        simulated::parse(&f, &read(&f)).unwrap()
+    };
+    let nodes = [h100(), mig];
+    let check = |at: &str, name: &str, configs: &[(String, policy::Policy)]| {
+        let serving: Vec<&policy::Policy> = configs
+            .iter()
+            .filter(|(_, p)| p.dra.iter().any(|n| n.as_str() == name))
+            .map(|(_, p)| p)
+            .collect();
+        assert!(
+            !serving.is_empty(),
+            "{at}: no config serves {name} through DRA"
+        );
+        for p in serving {
+            let mut published = 0;
+            for node in &nodes {
+                let (selected, of_resource) = bridged_devices(p, node, name);
+                assert_eq!(selected, of_resource, "{at}: {name}");
+                published += selected.len();
+            }
+            assert!(published > 0, "{at}: {name} publishes no device");
+        }
+    };
+
+    // The overlay: one class, both configs advertise its name, one of them through DRA.
+    let dir = repo().join("manifests/overlays/dra-bridge");
+    let class = yaml(&dir.join("bridge-deviceclass.yaml"));
+    let name = class["spec"]["extendedResourceName"].as_str().unwrap();
+    assert_eq!(class["kind"], "DeviceClass");
+    assert_eq!(class["metadata"]["name"], bridge_class(name).as_str());
+    assert_eq!(
+        class["spec"]["selectors"],
+        serde_json::json!([{"cel": {"expression": format!("device.driver == \"gpu.slicelet.io\" && device.attributes[\"gpu.slicelet.io\"].resource == \"{name}\"")}}])
+    );
+    let k = yaml(&dir.join("kustomization.yaml"));
+    let mut configs = Vec::new();
+    for patch in k["patches"].as_array().unwrap() {
+        if patch["target"]["kind"] != "ConfigMap" {
+            continue;
+        }
+        let ops: serde_json::Value =
+            yaml_serde::from_str(patch["patch"].as_str().unwrap()).unwrap();
+        for op in ops.as_array().unwrap() {
+            if let (Some(key), Some(text)) = (
+                op["path"].as_str().and_then(|p| p.strip_prefix("/data/")),
+                op["value"].as_str(),
+            ) {
+                configs.push((key.to_string(), policy::parse(text).unwrap()));
+            }
+        }
+    }
+    let keys: Vec<&str> = configs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["device-plugin", "dra"]);
+    check("overlays/dra-bridge", name, &configs);
+    let plugin = plan::build(&configs[0].1, &h100()).unwrap().plan;
+    assert!(
+        plugin.resources.get(name).is_some_and(|r| !r.dra),
+        "the default config serves {name} through the device plugin"
+    );
+
+    // The chart's examples: every dra.extendedResources name.
+    let mut bridged = 0;
+    for e in std::fs::read_dir(repo().join(CHART).join("ci")).unwrap() {
+        let example = e.unwrap().path();
+        let v = chart_values(Some(&example));
+        let names = v["dra"]["extendedResources"].as_array().unwrap();
+        if names.is_empty() {
+            continue;
+        }
+        let configs: Vec<(String, policy::Policy)> = v["config"]["map"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, t)| (k.clone(), policy::parse(t.as_str().unwrap()).unwrap()))
+            .collect();
+        for n in names {
+            check(
+                &example.display().to_string(),
+                n.as_str().unwrap(),
+                &configs,
+            );
+            bridged += 1;
+        }
+    }
+    assert!(
+        bridged >= 2,
+        "{bridged} bridged names in the chart's examples"
+    );
+}

@@ -121,6 +121,64 @@ here. */}}
 {{- toJson $needs -}}
 {{- end -}}
 
+{{/* The DRA resources of the chart's configs (config.map's, or files/policy.yaml without
+it), as a sorted JSON list of names as slicelet advertises them: each `dra.resources` item and
+the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` (its
+`rename`, else `<name>.shared` under that section's renameByDefault, else its `name`), with
+`nvidia.com/` added to a name without `/`, as slicelet does. A config that is not YAML counts
+as none here (slicelet.configNeeds refuses it). */}}
+{{- define "slicelet.draResources" -}}
+{{- $configs := .Values.config.map -}}
+{{- if not $configs -}}{{- $configs = dict "default" (.Files.Get "files/policy.yaml") -}}{{- end -}}
+{{- $names := list -}}
+{{- range $_, $text := $configs -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if not (hasKey $cfg "Error") -}}
+{{- $found := list -}}
+{{- $dra := get $cfg "dra" -}}
+{{- if kindIs "map" $dra -}}
+{{- $listed := get $dra "resources" -}}
+{{- if kindIs "slice" $listed -}}{{- $found = concat $found $listed -}}{{- end -}}
+{{- end -}}
+{{- $sharing := get $cfg "sharing" -}}
+{{- if kindIs "map" $sharing -}}
+{{- range $kind := list "timeSlicing" "mps" -}}
+{{- $section := get $sharing $kind -}}
+{{- if kindIs "map" $section -}}
+{{- $entries := get $section "resources" -}}
+{{- if kindIs "slice" $entries -}}
+{{- range $e := $entries -}}
+{{- if and (kindIs "map" $e) (eq (toString (get $e "dra")) "true") -}}
+{{- $advertised := toString (get $e "name") -}}
+{{- if get $e "rename" -}}
+{{- $advertised = toString (get $e "rename") -}}
+{{- else if eq (toString (get $section "renameByDefault")) "true" -}}
+{{- $advertised = printf "%s.shared" $advertised -}}
+{{- end -}}
+{{- $found = append $found $advertised -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $n := $found -}}
+{{- $n = toString $n -}}
+{{- if not (contains "/" $n) -}}{{- $n = printf "nvidia.com/%s" $n -}}{{- end -}}
+{{- $names = append $names $n -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* The bridge DeviceClass of an extended resource name (dra.extendedResources); call with
+(dict "name" NAME "driver" DRIVER): `<name with "/" and "." as "-">.bridge.<driver>`,
+nvidia.com/gpu-shared -> nvidia-com-gpu-shared.bridge.gpu.slicelet.io. */}}
+{{- define "slicelet.bridgeClassName" -}}
+{{- printf "%s.bridge.%s" (regexReplaceAll "[/.]" .name "-") .driver -}}
+{{- end -}}
+
 {{/* Where the MPS daemons run: mps.mode, or, unset (null), `in-process` when a config in
 config.map uses sharing.mps (the policy needs the daemons, as NVIDIA's chart starts its MPS
 control daemon for such a config) and `none` otherwise. An explicit `none` with such a config
