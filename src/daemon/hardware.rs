@@ -12,7 +12,7 @@
 //! [`REPORT_SEND_TIMEOUT`] for room (logged), and is then dropped with an error line.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +57,10 @@ pub struct SampleRequest {
     pub proc_root: PathBuf,
     /// The kubelet's device checkpoint ([`crate::settings::Settings::checkpoint_path`]).
     pub checkpoint: PathBuf,
+    /// slicelet's DRA checkpoint (`<--dra-plugins-dir>/<driver>/checkpoint.json`) with
+    /// `--dra`: the prepared claims and the pods each is reserved for
+    /// ([`crate::usage::Samples::claims`]); `None` without `--dra`.
+    pub dra_checkpoint: Option<PathBuf>,
 }
 
 /// What the hardware reports.
@@ -246,13 +250,30 @@ impl Actor {
     fn sample(&mut self, request: &SampleRequest) -> Result<crate::usage::Samples, String> {
         match self.source.as_mut() {
             None => Err("the GPU source is not open yet (no discovery succeeded)".to_string()),
-            Some(s) => crate::usage::sampler::sample(
-                s.as_mut(),
-                &request.proc_root,
-                &request.checkpoint,
-                &mut self.limits,
-            )
-            .map_err(|e| crate::errors::chain(&e)),
+            Some(s) => {
+                let mut samples = crate::usage::sampler::sample(
+                    s.as_mut(),
+                    &request.proc_root,
+                    &request.checkpoint,
+                    &mut self.limits,
+                )
+                .map_err(|e| crate::errors::chain(&e))?;
+                samples.claims = request.dra_checkpoint.as_deref().and_then(read_claims);
+                Ok(samples)
+            }
+        }
+    }
+}
+
+/// The prepared claims of slicelet's DRA checkpoint at `path`, for attribution (a missing
+/// file: none prepared); `None` when it cannot be read (the DRA component sets a corrupt one
+/// aside and says so; until then the use of DRA holders is unknown).
+fn read_claims(path: &Path) -> Option<Vec<crate::usage::ClaimEntry>> {
+    match crate::dra::checkpoint::load(path) {
+        Ok(c) => Some(crate::dra::checkpoint::claim_entries(&c)),
+        Err(e) => {
+            tracing::debug!(error = %crate::errors::chain(&e), "the DRA checkpoint cannot be read; the GPU use of DRA holders is unknown");
+            None
         }
     }
 }
@@ -350,6 +371,7 @@ mod tests {
         SampleRequest {
             proc_root: dir.into(),
             checkpoint: format!("{dir}/cp").into(),
+            dra_checkpoint: None,
         }
     }
 
@@ -445,6 +467,7 @@ mod tests {
         let req = SampleRequest {
             proc_root: dir.path().to_path_buf(),
             checkpoint: dir.path().join("kubelet_internal_checkpoint"),
+            dra_checkpoint: Some(dir.path().join("dra-checkpoint.json")),
         };
         let (tx, mut rx) = mpsc::channel(4);
         let calls = Arc::new(AtomicU32::new(0));
@@ -474,6 +497,8 @@ mod tests {
                 assert_eq!((p[1].pid, p[1].pod_uid.as_deref()), (8, None));
                 assert!(s.at_unix_ms > 0);
                 assert!(s.checkpoint.is_none() && s.checkpoint_error.is_some());
+                // No DRA checkpoint yet: no claim prepared (known, empty).
+                assert_eq!(s.claims, Some(Vec::new()));
             }
             other => panic!("{other:?}"),
         }

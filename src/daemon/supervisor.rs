@@ -487,6 +487,11 @@ impl Supervisor {
         Command::Sample(SampleRequest {
             proc_root: self.settings.proc_root.clone(),
             checkpoint: self.settings.checkpoint_path(),
+            dra_checkpoint: self
+                .settings
+                .dra
+                .as_ref()
+                .map(|dra| crate::dra::plugin::driver_dir(dra).join(crate::dra::checkpoint::FILE)),
         })
     }
 

@@ -162,6 +162,35 @@ pub fn holders(c: &Checkpoint) -> BTreeMap<String, Vec<crate::podres::Holder>> {
     out
 }
 
+/// The prepared claims as GPU use attribution reads them ([`crate::usage::ClaimEntry`]): each
+/// claim's namespace, the pods it was reserved for when prepared, and its devices, in UID
+/// order.
+pub fn claim_entries(c: &Checkpoint) -> Vec<crate::usage::ClaimEntry> {
+    c.claims
+        .values()
+        .map(|p| crate::usage::ClaimEntry {
+            namespace: p.claim.namespace.clone(),
+            pods: p
+                .pods
+                .iter()
+                .map(|r| crate::usage::ClaimPod {
+                    name: r.name.clone(),
+                    uid: r.uid.clone(),
+                })
+                .collect(),
+            devices: p
+                .devices
+                .iter()
+                .map(|d| crate::usage::ClaimDevice {
+                    name: d.device.clone(),
+                    resource: d.resource.clone(),
+                    id: d.id.clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Writes the checkpoint to `path` atomically.
 ///
 /// # Errors
@@ -180,7 +209,7 @@ pub fn save(path: &Path, c: &Checkpoint) -> Result<(), CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dra::prepare::{ClaimRef, PreparedDevice};
+    use crate::dra::prepare::{ClaimRef, PreparedDevice, ReservedPod};
 
     fn claim(uid: &str, device: &str) -> PreparedClaim {
         PreparedClaim {
@@ -189,6 +218,10 @@ mod tests {
                 name: format!("c-{uid}"),
                 uid: uid.into(),
             },
+            pods: vec![ReservedPod {
+                name: format!("pod-{uid}"),
+                uid: format!("pod-uid-{uid}"),
+            }],
             devices: vec![PreparedDevice {
                 requests: vec!["gpu".into()],
                 pool: "node".into(),
@@ -247,6 +280,47 @@ mod tests {
         std::fs::write(&path, old).unwrap();
         let loaded = load(&path).unwrap();
         assert_eq!(loaded.held("").exclusive["gpu-a"], "ns/c");
+    }
+
+    /// A checkpoint written before claims recorded their pods (no `pods` field) still loads,
+    /// each claim with no pods; the pods of one written now come back for attribution.
+    #[test]
+    fn a_claim_without_pods_reads_as_reserved_for_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut old = serde_json::to_value(Checkpoint {
+            version: VERSION,
+            claims: BTreeMap::from([("u1".to_string(), claim("u1", "gpu-a"))]),
+        })
+        .unwrap();
+        old["claims"]["u1"]
+            .as_object_mut()
+            .unwrap()
+            .remove("pods")
+            .unwrap();
+        std::fs::write(&path, old.to_string()).unwrap();
+        let c = load(&path).unwrap();
+        assert!(c.claims["u1"].pods.is_empty());
+        assert_eq!(c.claims["u1"].devices, claim("u1", "gpu-a").devices);
+        let mut now = Checkpoint::new();
+        now.claims.insert("u2".into(), claim("u2", "gpu-b"));
+        save(&path, &now).unwrap();
+        let entries = claim_entries(&load(&path).unwrap());
+        assert_eq!(
+            entries,
+            vec![crate::usage::ClaimEntry {
+                namespace: "ns".into(),
+                pods: vec![crate::usage::ClaimPod {
+                    name: "pod-u2".into(),
+                    uid: "pod-uid-u2".into(),
+                }],
+                devices: vec![crate::usage::ClaimDevice {
+                    name: "gpu-b".into(),
+                    resource: "nvidia.com/gpu".into(),
+                    id: "GPU-x".into(),
+                }],
+            }]
+        );
     }
 
     #[test]

@@ -26,6 +26,11 @@
 //!   once (two CDI devices each setting `NVIDIA_VISIBLE_DEVICES` would overwrite each other).
 //!   A container that references only some requests of a multi-request claim therefore sees
 //!   every GPU of the claim; all of them are reserved for its pod.
+//! - The pods the claim is reserved for (`status.reservedFor` entries of resource `pods` in the
+//!   core API group: name and UID) are recorded with it ([`PreparedClaim::pods`]): GPU use
+//!   attribution maps a process's pod UID (from its cgroup) to the claim through them
+//!   ([`crate::usage::attribute`]). The kubelet prepares a claim only once it is reserved for
+//!   the pod being started, so that pod is always among them.
 
 use std::collections::BTreeMap;
 
@@ -94,11 +99,30 @@ pub struct Share {
     pub cores: u32,
 }
 
+/// A pod a claim is reserved for: one `status.reservedFor` entry of resource `pods`
+/// (`resource.k8s.io/v1` `ResourceClaimConsumerReference`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ReservedPod {
+    /// The pod's name (in the claim's namespace: a pod references claims of its own namespace
+    /// only).
+    pub name: String,
+    /// The pod's UID (`metadata.uid`, with dashes), as the pod's cgroup names it.
+    pub uid: String,
+}
+
+/// The most reserving pods recorded per claim: the API's own limit on `status.reservedFor`
+/// (`ResourceClaimReservedForMaxSize`, 256).
+pub const MAX_RESERVED_FOR: usize = 256;
+
 /// A prepared claim: what the checkpoint keeps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PreparedClaim {
     /// The claim.
     pub claim: ClaimRef,
+    /// The pods the claim was reserved for when it was prepared, in `reservedFor` order.
+    /// Empty in a checkpoint a slicelet without this field wrote (missing reads as empty).
+    #[serde(default)]
+    pub pods: Vec<ReservedPod>,
     /// Its devices of this driver, in allocation order.
     pub devices: Vec<PreparedDevice>,
     /// The CDI spec file name (inside `--cdi-output-dir`).
@@ -434,6 +458,7 @@ pub fn prepare(
     }
     Ok(PreparedClaim {
         claim: want.clone(),
+        pods: reserved_pods(claim),
         devices,
         spec_file: spec_file(driver, &want.uid),
         spec: edits.spec(&kind, &want.uid),
@@ -556,6 +581,32 @@ fn shared_holder_of<'a>(held: &'a Held, device: &str, capacity: bool) -> Option<
         .iter()
         .find(|(name, list)| unit_of(name).0 == unit && !list.is_empty())
         .and_then(|(_, list)| list.first().map(|(h, _)| h))
+}
+
+/// The pods `claim` is reserved for: its `status.reservedFor` entries of resource `pods` in
+/// the core API group (empty or no `apiGroup`), each UID once, at most [`MAX_RESERVED_FOR`].
+/// Other consumers (a `reservedFor` entry may name any resource) are left out.
+pub fn reserved_pods(claim: &ResourceClaim) -> Vec<ReservedPod> {
+    let mut out: Vec<ReservedPod> = Vec::new();
+    let consumers = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten();
+    for r in consumers {
+        let core = r.api_group.as_deref().is_none_or(str::is_empty);
+        if core && r.resource == "pods" && !out.iter().any(|p| p.uid == r.uid) {
+            out.push(ReservedPod {
+                name: r.name.clone(),
+                uid: r.uid.clone(),
+            });
+        }
+        if out.len() == MAX_RESERVED_FOR {
+            break;
+        }
+    }
+    out
 }
 
 /// The merged container edits of a claim.

@@ -36,6 +36,14 @@
 //!   whose `validRange` is 1Mi up for memory, 1 to 100 in steps of 1 for cores. The scheduler
 //!   records what each allocation consumed and a `shareID`; [`super::prepare`] turns those
 //!   into the share's limits.
+//! - Standard attributes (fully qualified in the `resource.kubernetes.io` domain, so CEL reads
+//!   `device.attributes["resource.kubernetes.io"].numaNode`, and `matchAttribute` constraints
+//!   align devices of different drivers): [`NUMA_NODE_ATTRIBUTE`] (int, KEP-6072) where the
+//!   GPU's NUMA node is known, and [`PCIE_ROOT_ATTRIBUTE`] (string, `pci0000:00`) where its
+//!   PCIe root complex is; a MIG device or replica carries its GPU's.
+//! - At most [`MAX_ATTRIBUTES_AND_CAPACITIES`] (32) attributes and capacities together per
+//!   device, and qualified names (a C identifier of at most 32 characters, optionally after a
+//!   DNS subdomain of at most 63 and `/`), as the API server validates.
 //! - String attributes are at most [`MAX_STRING_ATTRIBUTE`] (64) characters and versions must
 //!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
 //!   is written `535.104.5` (semver forbids leading zeros), one it cannot read is left out.
@@ -61,6 +69,15 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 pub const MAX_STRING_ATTRIBUTE: usize = 64;
 /// The longest object name (a DNS subdomain: a slice's name), characters.
 pub const MAX_OBJECT_NAME: usize = 253;
+/// The most attributes and capacities one device may have together (`resource.k8s.io/v1`
+/// ResourceSliceMaxAttributesAndCapacitiesPerDevice).
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// The standard attribute of the NUMA node a device is attached to (int; KEP-6072, Kubernetes
+/// 1.37: one name for every driver, so a claim can `matchAttribute` a GPU with a NIC or CPUs).
+pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+/// The standard attribute of the PCIe root complex a device hangs off (string, `pci<domain>:
+/// <bus>`, e.g. `pci0000:00`; `k8s.io/dynamic-resource-allocation/deviceattribute`).
+pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
 
 /// What the slices are for: which node, which driver, which pool generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,6 +297,12 @@ fn device(
         attrs.insert("replica".to_string(), int(i64::from(n)));
     }
     if let Some(g) = gpu {
+        if let Some(n) = g.numa_node {
+            attrs.insert(NUMA_NODE_ATTRIBUTE.to_string(), int(n));
+        }
+        if let Some(root) = &g.pcie_root {
+            attrs.insert(PCIE_ROOT_ATTRIBUTE.to_string(), string(root));
+        }
         attrs.insert("productName".to_string(), string(&g.model));
         if let Some(cc) = g.compute_capability {
             attrs.insert(
@@ -401,5 +424,7 @@ pub fn build<'a>(
     Slices { slices, skipped }
 }
 
+#[cfg(test)]
+mod attribute_tests;
 #[cfg(test)]
 mod tests;

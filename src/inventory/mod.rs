@@ -93,6 +93,11 @@ pub struct Gpu {
     pub compute_capability: Option<(u32, u32)>,
     /// NUMA node the GPU is attached to, when known.
     pub numa_node: Option<i64>,
+    /// The PCIe root complex the GPU hangs off, as sysfs names it (`pci<domain>:<bus>`,
+    /// `pci0000:00`; see [`is_pcie_root`]), when known: NVML gives the GPU's PCI bus ID, and
+    /// `<sysfs>/bus/pci/devices/<bus id>` links to `…/devices/pci0000:00/…/<bus id>`; a
+    /// simulated node's `pcieRoot`. Published to DRA as `resource.kubernetes.io/pcieRoot`.
+    pub pcie_root: Option<String>,
     /// MIG mode is enabled (current mode).
     pub mig_enabled: bool,
     /// MIG devices, when MIG mode is enabled, sorted by [`MigDevice::index`]. A MIG-enabled
@@ -101,6 +106,22 @@ pub struct Gpu {
     /// Unhealthy when the GPU is known to be unusable (a simulated failure, a lost GPU), as
     /// discovery reports it; see [`MigDevice::health`] for the effective health.
     pub health: Health,
+}
+
+/// Whether `s` names a PCIe root complex as sysfs does (the Linux kernel's `pci%04x:%02x` of
+/// the host bridge's PCI domain and root bus, and the value form of the standard DRA
+/// attribute `resource.kubernetes.io/pcieRoot`): `pci`, 4 to 8 lowercase hex digits (domains
+/// above `ffff` print wider), `:`, 2 lowercase hex digits.
+pub fn is_pcie_root(s: &str) -> bool {
+    let hex = |t: &str| {
+        t.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    s.strip_prefix("pci")
+        .and_then(|rest| rest.split_once(':'))
+        .is_some_and(|(domain, bus)| {
+            (4..=8).contains(&domain.len()) && hex(domain) && bus.len() == 2 && hex(bus)
+        })
 }
 
 /// Every GPU of the node, sorted by index, and how they are connected.
@@ -395,6 +416,7 @@ pub(crate) fn test_node(n: u32) -> Inventory {
                 minor: Some(i),
                 compute_capability: Some((9, 0)),
                 numa_node: Some(i64::from(i / 4)),
+                pcie_root: None,
                 mig_enabled: false,
                 mig_devices: Vec::new(),
                 health: Health::Healthy,

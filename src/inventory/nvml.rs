@@ -3,7 +3,8 @@
 //!
 //! NVML is loaded with `dlopen` (`libnvidia-ml.so.1` by default, or `--nvml-library PATH` for
 //! custom driver roots and the fake library used in tests). The NUMA node comes from sysfs
-//! (`<sysfs>/bus/pci/devices/<bus id>/numa_node`), best effort.
+//! (`<sysfs>/bus/pci/devices/<bus id>/numa_node`), best effort, and so does the PCIe root
+//! complex (the `pci<domain>:<bus>` directory that symlink points into, [`pcie_root`]).
 //!
 //! # MIG
 //!
@@ -423,6 +424,26 @@ fn numa_node(sysfs_root: &Path, bus_id: &str) -> Option<i64> {
     (n >= 0).then_some(n)
 }
 
+/// The PCIe root complex of the PCI device `bus_id` (NVML's form), from sysfs:
+/// `<sysfs_root>/bus/pci/devices/<bus id>` is a symlink to
+/// `../../../devices/pci0000:00/0000:00:01.0/…/<bus id>`, and the first directory of that path
+/// that [`super::is_pcie_root`] accepts is the root (`pci0000:00`), as the kubelet's DRA
+/// helpers (`k8s.io/dynamic-resource-allocation/deviceattribute`) find it. `None` when the
+/// link is missing or names no root (best effort, like the NUMA node).
+pub fn pcie_root(sysfs_root: &Path, bus_id: &str) -> Option<String> {
+    let link = sysfs_root
+        .join("bus/pci/devices")
+        .join(sysfs_bus_id(bus_id));
+    let target = std::fs::read_link(link).ok()?;
+    target.components().find_map(|c| match c {
+        std::path::Component::Normal(name) => name
+            .to_str()
+            .filter(|n| super::is_pcie_root(n))
+            .map(str::to_string),
+        _ => None,
+    })
+}
+
 impl GpuSource for NvmlSource {
     fn memory_limits_supported(&mut self, uuid: &str) -> Option<bool> {
         let root = self.cgroup_root();
@@ -495,6 +516,7 @@ impl GpuSource for NvmlSource {
                                 minor: None,
                                 compute_capability: None,
                                 numa_node: None,
+                                pcie_root: None,
                                 mig_enabled: false,
                                 mig_devices: Vec::new(),
                                 health: Health::Unhealthy,
@@ -632,10 +654,13 @@ impl NvmlSource {
             .cuda_compute_capability()
             .ok()
             .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?)));
-        let numa = dev
-            .pci_info()
-            .ok()
-            .and_then(|p| numa_node(&self.sysfs_root, &p.bus_id));
+        let bus_id = dev.pci_info().ok().map(|p| p.bus_id);
+        let numa = bus_id
+            .as_deref()
+            .and_then(|b| numa_node(&self.sysfs_root, b));
+        let pcie_root = bus_id
+            .as_deref()
+            .and_then(|b| pcie_root(&self.sysfs_root, b));
         // NotSupported: a GPU without MIG. Any other error: report MIG as off, so the GPU is
         // advertised whole.
         let mig_enabled = match dev.mig_mode() {
@@ -662,6 +687,7 @@ impl NvmlSource {
             minor,
             compute_capability: cc,
             numa_node: numa,
+            pcie_root,
             mig_enabled,
             mig_devices,
             health: Health::Healthy,

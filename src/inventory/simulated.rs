@@ -9,6 +9,7 @@
 //!     uuid: GPU-...                  # optional, only when count is 1
 //!     computeCapability: "9.0"       # optional
 //!     numaNode: 0                    # optional
+//!     pcieRoot: pci0000:00           # optional: the PCIe root complex, as sysfs names it
 //!     health: Healthy                # optional: Healthy (default) or Unhealthy
 //!     xid: 79                        # optional: an Xid reported when this line appears
 //!     utilization: 40                # optional: GPU utilisation, percent (0-100)
@@ -40,6 +41,13 @@
 //! others `system`; a listed pair without `pcie` is derived the same way. A pair listed twice,
 //! a GPU index the file does not have, or an entry with neither `nvlinks` nor `pcie` is an
 //! error naming `links[i]`.
+//!
+//! `pcieRoot` is what NVML discovery reads from sysfs (the `pci<domain>:<bus>` directory
+//! `/sys/bus/pci/devices/<bus id>` links into; see [`super::is_pcie_root`]): `pci`, 4 to 8
+//! lowercase hex digits, `:`, 2 lowercase hex digits; anything else is an error naming
+//! `gpus[i].pcieRoot`. Without it the root is unknown, as on a node whose sysfs does not say.
+//! DRA publishes both as the standard attributes `resource.kubernetes.io/numaNode` and
+//! `resource.kubernetes.io/pcieRoot`.
 //!
 //! UUIDs not given are derived deterministically from the model and the GPU index (same file,
 //! same UUIDs). Unknown keys are errors with their path.
@@ -519,6 +527,18 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
                     })?,
             ),
         };
+        if let Some(r) = entry.pcie_root.as_deref() {
+            if !super::is_pcie_root(r) {
+                return Err(invalid(
+                    path,
+                    &format!("{at}.pcieRoot"),
+                    format!(
+                        "`{}` is not a PCIe root complex like pci0000:00",
+                        crate::uuid::truncate_id(r)
+                    ),
+                ));
+            }
+        }
         let (processes, memory_used_mib) = usage_of(path, &at, entry, count)?;
         let cgroup_limits = limits_of(path, &at, entry)?;
         for _ in 0..count {
@@ -574,6 +594,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
                 minor: Some(index),
                 compute_capability: cc,
                 numa_node: entry.numa_node,
+                pcie_root: entry.pcie_root.clone(),
                 mig_enabled: entry.mig.is_some(),
                 mig_devices,
                 health: Health::from_bool(entry.health != Some(HealthValue::Unhealthy)),

@@ -498,11 +498,11 @@ fn not_dra_paths(sharing: Option<&schema::Sharing>) -> std::collections::BTreeSe
         .flat_map(|m| m.resources.iter().flatten())
         .map(|e| e.dra);
     ts.enumerate()
-        .filter(|(_, dra)| *dra == Some(false))
+        .filter(|(_, dra)| *dra == Some(schema::DraMode::Off))
         .map(|(i, _)| format!("sharing.timeSlicing.resources[{i}]"))
         .chain(
             mps.enumerate()
-                .filter(|(_, dra)| *dra == Some(false))
+                .filter(|(_, dra)| *dra == Some(schema::DraMode::Off))
                 .map(|(i, _)| format!("sharing.mps.resources[{i}]")),
         )
         .collect()

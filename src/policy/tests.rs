@@ -702,9 +702,21 @@ fn dra_capacity_is_read_and_its_conflicts_named() {
         );
     }
     let bad = [
-        ("timeSlicing", "        memory: {hard: 20Gi}\n", "sharing.timeSlicing.resources[0].memory"),
-        ("mps", "        activeThreadPercentage: 25\n", "sharing.mps.resources[0].activeThreadPercentage"),
-        ("mps", "        pinnedDeviceMemoryLimit: 10Gi\n", "sharing.mps.resources[0].pinnedDeviceMemoryLimit"),
+        (
+            "timeSlicing",
+            "        memory: {hard: 20Gi}\n",
+            "sharing.timeSlicing.resources[0].memory",
+        ),
+        (
+            "mps",
+            "        activeThreadPercentage: 25\n",
+            "sharing.mps.resources[0].activeThreadPercentage",
+        ),
+        (
+            "mps",
+            "        pinnedDeviceMemoryLimit: 10Gi\n",
+            "sharing.mps.resources[0].pinnedDeviceMemoryLimit",
+        ),
     ];
     for (mode, extra, path) in bad {
         let e = parse(&format!("version: v1\nsharing:\n  {mode}:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: capacity\n{extra}")).unwrap_err();

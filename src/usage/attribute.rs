@@ -7,21 +7,44 @@
 //!    of that ID in that resource: its `gpu_uuid`, or for a MIG device its parent's UUID) gets
 //!    an entry, SM 0 % and 0 bytes, even with no process at the moment: dashboards must show
 //!    idle containers (that is the scale-to-zero signal).
-//! 2. Each process's pod UID (from its cgroup) → the checkpoint entries of that pod whose
-//!    device IDs are on this GPU → (container name, resource, device IDs) → the holder of one
-//!    of those IDs in [`InUse`] with that container name gives the namespace and pod. Its SM %
-//!    and memory are added to that container's entry.
-//! 3. A process whose pod is unknown (no pod UID, no checkpoint entry on this GPU, or
-//!    pod-resources does not list the container yet) counts at GPU level only, in
+//! 2. Each process's pod UID (from its cgroup) → the pod's entries whose device IDs are on
+//!    this GPU → (container name, resource, device IDs) → the holder of one of those IDs in
+//!    [`InUse`] with that container name (and, for a DRA entry, that namespace and pod) gives
+//!    the namespace and pod. Its SM % and memory are added to that container's entry. A pod's
+//!    entries are the kubelet's device checkpoint's ([`Samples::checkpoint`]) and, for DRA
+//!    claims, those [`claim_entries`] derives (below).
+//! 3. A process whose pod is unknown (no pod UID, no entry on this GPU, or pod-resources does
+//!    not list the container yet) counts at GPU level only, in
 //!    [`GpuFigures::unattributed_processes`].
-//! 4. Without a usable checkpoint ([`Samples::checkpoint_error`]) no container of a whole GPU
-//!    or replica gets an entry at all: its use is unknown, and unknown is not idle (a 0 % entry
-//!    would read as idle and scale a busy Deployment to zero). Its series disappear; MIG
-//!    holders keep theirs (they need no checkpoint).
+//! 4. Without a usable checkpoint ([`Samples::checkpoint_error`]) no device-plugin container of
+//!    a whole GPU or replica gets an entry at all: its use is unknown, and unknown is not idle
+//!    (a 0 % entry would read as idle and scale a busy Deployment to zero). Its series
+//!    disappear; MIG holders keep theirs (they need no checkpoint).
+//! 5. The same for DRA: a container holding devices of a DRA resource gets an entry only when
+//!    a prepared claim names its pod ([`claim_entries`]); otherwise its use is unknown and
+//!    withheld, and its pod's processes count at GPU level.
 //!
 //! Two containers of one pod with devices on one GPU: a process's cgroup names its container
 //! ID, which only the Pod API maps to a container name, so the process goes to the container
-//! whose checkpoint entry is first in container-name order.
+//! whose entry is first in container-name order.
+//!
+//! DRA: the kubelet's device checkpoint lists only device-plugin allocations, never DRA
+//! claims, so a DRA pod's UID is mapped to its devices through the claims slicelet prepared
+//! ([`Samples::claims`], from its own DRA checkpoint): each prepared claim records the pods it
+//! is reserved for (`status.reservedFor`: name and UID) as the prepare step fetched it, and
+//! pod-resources (Kubernetes 1.34+, `dynamic_resources` per container) says which containers of
+//! which pod hold which claim's devices. So pod UID → (claim's namespace, pod name) →
+//! containers listing the claim's devices → device IDs ([`claim_entries`]). Chosen because it
+//! needs nothing new: the claim is fetched anyway, the scheduler reserves it for the pod
+//! before the kubelet prepares it (the kubelet refuses otherwise), and the record is
+//! slicelet's own, versioned file. The other sources were worse: pod-resources carries no pod
+//! UID; the kubelet's DRA state file (`dra_manager_state`) has pod UIDs but is the kubelet's
+//! internal, changing format behind another host mount; asking the Pod API needs pods
+//! get/list/watch for the node and one more watch to keep. The cost: the kubelet prepares a
+//! claim once per node, so a pod that shares an already prepared claim (a ResourceClaim, not a
+//! template, reserved for several pods) is not recorded until the claim is prepared again;
+//! its containers' use is withheld meanwhile (rule 5), as is that of claims prepared by a
+//! slicelet that did not record pods.
 //!
 //! GPU memory limits: a container holding devices of a resource with `memory` limits gets
 //! [`ContainerFigures::memory_limit`]: the policy's limits times the replicas it holds on the
@@ -36,11 +59,11 @@
 //! by several containers) the figures go to the first holder in (namespace, pod, container)
 //! order.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::plan::{Plan, VirtualDevice};
 use crate::podres::{Holder, InUse};
-use crate::usage::{CheckpointEntry, GpuSample, Samples};
+use crate::usage::{ClaimEntry, GpuSample, Samples};
 
 /// Everything one sample says, attributed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -204,16 +227,36 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                 .push(id.to_string());
         }
     }
-    // Pod UID → its checkpoint entries, in container-name order (the tie rule).
-    let mut by_pod: HashMap<&str, Vec<&CheckpointEntry>> = HashMap::new();
+    // Pod UID → its entries, in container-name order (the tie rule).
+    let mut by_pod: HashMap<&str, Vec<PodEntry<'_>>> = HashMap::new();
     for e in samples.checkpoint.iter().flatten() {
-        by_pod.entry(e.pod_uid.as_str()).or_default().push(e);
+        by_pod
+            .entry(e.pod_uid.as_str())
+            .or_default()
+            .push(PodEntry {
+                container: &e.container,
+                resource: &e.resource,
+                device_ids: e.device_ids.iter().map(String::as_str).collect(),
+                pod: None,
+            });
+    }
+    let (dra_entries, dra_known) = claim_entries(samples.claims.as_deref().unwrap_or(&[]), in_use);
+    for (uid, e) in dra_entries {
+        by_pod.entry(uid).or_default().push(e);
     }
     for entries in by_pod.values_mut() {
-        entries.sort_by(|a, b| a.container.cmp(&b.container));
+        entries.sort_by(|a, b| a.container.cmp(b.container));
     }
 
-    let known = samples.checkpoint.is_some();
+    let known = |key: &Key| {
+        if key.0.starts_with("MIG-") {
+            true
+        } else if plan.resources.get(&key.1).is_some_and(|r| r.dra) {
+            dra_known.contains(&(key.1.as_str(), &key.2))
+        } else {
+            samples.checkpoint.is_some()
+        }
+    };
     let gpus = samples
         .gpus
         .iter()
@@ -222,7 +265,7 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                 .get(g.uuid.as_str())
                 .into_iter()
                 .flatten()
-                .filter(|(key, _)| known || key.0.starts_with("MIG-"))
+                .filter(|(key, _)| known(key))
                 .map(|(key, ids)| {
                     let figures = ContainerFigures {
                         holder: key.2.clone(),
@@ -325,25 +368,86 @@ fn mig_profile(plan: &Plan, uuid: &str) -> Option<String> {
         .map(|m| m.profile.clone())
 }
 
-/// The container a process of a pod with these checkpoint `entries` (container-name order) is
-/// given on GPU `gpu`: the first entry with a device ID on it whose holder pod-resources lists.
-fn container_of(
-    entries: &[&CheckpointEntry],
-    gpu: &str,
-    plan: &Plan,
-    in_use: &InUse,
-) -> Option<Key> {
+/// One of a pod's entries: a container's device IDs of one resource, from the kubelet's
+/// checkpoint (`pod` is `None`: the device IDs alone name the holder) or from a prepared DRA
+/// claim (`pod` is its namespace and name: a claim's devices can be held by several pods).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEntry<'a> {
+    /// The container's name.
+    pub container: &'a str,
+    /// The resource of its devices.
+    pub resource: &'a str,
+    /// Its device IDs of that resource.
+    pub device_ids: Vec<&'a str>,
+    /// (namespace, pod name), for an entry from a claim.
+    pub pod: Option<(&'a str, &'a str)>,
+}
+
+/// The entries DRA claims give, by pod UID, and the (resource, holder) pairs they cover.
+pub type ClaimJoin<'a> = (Vec<(&'a str, PodEntry<'a>)>, HashSet<(&'a str, &'a Holder)>);
+
+/// The entries the prepared `claims` give (see the module doc): for each claim, each pod it is
+/// reserved for, and each container of that pod (same namespace and pod name) that
+/// pod-resources lists holding one of the claim's devices (`in_use.claimed`, by device name):
+/// (pod UID, that container's device IDs of each resource). Also every (resource, holder)
+/// such an entry covers: the DRA holders whose use is known. A claim whose pods are not
+/// recorded, or a pod-resources holder no claim names, gives nothing.
+pub fn claim_entries<'a>(claims: &'a [ClaimEntry], in_use: &'a InUse) -> ClaimJoin<'a> {
+    let mut grouped: BTreeMap<(&str, &str, &str, &str, &str), Vec<&str>> = BTreeMap::new();
+    let mut known = HashSet::new();
+    for c in claims {
+        for d in &c.devices {
+            let holders = in_use.claimed.get(&d.name).map_or(&[][..], Vec::as_slice);
+            for h in holders.iter().filter(|h| h.namespace == c.namespace) {
+                for p in c.pods.iter().filter(|p| p.name == h.pod) {
+                    let ids = grouped
+                        .entry((&p.uid, &h.container, &d.resource, &h.namespace, &h.pod))
+                        .or_default();
+                    if !ids.contains(&d.id.as_str()) {
+                        ids.push(&d.id);
+                    }
+                    known.insert((d.resource.as_str(), h));
+                }
+            }
+        }
+    }
+    let entries = grouped
+        .into_iter()
+        .map(|((uid, container, resource, namespace, pod), device_ids)| {
+            (
+                uid,
+                PodEntry {
+                    container,
+                    resource,
+                    device_ids,
+                    pod: Some((namespace, pod)),
+                },
+            )
+        })
+        .collect();
+    (entries, known)
+}
+
+/// The container a process of a pod with these `entries` (container-name order) is given on
+/// GPU `gpu`: the first entry with a device ID on it whose holder pod-resources lists (with
+/// that container name, and for a claim's entry that namespace and pod).
+fn container_of(entries: &[PodEntry<'_>], gpu: &str, plan: &Plan, in_use: &InUse) -> Option<Key> {
     entries.iter().find_map(|e| {
         e.device_ids.iter().find_map(|id| {
-            let device = device_of(plan, &e.resource, id)?;
+            let device = device_of(plan, e.resource, id)?;
             if physical(device) != gpu {
                 return None;
             }
-            let holder = in_use
-                .holders(&e.resource, id)
-                .iter()
-                .find(|h| h.container == e.container)?;
-            Some((device.gpu_uuid.clone(), e.resource.clone(), holder.clone()))
+            let holder = in_use.holders(e.resource, id).iter().find(|h| {
+                h.container == e.container
+                    && e.pod
+                        .is_none_or(|(ns, pod)| h.namespace == ns && h.pod == pod)
+            })?;
+            Some((
+                device.gpu_uuid.clone(),
+                e.resource.to_string(),
+                holder.clone(),
+            ))
         })
     })
 }
@@ -355,7 +459,7 @@ pub(crate) mod tests {
     use crate::inventory::sample::{CgroupLimits, LimitReading};
     use crate::plan::{MigInfo, ResourcePlan, Strategy};
     use crate::policy::ResourceName;
-    use crate::usage::{GpuSample, MigSample, ProcessSample};
+    use crate::usage::{CheckpointEntry, GpuSample, MigSample, ProcessSample};
     use std::sync::Arc;
 
     pub(crate) const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
@@ -465,6 +569,29 @@ pub(crate) mod tests {
         }
     }
 
+    /// A prepared claim of `namespace` reserved for `pods` (name, UID), holding `ids` of
+    /// `nvidia.com/gpu-shared` under their published names.
+    pub(crate) fn claim(namespace: &str, pods: &[(&str, &str)], ids: &[&str]) -> ClaimEntry {
+        ClaimEntry {
+            namespace: namespace.into(),
+            pods: pods
+                .iter()
+                .map(|(name, uid)| crate::usage::ClaimPod {
+                    name: (*name).into(),
+                    uid: (*uid).into(),
+                })
+                .collect(),
+            devices: ids
+                .iter()
+                .map(|id| crate::usage::ClaimDevice {
+                    name: crate::plan::dra_names::device_name(id),
+                    resource: SHARED.into(),
+                    id: (*id).into(),
+                })
+                .collect(),
+        }
+    }
+
     pub(crate) fn gpu(uuid: &str, index: u32, processes: Vec<ProcessSample>) -> GpuSample {
         GpuSample {
             uuid: uuid.into(),
@@ -508,6 +635,7 @@ pub(crate) mod tests {
                 entry("uid-b", "main", SHARED, &[&r1]),
             ]),
             checkpoint_error: None,
+            claims: None,
             limits_not_cleared: 0,
         };
         (samples, in_use)
@@ -546,6 +674,8 @@ pub(crate) mod tests {
             /// Per container on GPU0.
             gpu0: Vec<(&'static str, &'static str, u32, u64, u32)>,
             unattributed: u32,
+            /// `nvidia.com/gpu-shared` is served through DRA.
+            dra: bool,
         }
         let (two, two_in_use) = two_pods();
         let mut stranger = two.clone();
@@ -594,13 +724,87 @@ pub(crate) mod tests {
         let mut two_gpus_in_use = InUse::default();
         two_gpus_in_use.insert(SHARED, &g1r0, holder("ml", "a", "main"));
         two_gpus_in_use.insert(SHARED, &r0, holder("ml", "a", "main"));
+        // DRA: the same two pods holding ::0 and ::1 through claims (pod-resources'
+        // `dynamic_resources`, by published device name), no kubelet checkpoint at all (it
+        // lists no claim); each claim records the pod it is reserved for.
+        let name = crate::plan::dra_names::device_name;
+        let mut dra_in_use = InUse::default();
+        dra_in_use.insert_claimed(&name(&r0), holder("ml", "a", "main"));
+        dra_in_use.insert_claimed(&name(&r1), holder("ml", "b", "main"));
+        let mut dra = two.clone();
+        dra.checkpoint = None;
+        dra.checkpoint_error = Some("missing".into());
+        dra.claims = Some(vec![
+            claim("ml", &[("a", "uid-a")], &[&r0]),
+            claim("ml", &[("b", "uid-b")], &[&r1]),
+        ]);
+        // The claim of b does not name its pod (prepared by a slicelet that did not record
+        // pods, or b shares a claim prepared for another pod): b's use is unknown.
+        let mut dra_unknown = dra.clone();
+        dra_unknown.claims = Some(vec![
+            claim("ml", &[("a", "uid-a")], &[&r0]),
+            claim("ml", &[], &[&r1]),
+        ]);
+        // One claim on ::0 shared by pods a and b, both containers named `main`: b's process
+        // goes to b's container, not to the first `main` holding the device.
+        let mut shared_in_use = InUse::default();
+        shared_in_use.insert_claimed(&name(&r0), holder("ml", "a", "main"));
+        shared_in_use.insert_claimed(&name(&r0), holder("ml", "b", "main"));
+        let mut shared = dra.clone();
+        shared.gpus[0].processes.remove(0);
+        shared.claims = Some(vec![claim("ml", &[("a", "uid-a"), ("b", "uid-b")], &[&r0])]);
+        // A claim of another namespace naming a pod of the same name: not b's.
+        let mut other_ns = dra.clone();
+        other_ns.claims = Some(vec![
+            claim("ml", &[("a", "uid-a")], &[&r0]),
+            claim("web", &[("b", "uid-b")], &[&r1]),
+        ]);
         let cases = vec![
+            Case {
+                name: "DRA: each pod's process to its container, through its claim",
+                samples: dra,
+                in_use: dra_in_use.clone(),
+                gpu0: vec![
+                    ("ml/a/main", GPU0, 30, 1024, 1),
+                    ("ml/b/main", GPU0, 10, 512, 1),
+                ],
+                unattributed: 0,
+                dra: true,
+            },
+            Case {
+                name: "DRA: a claim that does not name the pod: unattributed, and withheld",
+                samples: dra_unknown,
+                in_use: dra_in_use.clone(),
+                gpu0: vec![("ml/a/main", GPU0, 30, 1024, 1)],
+                unattributed: 1,
+                dra: true,
+            },
+            Case {
+                name: "DRA: one claim shared by two pods",
+                samples: shared,
+                in_use: shared_in_use,
+                gpu0: vec![
+                    ("ml/a/main", GPU0, 0, 0, 0),
+                    ("ml/b/main", GPU0, 10, 512, 1),
+                ],
+                unattributed: 0,
+                dra: true,
+            },
+            Case {
+                name: "DRA: a claim of another namespace names the pod",
+                samples: other_ns,
+                in_use: dra_in_use,
+                gpu0: vec![("ml/a/main", GPU0, 30, 1024, 1)],
+                unattributed: 1,
+                dra: true,
+            },
             Case {
                 name: "one container on two GPUs",
                 samples: two_gpus,
                 in_use: two_gpus_in_use,
                 gpu0: vec![("ml/a/main", GPU0, 30, 1024, 1)],
                 unattributed: 0,
+                dra: false,
             },
             Case {
                 name: "two pods on two replicas",
@@ -611,6 +815,7 @@ pub(crate) mod tests {
                     ("ml/b/main", GPU0, 10, 512, 1),
                 ],
                 unattributed: 0,
+                dra: false,
             },
             Case {
                 name: "a process of no pod and one of an unknown pod",
@@ -621,6 +826,7 @@ pub(crate) mod tests {
                     ("ml/b/main", GPU0, 10, 512, 1),
                 ],
                 unattributed: 2,
+                dra: false,
             },
             Case {
                 name: "no checkpoint: unknown, so no container entries (not idle ones)",
@@ -628,6 +834,7 @@ pub(crate) mod tests {
                 in_use: two_in_use.clone(),
                 gpu0: vec![],
                 unattributed: 2,
+                dra: false,
             },
             Case {
                 name: "one pod, two containers: first in name order",
@@ -638,6 +845,7 @@ pub(crate) mod tests {
                     ("ml/a/sidecar", GPU0, 0, 0, 0),
                 ],
                 unattributed: 0,
+                dra: false,
             },
             Case {
                 name: "pod-resources does not list the container",
@@ -645,6 +853,7 @@ pub(crate) mod tests {
                 in_use: unlisted_in_use,
                 gpu0: vec![("ml/b/main", GPU0, 0, 0, 0)],
                 unattributed: 1,
+                dra: false,
             },
             Case {
                 name: "the pod's device is on another GPU",
@@ -652,6 +861,7 @@ pub(crate) mod tests {
                 in_use: two_in_use.clone(),
                 gpu0: vec![("ml/a/main", GPU0, 0, 0, 0), ("ml/b/main", GPU0, 0, 0, 0)],
                 unattributed: 1,
+                dra: false,
             },
             Case {
                 name: "nothing held, nothing sampled on it",
@@ -662,10 +872,16 @@ pub(crate) mod tests {
                 in_use: InUse::default(),
                 gpu0: vec![],
                 unattributed: 0,
+                dra: false,
             },
         ];
+        let mut dra_plan = plan.clone();
+        Arc::make_mut(dra_plan.resources.get_mut(SHARED).unwrap()).dra = true;
         for c in cases {
-            let f = attribute(&c.samples, &plan, &c.in_use);
+            let plan = if c.dra { &dra_plan } else { &plan };
+            // As the report does: claims recorded under the device IDs they name.
+            let in_use = crate::plan::dra_names::with_claims(plan, &c.in_use);
+            let f = attribute(&c.samples, plan, &in_use);
             let want: Vec<_> = c
                 .gpu0
                 .iter()
@@ -713,6 +929,7 @@ pub(crate) mod tests {
             // No checkpoint: MIG needs none.
             checkpoint: None,
             checkpoint_error: Some("missing".into()),
+            claims: None,
             limits_not_cleared: 0,
         };
         let f = attribute(&samples, &plan, &in_use);

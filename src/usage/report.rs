@@ -553,6 +553,7 @@ pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse
             .collect(),
         checkpoint: Some(Vec::new()),
         checkpoint_error: None,
+        claims: None,
         limits_not_cleared: 0,
     };
     let mut in_use = InUse::default();

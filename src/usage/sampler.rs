@@ -41,6 +41,7 @@ pub fn sample(
         gpus,
         checkpoint,
         checkpoint_error,
+        claims: None,
         limits_not_cleared,
     })
 }

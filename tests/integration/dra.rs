@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{node_file, WAIT};
 
-const NODE: &str = "node-1";
-const DRIVER: &str = "gpu.slicelet.io";
+pub(crate) const NODE: &str = "node-1";
+pub(crate) const DRIVER: &str = "gpu.slicelet.io";
 
 /// The done-when policy: GPUs 0-3 time-sliced x4 and every MIG profile, all through DRA.
 const DONE_WHEN: &str = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n";

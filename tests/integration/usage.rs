@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use kubelet_emulator::node_files::{self, write_cgroup, Driver, Entry};
-use kubelet_emulator::pod_resources::PodResources;
+use kubelet_emulator::pod_resources::{ClaimedDevice, PodResources};
 
 use crate::common::*;
 use crate::live::get;
@@ -427,6 +427,159 @@ async fn memory_limits_are_read_back_per_container() {
     assert!(
         row("ml/llm-b/server").ends_with("16384 NOT enforced"),
         "{top}"
+    );
+    d.stop().await;
+}
+
+/// GPU use of a DRA pod, through the whole daemon with `--dra`: GPU 0 is two time-sliced
+/// replicas served through DRA; a claim on replica 0, reserved for pod `ml/llm-a` (UID A),
+/// is prepared through the DRA kubelet emulator, and pod-resources lists it for container
+/// `server`. The process in pod A's cgroup on GPU 0 (30 % SM) is that container's: `/metrics`
+/// has its `slicelet_container_gpu_*` series and `slicelet top --once` shows it under GPU 0,
+/// with no kubelet device checkpoint at all (it never lists claims). Pod B's process, whose
+/// pod no claim names, stays unattributed. (Both counted as unattributed before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_pods_process_is_attributed_through_its_claim() {
+    use crate::dra::{daemon_dra, DRIVER, NODE};
+    use kubelet_emulator::dra::{DraKubelet, Version};
+    use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
+    const RES: &str = "nvidia.com/gpu-dra";
+    const CLAIM_UID: &str = "c1a1c1a1-0000-4000-8000-000000000001";
+    let node = Node::new(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0]\n        replicas: 2\n        dra: true\n",
+    );
+    let sim = node.tmp.path().join("node.yaml");
+    write_node(&sim, 30, 10);
+    let uuids = uuids(&sim);
+    let r0 = slicelet::dra::slices::device_name(&format!("{}::0", uuids[0]));
+    let proc_root = node.tmp.path().join("host");
+    write_proc(&proc_root);
+    let pr = PodResources::start(&node.pod_resources()).await.unwrap();
+    let claimed = ClaimedDevice {
+        driver: DRIVER,
+        pool: NODE,
+        device: &r0,
+    };
+    pr.hold_claim("ml", "llm-a", "server", "llm-a-gpu", &[claimed]);
+    let api = KubeApi::start(NODE, &[]).await;
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.proc_root = proc_root;
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    settings.sample_interval = Some(std::time::Duration::from_millis(200));
+    settings.dra = Some(daemon_dra(&node, &api));
+    let registry = node.tmp.path().join("plugins_registry");
+    let mut d = Daemon::start(settings);
+    let s = d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    let addr = s.address.unwrap();
+    api.wait_slices(|s| {
+        s.iter()
+            .filter_map(|x| x["spec"]["devices"].as_array())
+            .map(Vec::len)
+            .sum::<usize>()
+            == 2
+    })
+    .await;
+    api.set_claim(
+        "ml",
+        "llm-a-gpu",
+        CLAIM_UID,
+        &[AllocatedDevice {
+            request: "gpu".into(),
+            driver: DRIVER.into(),
+            pool: NODE.into(),
+            device: r0.clone(),
+        }],
+    );
+    api.reserve_claim("ml", "llm-a-gpu", &[("llm-a", UID_A)]);
+    let k = DraKubelet::register(&registry).await.unwrap();
+    let answer = k
+        .prepare(Version::V1, &[("ml", "llm-a-gpu", CLAIM_UID)])
+        .await
+        .unwrap();
+    assert_eq!(answer[CLAIM_UID].error, "");
+
+    let labels = [
+        ("pod", "llm-a"),
+        ("namespace", "ml"),
+        ("container", "server"),
+        ("UUID", uuids[0].as_str()),
+        ("resource", RES),
+    ];
+    // A sample taken after the claim was prepared (one in flight may predate it).
+    let mut text = String::new();
+    for _ in 0..10 {
+        let n = d.status.borrow().samples;
+        d.wait_status(|s| s.samples > n).await;
+        text = get(addr, "/metrics").await.1;
+        if series(&text, "slicelet_container_gpu_sm_util_percent", &labels) == Some(30.0) {
+            break;
+        }
+    }
+    assert_eq!(
+        series(&text, "slicelet_container_gpu_sm_util_percent", &labels),
+        Some(30.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "slicelet_container_gpu_memory_used_bytes", &labels),
+        Some(20480.0 * 1024.0 * 1024.0),
+        "{text}"
+    );
+    assert!(
+        series(
+            &text,
+            "slicelet_container_gpu_last_active_timestamp_seconds",
+            &labels
+        )
+        .is_some(),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_unattributed_processes",
+            &[("UUID", &uuids[0])]
+        ),
+        Some(1.0),
+        "pod B's process: {text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            "slicelet_allocation_info",
+            &[("pod", "llm-a"), ("device", &format!("{}::0", uuids[0]))]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
+        .args(["top", "--once", "--address", &format!("http://{addr}")])
+        .output()
+        .await
+        .unwrap();
+    let top = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{top}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gpu0 = top
+        .find(&uuids[0])
+        .unwrap_or_else(|| panic!("no GPU 0 in\n{top}"));
+    let gpu1 = top
+        .find(&uuids[1])
+        .unwrap_or_else(|| panic!("no GPU 1 in\n{top}"));
+    let row = top
+        .lines()
+        .find(|l| l.contains("ml/llm-a/server"))
+        .unwrap_or_else(|| panic!("ml/llm-a/server not in\n{top}"));
+    let at = top.find(row).unwrap();
+    assert!(at > gpu0 && at < gpu1, "not under GPU 0:\n{top}");
+    assert!(
+        row.split_whitespace().any(|w| w == "30" || w == "30%"),
+        "its 30 % SM: {row}\n{top}"
     );
     d.stop().await;
 }

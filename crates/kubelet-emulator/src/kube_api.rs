@@ -604,6 +604,28 @@ impl KubeApi {
             .insert((namespace.to_string(), name.to_string()), claim);
     }
 
+    /// Reserves the stored ResourceClaim `namespace/name` for `pods` (name, UID): its
+    /// `status.reservedFor` becomes one core `pods` consumer reference per pod, as the
+    /// scheduler writes it before the kubelet prepares the claim.
+    ///
+    /// # Panics
+    /// When no such claim is stored.
+    pub fn reserve_claim(&self, namespace: &str, name: &str, pods: &[(&str, &str)]) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        let claim = inner
+            .claims
+            .get_mut(&(namespace.to_string(), name.to_string()))
+            .unwrap_or_else(|| panic!("no claim {namespace}/{name} to reserve"));
+        let reserved: Vec<Value> = pods
+            .iter()
+            .map(|(pod, uid)| json!({"resource": "pods", "name": pod, "uid": uid}))
+            .collect();
+        if !claim["status"].is_object() {
+            claim["status"] = json!({});
+        }
+        claim["status"]["reservedFor"] = Value::Array(reserved);
+    }
+
     /// Deletes the ResourceClaim `namespace/name`.
     pub fn delete_claim(&self, namespace: &str, name: &str) {
         self.shared

@@ -1,8 +1,9 @@
 //! The kubelet's pod-resources API v1 (`PodResourcesLister`) over a real unix socket, answering
 //! from a table the test sets: which containers hold which device IDs.
 //!
-//! [`PodResources::hold`] and [`PodResources::release`] change the table (what the kubelet's
-//! device manager records after Allocate, and forgets when a pod is gone); every `List` is
+//! [`PodResources::hold`], [`PodResources::hold_claim`] and [`PodResources::release`] change
+//! the table (what the kubelet's device manager records after Allocate and its DRA manager
+//! after NodePrepareResources, and forgets when a pod is gone); every `List` is
 //! counted and tests await the count ([`PodResources::wait_for_lists`]) under a timeout.
 //! [`PodResources::set_failing`] makes every call answer `ResourceExhausted` (the kubelet's
 //! rate limiter's answer) until cleared.
@@ -19,9 +20,9 @@ use tonic::{Request, Response, Status};
 
 use slicelet::api::podresources::{
     pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ClaimResource, ContainerDevices,
+    ContainerResources, DynamicResource, GetPodResourcesRequest, GetPodResourcesResponse,
+    ListPodResourcesRequest, ListPodResourcesResponse,
 };
 
 #[derive(Default)]
@@ -84,6 +85,17 @@ impl PodResourcesLister for Lister {
     }
 }
 
+/// One device of a claim, as pod-resources names it (`ClaimResource`).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimedDevice<'a> {
+    /// The DRA driver (`gpu.slicelet.io`).
+    pub driver: &'a str,
+    /// The pool (the node's name for slicelet).
+    pub pool: &'a str,
+    /// The device's name in the pool's ResourceSlices.
+    pub device: &'a str,
+}
+
 /// The emulated pod-resources service; dropping it stops serving.
 pub struct PodResources {
     path: PathBuf,
@@ -133,6 +145,51 @@ impl PodResources {
 
     /// Records that container `container` of pod `namespace/pod` holds `ids` of `resource`.
     pub fn hold(&self, namespace: &str, pod: &str, container: &str, resource: &str, ids: &[&str]) {
+        self.with_container(namespace, pod, container, |c| {
+            c.devices.push(ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.iter().map(|s| (*s).to_string()).collect(),
+                topology: None,
+            });
+        });
+    }
+
+    /// Records that container `container` of pod `namespace/pod` holds the DRA claim
+    /// `namespace/claim` with `devices`, as the kubelet's pod-resources lists claims since
+    /// Kubernetes 1.34 (`ContainerResources.dynamic_resources`; no CDI devices listed).
+    pub fn hold_claim(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        claim: &str,
+        devices: &[ClaimedDevice<'_>],
+    ) {
+        self.with_container(namespace, pod, container, |c| {
+            c.dynamic_resources.push(DynamicResource {
+                claim_name: claim.into(),
+                claim_namespace: namespace.into(),
+                claim_resources: devices
+                    .iter()
+                    .map(|d| ClaimResource {
+                        cdi_devices: Vec::new(),
+                        driver_name: d.driver.into(),
+                        pool_name: d.pool.into(),
+                        device_name: d.device.into(),
+                    })
+                    .collect(),
+            });
+        });
+    }
+
+    /// Runs `f` on container `container` of pod `namespace/pod`, adding either when missing.
+    fn with_container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        f: impl FnOnce(&mut ContainerResources),
+    ) {
         let mut t = self.table.lock().expect("pod-resources table poisoned");
         let idx = match t
             .pods
@@ -160,11 +217,7 @@ impl PodResources {
                 p.containers.last_mut().expect("just pushed")
             }
         };
-        c.devices.push(ContainerDevices {
-            resource_name: resource.into(),
-            device_ids: ids.iter().map(|s| (*s).to_string()).collect(),
-            topology: None,
-        });
+        f(c);
     }
 
     /// Forgets pod `namespace/pod` (it is gone).

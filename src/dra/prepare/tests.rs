@@ -740,3 +740,42 @@ fn on_an_r615_node_a_share_gets_the_memory_hook() {
         .get("hooks")
         .is_none());
 }
+
+/// The pods a claim is reserved for are recorded with it (the core group's `pods` only, each
+/// UID once): GPU use attribution maps a process's pod UID to the claim through them.
+#[test]
+fn the_pods_a_claim_is_reserved_for_are_recorded() {
+    use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
+    let (plan, inv) = plan_of(TS, 1, None);
+    let r0 = device_name(&format!("{}::0", inv.gpus[0].uuid));
+    let mut c = claim(UID, &[("gpu", DRIVER, NODE, &r0)]);
+    let consumer = |group: Option<&str>, resource: &str, name: &str, uid: &str| {
+        ResourceClaimConsumerReference {
+            api_group: group.map(str::to_string),
+            resource: resource.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        }
+    };
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
+    assert!(p.pods.is_empty(), "reserved for nobody: {:?}", p.pods);
+    if let Some(s) = c.status.as_mut() {
+        s.reserved_for = Some(vec![
+            consumer(None, "pods", "a", "uid-a"),
+            consumer(Some(""), "pods", "b", "uid-b"),
+            consumer(None, "pods", "a", "uid-a"),
+            consumer(Some("example.com"), "pods", "x", "uid-x"),
+            consumer(None, "services", "y", "uid-y"),
+        ]);
+    }
+    let p = run(&c, &want(UID), &plan, &BTreeMap::new()).unwrap();
+    let pod = |name: &str, uid: &str| ReservedPod {
+        name: name.into(),
+        uid: uid.into(),
+    };
+    assert_eq!(p.pods, vec![pod("a", "uid-a"), pod("b", "uid-b")]);
+    // The checkpoint keeps them.
+    let text = serde_json::to_string(&p).unwrap();
+    let back: PreparedClaim = serde_json::from_str(&text).unwrap();
+    assert_eq!(back.pods, p.pods);
+}

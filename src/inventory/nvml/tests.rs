@@ -118,6 +118,8 @@ fn process_lists_and_samples_join_by_pid() {
 }
 
 const FAKE_LIB: &str = "SLICELET_TEST_FAKE_NVML";
+/// The fake sysfs root [`fake_nvml_child`] discovers with.
+const FAKE_SYSFS: &str = "SLICELET_TEST_FAKE_SYSFS";
 
 /// Runs [`fake_nvml_child`] in a child process (the fake NVML reads its inventory from the
 /// environment at init, and its state is process-wide).
@@ -155,6 +157,9 @@ fn sample_against_the_fake_nvml() {
         ]}"#,
     )
     .unwrap();
+    // GPU 0 (bus 17) below root complex pci0000:16 on NUMA node 1; GPU 1 absent from sysfs.
+    let sysfs = dir.path().join("sys");
+    fake_sysfs(&sysfs, "pci0000:16", "0000:17:00.0", "1\n");
     let out = std::process::Command::new(exe)
         .args([
             "inventory::nvml::tests::fake_nvml_child",
@@ -165,6 +170,7 @@ fn sample_against_the_fake_nvml() {
         ])
         .env("FAKE_NVML_INVENTORY", &inv)
         .env(FAKE_LIB, &lib)
+        .env(FAKE_SYSFS, &sysfs)
         .output()
         .unwrap();
     let text = format!(
@@ -254,6 +260,18 @@ fn fake_nvml_child() {
     let third = src.sample().unwrap();
     assert_eq!(procs(&third[0]), procs(g));
     assert_eq!(src.last_seen.get(&g.uuid), Some(&2_000_000));
+
+    // Discovery through a fake sysfs: NUMA node and PCIe root complex from the bus ID.
+    let sysfs = std::env::var_os(FAKE_SYSFS).expect("a fake sysfs");
+    let mut src = NvmlSource::new(Some(Path::new(&lib)), Some(Path::new(&sysfs))).unwrap();
+    let inv = src.discover().unwrap();
+    let topo: Vec<(Option<i64>, Option<&str>)> = inv
+        .gpus
+        .iter()
+        .map(|g| (g.numa_node, g.pcie_root.as_deref()))
+        .collect();
+    assert_eq!(topo[0], (Some(1), Some("pci0000:16")), "{topo:?}");
+    assert_eq!(topo[1], (None, None), "{topo:?}");
 }
 
 /// On a node with an NVIDIA driver: `cargo test --lib real_gpu -- --ignored --nocapture`.
@@ -299,6 +317,59 @@ fn real_gpu_sample_is_consistent() {
                 assert!(m.memory_used_bytes <= m.memory_total_bytes);
             }
         }
+    }
+}
+
+/// A fake sysfs: `devices/<root>/0000:16:00.0/<device>` with `numa_node`, and
+/// `bus/pci/devices/<device>` linking to it relatively, as the kernel lays them out.
+fn fake_sysfs(sysfs: &Path, root: &str, device: &str, numa: &str) {
+    let real = sysfs.join(format!("devices/{root}/0000:16:00.0/{device}"));
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::write(real.join("numa_node"), numa).unwrap();
+    let bus = sysfs.join("bus/pci/devices");
+    std::fs::create_dir_all(&bus).unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../../devices/{root}/0000:16:00.0/{device}"),
+        bus.join(device),
+    )
+    .unwrap();
+}
+
+#[test]
+fn pcie_root_from_sysfs() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_sysfs(dir.path(), "pci0000:16", "0000:17:00.0", "1\n");
+    assert_eq!(
+        pcie_root(dir.path(), "00000000:17:00.0").as_deref(),
+        Some("pci0000:16")
+    );
+    assert_eq!(numa_node(dir.path(), "00000000:17:00.0"), Some(1));
+    // No link, or a link that names no root complex: unknown.
+    assert_eq!(pcie_root(dir.path(), "00000000:18:00.0"), None);
+    let odd = dir.path().join("bus/pci/devices/0000:19:00.0");
+    std::os::unix::fs::symlink("../../../devices/platform/x/0000:19:00.0", &odd).unwrap();
+    assert_eq!(pcie_root(dir.path(), "00000000:19:00.0"), None);
+    // A directory, not a link (as in numa_from_sysfs): unknown.
+    let dev = dir.path().join("bus/pci/devices/0000:1a:00.0");
+    std::fs::create_dir_all(&dev).unwrap();
+    assert_eq!(pcie_root(dir.path(), "00000000:1A:00.0"), None);
+}
+
+#[test]
+fn pcie_root_names() {
+    for (name, want) in [
+        ("pci0000:00", true),
+        ("pci0000:af", true),
+        ("pci10000:00", true),
+        ("pci0000:0", false),
+        ("pci000:00", false),
+        ("pci0000:AF", false),
+        ("pci0000:00:01.0", false),
+        ("0000:00", false),
+        ("pci123456789:00", false),
+        ("", false),
+    ] {
+        assert_eq!(crate::inventory::is_pcie_root(name), want, "{name}");
     }
 }
 

@@ -49,6 +49,8 @@ pub(super) struct GpuEntry {
     pub(super) uuid: Option<String>,
     pub(super) compute_capability: Option<String>,
     pub(super) numa_node: Option<i64>,
+    /// `pcieRoot`: the PCIe root complex, `pci<domain>:<bus>`.
+    pub(super) pcie_root: Option<String>,
     pub(super) health: Option<HealthValue>,
     pub(super) xid: Option<u64>,
     pub(super) mig: Option<MigEntry>,

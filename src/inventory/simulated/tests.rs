@@ -30,6 +30,40 @@ fn expands_counts_and_derives_stable_uuids() {
     assert!(a.gpus[0].uuid.starts_with("GPU-") && a.gpus[0].uuid.len() == 40);
 }
 
+/// `pcieRoot` is optional, kept per GPU (also for each of `count` GPUs), and must be a root
+/// complex as sysfs names it.
+#[test]
+fn pcie_root_is_optional_and_checked() {
+    let p = Path::new("n.yaml");
+    let gpu = |root: &str| {
+        format!("gpus:\n  - model: X\n    memoryMiB: 1\n    count: 2\n    pcieRoot: \"{root}\"\n  - model: X\n    memoryMiB: 1\n")
+    };
+    let inv = parse(p, &gpu("pci0000:16")).unwrap();
+    let roots: Vec<Option<&str>> = inv.gpus.iter().map(|g| g.pcie_root.as_deref()).collect();
+    assert_eq!(roots, [Some("pci0000:16"), Some("pci0000:16"), None]);
+    assert_eq!(
+        parse(p, &gpu("pci10000:0a")).unwrap().gpus[0]
+            .pcie_root
+            .as_deref(),
+        Some("pci10000:0a")
+    );
+    for bad in [
+        "0000:16",
+        "pci0000:1",
+        "pci0000:16:00.0",
+        "pci00:16",
+        "PCI0000:16",
+        "pci0000:1G",
+        "",
+    ] {
+        let e = parse(p, &gpu(bad)).unwrap_err().to_string();
+        assert!(
+            e.contains("gpus[0].pcieRoot") && e.contains("PCIe root"),
+            "{bad}: {e}"
+        );
+    }
+}
+
 #[test]
 fn unknown_key_names_its_path() {
     let text = "gpus:\n  - model: X\n    memoryMiB: 1\n    memory: 2\n";
