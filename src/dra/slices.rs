@@ -44,6 +44,15 @@
 //! - At most [`MAX_ATTRIBUTES_AND_CAPACITIES`] (32) attributes and capacities together per
 //!   device, and qualified names (a C identifier of at most 32 characters, optionally after a
 //!   DNS subdomain of at most 63 and `/`), as the API server validates.
+//! - MIG as partitionable devices (KEP-4815 `DRAPartitionableDevices`, beta and on by default
+//!   since Kubernetes 1.36), static geometry only: each MIG-enabled GPU with a MIG device
+//!   published whole gets a counter set named like its whole-GPU device (`gpu-<uuid>`) with
+//!   [`COUNTER_MEMORY_SLICES`] and [`COUNTER_COMPUTE_SLICES`] ([`gpu_slices`]); each such MIG
+//!   device consumes its profile's memory slices ([`memory_slices`]) and GPU-instance slices
+//!   from it, so the sums never exceed the GPU's. The sets go in slices of their own without devices
+//!   (Kubernetes 1.35 and later), [`COUNTER_SETS_PER_SLICE`] per slice, first in the pool;
+//!   with counters a slice holds at most [`MAX_DEVICES_PER_SLICE_WITH_COUNTERS`] devices.
+//!   Replicas of a MIG device consume nothing of their own (they share one device).
 //! - String attributes are at most [`MAX_STRING_ATTRIBUTE`] (64) characters and versions must
 //!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
 //!   is written `535.104.5` (semver forbids leading zeros), one it cannot read is left out.
@@ -51,8 +60,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -65,6 +75,17 @@ use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The most devices per slice once devices consume counters (`resource.k8s.io/v1`
+/// ResourceSliceMaxDevicesWithTaintsOrConsumesCounters).
+pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = 64;
+/// Counter sets per counter slice: 8 sets of [`COUNTERS_PER_SET`] stay under the API's 32
+/// counters in all sets of one slice.
+pub const COUNTER_SETS_PER_SLICE: usize = 8;
+/// Counters per GPU's set: [`COUNTER_MEMORY_SLICES`] and [`COUNTER_COMPUTE_SLICES`].
+pub const COUNTERS_PER_SET: usize = 2;
+/// A MIG-enabled GPU's memory slices counter: 8, or 4 on an A30 (NVIDIA's MIG user guide);
+/// each MIG device consumes its profile's share of them ([`memory_slices`]).
+pub const COUNTER_MEMORY_SLICES: &str = "memorySlices";
 /// The longest string attribute value the API server accepts, characters.
 pub const MAX_STRING_ATTRIBUTE: usize = 64;
 /// The longest object name (a DNS subdomain: a slice's name), characters.
@@ -212,6 +233,95 @@ fn memory_mib(res: &ResourcePlan, d: &VirtualDevice, inventory: &Inventory) -> O
             .find(|x| x.uuid == d.gpu_uuid)
             .map(|x| x.memory_mib),
     }
+}
+
+/// A MIG-enabled GPU's compute (GPU-instance) slices counter: 7, or 4 on an A30
+/// ([`gpu_slices`]); each MIG device consumes its profile's `g`.
+pub const COUNTER_COMPUTE_SLICES: &str = "computeSlices";
+
+/// GPU-instance (compute) and memory slices of a MIG-capable GPU: 4 and 4 on an A30, 7 and 8
+/// on every other (NVIDIA's MIG user guide, "Supported GPUs").
+pub fn gpu_slices(model: &str) -> (u32, u32) {
+    if model.contains("A30") {
+        (4, 4)
+    } else {
+        (7, 8)
+    }
+}
+
+/// The memory slices a profile of `memory_gb` (the `40` of `3g.40gb`) takes on a GPU of
+/// `gpu_memory_mib` with `total` memory slices: its share of the GPU's memory in GB, rounded
+/// to the nearest slice (at least 1). NVIDIA's profile names round each size, so `3g.40gb` on
+/// an H100 80GB (81,559 MiB) is 4 of 8, `1g.18gb` on an H200 (143,771 MiB) 1 of 8, `1g.6gb` on
+/// an A30 (24,576 MiB) 1 of 4.
+pub fn memory_slices(memory_gb: u64, gpu_memory_mib: u64, total: u32) -> u64 {
+    let gpu_gb = ((gpu_memory_mib + 512) / 1024).max(1);
+    ((memory_gb * u64::from(total) * 2 + gpu_gb) / (2 * gpu_gb)).max(1)
+}
+
+/// The name of a MIG-enabled GPU's counter set: its whole-GPU device name (`gpu-<uuid>`), a
+/// DNS label unique in the pool.
+pub fn counter_set_name(gpu_uuid: &str) -> String {
+    device_name(gpu_uuid)
+}
+
+/// What a MIG device consumes of its GPU's counter set (KEP-4815 partitionable devices): its
+/// memory and its profile's GPU-instance slices. `None` for anything but a MIG device
+/// allocated whole (replicas of a MIG device share it and consume nothing of their own).
+fn consumes(
+    res: &ResourcePlan,
+    d: &VirtualDevice,
+    inventory: &Inventory,
+) -> Option<DeviceCounterConsumption> {
+    let m = d.mig.as_ref()?;
+    if d.replica.is_some() || res.strategy != Strategy::None || res.capacity.is_some() {
+        return None;
+    }
+    let gpu = inventory.by_index(d.gpu_index)?;
+    let profile = crate::inventory::mig::Profile::parse(&m.profile)?;
+    let slices = profile.gpu_slices;
+    let (_, total_memory) = gpu_slices(&gpu.model);
+    let memory = memory_slices(profile.memory_gb, gpu.memory_mib, total_memory);
+    Some(DeviceCounterConsumption {
+        counter_set: counter_set_name(&m.parent_uuid),
+        counters: BTreeMap::from([
+            (
+                COUNTER_MEMORY_SLICES.to_string(),
+                Counter {
+                    value: Quantity(memory.to_string()),
+                },
+            ),
+            (
+                COUNTER_COMPUTE_SLICES.to_string(),
+                Counter {
+                    value: Quantity(slices.to_string()),
+                },
+            ),
+        ]),
+    })
+}
+
+/// The counter set of the MIG-enabled GPU `uuid`: its memory and GPU-instance slices.
+fn counter_set(uuid: &str, inventory: &Inventory) -> Option<CounterSet> {
+    let gpu = inventory.by_uuid(uuid)?;
+    let (compute, memory) = gpu_slices(&gpu.model);
+    Some(CounterSet {
+        name: counter_set_name(uuid),
+        counters: BTreeMap::from([
+            (
+                COUNTER_MEMORY_SLICES.to_string(),
+                Counter {
+                    value: Quantity(memory.to_string()),
+                },
+            ),
+            (
+                COUNTER_COMPUTE_SLICES.to_string(),
+                Counter {
+                    value: Quantity(compute.to_string()),
+                },
+            ),
+        ]),
+    })
 }
 
 /// The capacity name of a unit's memory, MiB quantities.
@@ -383,23 +493,50 @@ pub fn build<'a>(
     params: &SliceParams,
 ) -> Slices {
     let (devices, skipped) = published(resources);
+    let mut sets: BTreeMap<String, CounterSet> = BTreeMap::new();
     let devices: Vec<Device> = devices
         .into_iter()
-        .map(|(p, res, d)| device(res, d, inventory, params.driver_version.as_deref(), p.name))
+        .map(|(p, res, d)| {
+            let mut dev = device(res, d, inventory, params.driver_version.as_deref(), p.name);
+            if let Some(c) = consumes(res, d, inventory) {
+                let parent = d
+                    .mig
+                    .as_ref()
+                    .map(|m| m.parent_uuid.as_str())
+                    .unwrap_or_default();
+                if !sets.contains_key(&c.counter_set) {
+                    if let Some(set) = counter_set(parent, inventory) {
+                        sets.insert(c.counter_set.clone(), set);
+                    }
+                }
+                if sets.contains_key(&c.counter_set) {
+                    dev.consumes_counters = Some(vec![c]);
+                }
+            }
+            dev
+        })
         .collect();
-    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
-        vec![Vec::new()]
+    // Counters live in slices of their own, without devices (Kubernetes 1.35 and later
+    // require it), before the device slices.
+    let sets: Vec<CounterSet> = sets.into_values().collect();
+    let per_slice = if sets.is_empty() {
+        MAX_DEVICES_PER_SLICE
     } else {
-        devices
-            .chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
+        MAX_DEVICES_PER_SLICE_WITH_COUNTERS
     };
+    let mut chunks: Vec<(Vec<CounterSet>, Vec<Device>)> = sets
+        .chunks(COUNTER_SETS_PER_SLICE)
+        .map(|c| (c.to_vec(), Vec::new()))
+        .collect();
+    if devices.is_empty() && chunks.is_empty() {
+        chunks.push((Vec::new(), Vec::new()));
+    }
+    chunks.extend(devices.chunks(per_slice).map(|d| (Vec::new(), d.to_vec())));
     let count = chunks.len() as i64;
     let slices = chunks
         .into_iter()
         .enumerate()
-        .map(|(n, devices)| ResourceSlice {
+        .map(|(n, (sets, devices))| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(&params.node, &params.driver, n)),
                 ..ObjectMeta::default()
@@ -417,6 +554,7 @@ pub fn build<'a>(
                 } else {
                     Some(devices)
                 },
+                shared_counters: if sets.is_empty() { None } else { Some(sets) },
                 ..ResourceSliceSpec::default()
             },
         })

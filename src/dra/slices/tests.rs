@@ -41,30 +41,32 @@ fn str_attr<'a>(d: &'a Device, key: &str) -> Option<&'a str> {
     attr(d, key)?.string.as_deref()
 }
 
-/// (policy, node, devices, slices, sharing values seen)
+/// (policy, node, devices, slices, sharing values seen); MIG devices allocated whole consume
+/// their GPU's counters, which take a slice of their own.
 #[test]
 fn table_of_nodes() {
     const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
     const MPS2: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
     const MIXED_TS: &str = "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
-    let cases: [(&str, &str, Inventory, usize, &[&str]); 4] = [
-        ("whole", "version: v1\n", test_node(8), 8, &["none"]),
-        ("time-sliced", TS4, test_node(8), 32, &["time-slicing"]),
-        ("mps", MPS2, test_node(2), 4, &["mps"]),
+    let cases: [(&str, &str, Inventory, usize, usize, &[&str]); 4] = [
+        ("whole", "version: v1\n", test_node(8), 8, 1, &["none"]),
+        ("time-sliced", TS4, test_node(8), 32, 1, &["time-slicing"]),
+        ("mps", MPS2, test_node(2), 4, 1, &["mps"]),
         (
             "mig-mixed",
             MIXED_TS,
             h100_ts_mig(),
             16 + 16,
+            2,
             &["none", "time-slicing"],
         ),
     ];
-    for (name, policy, inv, devices, sharings) in cases {
+    for (name, policy, inv, devices, slices, sharings) in cases {
         let plan = plan_of(policy, &inv);
         let s = build(plan.resources.values().map(|r| &**r), &inv, &params(3));
         let devs = all_devices(&s);
         assert_eq!(devs.len(), devices, "{name}");
-        assert_eq!(s.slices.len(), 1, "{name}");
+        assert_eq!(s.slices.len(), slices, "{name}");
         let seen: BTreeSet<&str> = devs.iter().filter_map(|d| str_attr(d, "sharing")).collect();
         assert_eq!(seen, sharings.iter().copied().collect(), "{name}");
         for sl in &s.slices {
@@ -72,7 +74,7 @@ fn table_of_nodes() {
             assert_eq!(sl.spec.driver, "gpu.slicelet.io", "{name}");
             assert_eq!(sl.spec.pool.name, "node-1", "{name}");
             assert_eq!(sl.spec.pool.generation, 3, "{name}");
-            assert_eq!(sl.spec.pool.resource_slice_count, 1, "{name}");
+            assert_eq!(sl.spec.pool.resource_slice_count, slices as i64, "{name}");
         }
         // One to one with the plan: every device ID's name, in plan order.
         let want: Vec<String> = plan
@@ -501,4 +503,117 @@ fn a_capacity_resource_publishes_each_gpu_once_with_memory_and_cores() {
     assert!(devices
         .iter()
         .all(|d| !d.capacity.as_ref().unwrap().contains_key(CORES)));
+}
+
+/// MIG mixed on GPUs 4–7 through DRA: one counter set per GPU in a slice of its own (no
+/// devices), each MIG device consuming its memory and GPU-instance slices from its GPU's set;
+/// the sums never exceed the GPU's; within the API's limits (64 devices per slice with
+/// counters, 32 counters per slice, one consumption per set per device).
+#[test]
+fn mig_devices_consume_their_gpus_counters() {
+    let inv = h100_ts_mig();
+    let plan = plan_of("version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-3g.40gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-1g.10gb]\n", &inv);
+    let s = build(dra_resources(&plan), &inv, &params(1));
+    let counter_slice = &s.slices[0].spec;
+    assert!(
+        counter_slice.devices.is_none(),
+        "counters in a slice of their own"
+    );
+    let sets = counter_slice.shared_counters.as_ref().unwrap();
+    let names: Vec<&str> = sets.iter().map(|c| c.name.as_str()).collect();
+    let mut want: Vec<String> = inv.gpus[4..]
+        .iter()
+        .map(|g| counter_set_name(&g.uuid))
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+    let total_counters: usize = s
+        .slices
+        .iter()
+        .filter_map(|x| x.spec.shared_counters.as_ref())
+        .flatten()
+        .map(|c| c.counters.len())
+        .sum();
+    assert!(total_counters <= 32);
+    for set in sets {
+        assert_eq!(set.counters[COUNTER_MEMORY_SLICES].value.0, "8");
+        assert_eq!(set.counters[COUNTER_COMPUTE_SLICES].value.0, "7");
+    }
+    let devices = all_devices(&s);
+    assert_eq!(devices.len(), 16);
+    let mut used: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for d in &devices {
+        let c = d
+            .consumes_counters
+            .as_ref()
+            .expect("a whole MIG device consumes");
+        assert_eq!(c.len(), 1);
+        let mem: u64 = c[0].counters[COUNTER_MEMORY_SLICES]
+            .value
+            .0
+            .parse()
+            .unwrap();
+        let slices: u64 = c[0].counters[COUNTER_COMPUTE_SLICES]
+            .value
+            .0
+            .parse()
+            .unwrap();
+        let e = used.entry(c[0].counter_set.clone()).or_default();
+        e.0 += mem;
+        e.1 += slices;
+    }
+    for (set, (mib, slices)) in &used {
+        assert!(
+            *mib <= 81559 && *slices <= 7,
+            "{set}: {mib} MiB, {slices} slices"
+        );
+        // 3g.40gb + 2g.20gb + 2 × 1g.10gb: 3 + 2 + 1 + 1.
+        assert_eq!(*slices, 7, "{set}");
+    }
+    for sl in &s.slices {
+        assert!(
+            sl.spec.devices.as_ref().map_or(0, Vec::len) <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+        );
+        assert_eq!(sl.spec.pool.resource_slice_count, s.slices.len() as i64);
+    }
+    // Time-sliced MIG devices (replicas) consume nothing: they share one device.
+    let ts = plan_of("version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-3g.40gb, nvidia.com/mig-2g.20gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n        dra: true\n", &inv);
+    let s = build(dra_resources(&ts), &inv, &params(1));
+    let replicas: Vec<&Device> = all_devices(&s)
+        .into_iter()
+        .filter(|d| attr(d, "replica").is_some())
+        .collect();
+    // 4 GPUs × 2 1g.10gb devices × 2 replicas.
+    assert_eq!(replicas.len(), 4 * 2 * 2);
+    assert!(replicas.iter().all(|d| d.consumes_counters.is_none()));
+}
+
+/// Memory slices of NVIDIA's profiles on the GPUs that have them (NVIDIA's MIG user guide).
+#[test]
+fn memory_slices_of_nvidias_profiles() {
+    for (profile_gb, gpu_mib, total, want) in [
+        (10, 81559, 8, 1),
+        (20, 81559, 8, 2),
+        (40, 81559, 8, 4),
+        (80, 81559, 8, 8),
+        (18, 143_771, 8, 1),
+        (35, 143_771, 8, 2),
+        (71, 143_771, 8, 4),
+        (141, 143_771, 8, 8),
+        (12, 95_830, 8, 1),
+        (47, 95_830, 8, 4),
+        (5, 40960, 8, 1),
+        (20, 40960, 8, 4),
+        (6, 24576, 4, 1),
+        (12, 24576, 4, 2),
+        (24, 24576, 4, 4),
+    ] {
+        assert_eq!(
+            memory_slices(profile_gb, gpu_mib, total),
+            want,
+            "{profile_gb}gb of {gpu_mib} MiB"
+        );
+    }
+    assert_eq!(gpu_slices("NVIDIA A30"), (4, 4));
+    assert_eq!(gpu_slices("NVIDIA H100 80GB HBM3"), (7, 8));
 }
