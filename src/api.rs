@@ -66,6 +66,37 @@ pub mod dra {
     pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 }
 
+/// The kubelet's DRA resource health API (KEP-4680, `k8s.io/kubelet pkg/apis/dra-health`):
+/// `NodeWatchResources`, a stream of every device's health from the driver to the kubelet,
+/// which shows it in the status of the pods using the devices. Kubelets 1.37 and newer call v1;
+/// 1.34 to 1.36 (feature gate `ResourceHealthStatus`) call v1alpha1; the messages are the same.
+pub mod drahealth {
+    /// Version v1 (generated from `proto/drahealth/v1/api.proto`, protobuf package `v1`).
+    pub mod v1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            include!(concat!(env!("OUT_DIR"), "/drahealth/v1.rs"));
+        }
+        pub use generated::*;
+    }
+    /// Version v1alpha1 (generated from `proto/drahealth/v1alpha1/api.proto`).
+    pub mod v1alpha1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            include!(concat!(env!("OUT_DIR"), "/drahealth/v1alpha1.rs"));
+        }
+        pub use generated::*;
+    }
+    /// The v1 service's name in `supported_versions` (k8s.io/kubelet
+    /// `dra-health/v1.DRAResourceHealthService`).
+    pub const V1_SERVICE: &str = "v1.DRAResourceHealth";
+    /// The v1alpha1 service's name in `supported_versions` (k8s.io/kubelet
+    /// `dra-health/v1alpha1.DRAResourceHealthService`).
+    pub const V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+    /// `message` is at most this many characters (the kubelet truncates longer ones).
+    pub const MAX_MESSAGE: usize = 1024;
+}
+
 /// API version sent in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
 
