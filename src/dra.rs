@@ -2,7 +2,10 @@
 //! device plugin serves, published as ResourceSlices and prepared through the kubelet's DRA
 //! plugin API, beside the device plugin or alone.
 //!
-//! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices.
+//! - [`health`] (pure): each device's health, cause and since when (device taints and the
+//!   kubelet's health stream).
+//! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices,
+//!   Unhealthy devices tainted (or withdrawn where the API server has no device taints).
 //! - [`publish`]: reconciles those slices through the Kubernetes API.
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
 //! - [`checkpoint`]: the prepared claims, on disk.
@@ -16,6 +19,7 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
+pub mod health;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
@@ -38,8 +42,8 @@ pub const DEFAULT_DRIVER: &str = "gpu.slicelet.io";
 /// The default CDI spec directory for claim specs (`--cdi-output-dir`).
 pub const DEFAULT_CDI_OUTPUT_DIR: &str = "/var/run/cdi";
 
-/// What DRA needs of each plan: the plan, the inventory it was built from, the NVIDIA driver
-/// version when known.
+/// What DRA needs of each plan: the plan, the inventory it was built from (with the NVIDIA
+/// driver version when known), each device's health and the policy's taint effect.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DraInput {
     /// The plan the device plugin serves too (DRA takes its `dra` resources).
@@ -47,6 +51,38 @@ pub struct DraInput {
     /// The inventory (models, memory, compute capabilities and the driver version for the
     /// slices' attributes).
     pub inventory: Arc<Inventory>,
+    /// Every device of the pool: health, cause and since when ([`health::fold`]).
+    pub health: health::HealthMap,
+    /// The policy's `dra.xidTaintEffect`.
+    pub xid_taint_effect: crate::policy::TaintEffect,
+}
+
+impl DraInput {
+    /// The input for `plan`: the health of its DRA devices folded over `prev`'s (so `since`
+    /// stays put for devices that did not change) at `now`, each Unhealthy device's cause
+    /// from `cause_of`.
+    pub fn new(
+        plan: Arc<Plan>,
+        inventory: Arc<Inventory>,
+        xid_taint_effect: crate::policy::TaintEffect,
+        cause_of: &health::CauseOf<'_>,
+        prev: Option<&DraInput>,
+        now: std::time::SystemTime,
+    ) -> DraInput {
+        let empty = health::HealthMap::new();
+        let health = health::fold(
+            prev.map_or(&empty, |p| &p.health),
+            slices::dra_resources(&plan),
+            cause_of,
+            now,
+        );
+        DraInput {
+            plan,
+            inventory,
+            health,
+            xid_taint_effect,
+        }
+    }
 }
 
 /// Where DRA runs (the `--dra-*` flags).
@@ -225,6 +261,7 @@ async fn run(
         driver: settings.driver.clone(),
         generation: 0,
         driver_version: None,
+        unhealthy: slices::Unhealthy::default(),
     };
     let mut publisher = tokio::spawn(publish::run(
         client,

@@ -6,13 +6,21 @@
 //! - One pool per node, named after the node; `pool.generation` comes from the caller, who
 //!   bumps it on every plan change (the scheduler uses only the slices of a pool's highest
 //!   generation, so a stale slice is ignored the moment a newer one exists).
-//! - At most [`MAX_DEVICES_PER_SLICE`] (128, the API server's limit) devices per slice; every
+//! - At most [`MAX_DEVICES_PER_SLICE`] (128, the API server's limit) devices per slice, or
+//!   [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`] (64) whenever Unhealthy devices are published with
+//!   taints (the API server's limit for slices whose devices have taints; kept whether or not
+//!   a device has one now, so a taint never moves devices between slices); every
 //!   slice of the pool carries `pool.resourceSliceCount` = how many there are, so the
 //!   scheduler knows when it has seen the whole pool. A pool without devices is one empty
 //!   slice (the pool still exists, with nothing to allocate).
 //! - One device per advertised unit: a whole GPU, a MIG device, and each time-sliced or MPS
-//!   replica. Unhealthy devices (and devices the drain rules hold Unhealthy) are withdrawn:
-//!   left out of the slices, so nothing new is allocated on them.
+//!   replica. Unhealthy devices (and devices the drain rules hold Unhealthy) are published
+//!   with one device taint each (KEP-5055, GA in Kubernetes 1.37; [`taint`]): key
+//!   [`TAINT_KEY`], the cause as value (`xid-79`, `lost`, `mps-not-ready`, `draining`, …),
+//!   effect `NoSchedule` (`NoExecute` for an Xid when the policy's `dra.xidTaintEffect` says
+//!   so), `timeAdded` when the device turned Unhealthy; so the scheduler allocates them to no
+//!   claim that does not tolerate the taint. Where the API server has no device taints they
+//!   are withdrawn instead ([`Unhealthy::Withdraw`]): left out of the slices.
 //! - Device names are DNS labels derived from the device ID alone ([`device_name`]), so the
 //!   same ID always gives the same name whatever else changes (GPU indices may move across
 //!   reboots; UUIDs do not). A name already used in the pool (only possible while the drain
@@ -35,19 +43,29 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::health::Health;
+use super::health::{DeviceHealth, HealthMap};
+use crate::health::{Cause, Health};
 use crate::inventory::Inventory;
 use crate::plan::dra_names::hex_digest;
 pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};
 use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
+pub use crate::policy::TaintEffect;
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The most devices one ResourceSlice may hold when any of them has taints
+/// (`resource.k8s.io/v1` ResourceSliceMaxDevicesWithTaintsOrConsumesCounters).
+pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
+/// The most taints one device may have (`resource.k8s.io/v1` DeviceTaintsMaxLength).
+pub const MAX_TAINTS_PER_DEVICE: usize = 16;
+/// The key of the taint on an Unhealthy device (a qualified label name in slicelet's domain).
+pub const TAINT_KEY: &str = "gpu.slicelet.io/unhealthy";
 /// The longest string attribute value the API server accepts, characters.
 pub const MAX_STRING_ATTRIBUTE: usize = 64;
 /// The longest object name (a DNS subdomain: a slice's name), characters.
@@ -64,6 +82,57 @@ pub struct SliceParams {
     pub generation: i64,
     /// The NVIDIA driver version (`550.54.15`), when known: the `driverVersion` attribute.
     pub driver_version: Option<String>,
+    /// How Unhealthy devices are published.
+    pub unhealthy: Unhealthy,
+}
+
+/// How the pool's Unhealthy devices are published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// Left out of the slices: for API servers without device taints (the field is dropped
+    /// or refused). Slices hold up to [`MAX_DEVICES_PER_SLICE`] devices.
+    #[default]
+    Withdraw,
+    /// Published with a taint each ([`taint`]); slices hold up to
+    /// [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`] devices.
+    Taint {
+        /// The effect for a device with a critical Xid (`dra.xidTaintEffect`); every other
+        /// cause is `NoSchedule`.
+        xid_effect: TaintEffect,
+    },
+}
+
+impl Unhealthy {
+    /// The most devices a slice holds this way.
+    pub fn max_devices_per_slice(self) -> usize {
+        match self {
+            Unhealthy::Withdraw => MAX_DEVICES_PER_SLICE,
+            Unhealthy::Taint { .. } => MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+        }
+    }
+}
+
+/// The taint of an Unhealthy device: key [`TAINT_KEY`], value the cause's label
+/// ([`Cause::label`]: `xid-79`, `lost`, …), effect `xid_effect` for a critical Xid and
+/// `NoSchedule` for anything else, `timeAdded` the time it turned Unhealthy (whole seconds,
+/// the same on every publish while it stays Unhealthy for the same cause).
+pub fn taint(h: &DeviceHealth, xid_effect: TaintEffect) -> DeviceTaint {
+    let cause = h.cause.unwrap_or(Cause::Other);
+    let effect = match cause {
+        Cause::Xid(_) => xid_effect,
+        _ => TaintEffect::NoSchedule,
+    };
+    DeviceTaint {
+        key: TAINT_KEY.to_string(),
+        value: Some(cause.label()),
+        effect: effect.as_str().to_string(),
+        time_added: Some(Time(timestamp(h.since))),
+    }
+}
+
+/// `t` as the timestamp `metav1.Time` holds (whole seconds).
+fn timestamp(t: std::time::SystemTime) -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::from_second(super::health::unix_seconds(t)).unwrap_or_default()
 }
 
 /// The node's slices, and the devices left out because their name was taken.
@@ -249,35 +318,71 @@ fn device(
     }
 }
 
-/// The healthy devices of `resources` as they are published, in order (resources as given,
-/// each in its own device order), each name used once.
-pub fn published<'a>(
+/// A device of the pool: its name and where it came from.
+pub type PoolDevice<'a> = (PublishedDevice, &'a ResourcePlan, &'a VirtualDevice);
+
+/// Every device of the pool, Healthy or not, in order (resources as given, each in its own
+/// device order), each name once: a Healthy device wins a name over Unhealthy ones (the drain
+/// rules may keep a unit in two resources, one copy held Unhealthy), else the first.
+pub fn pool_devices<'a>(
     resources: impl IntoIterator<Item = &'a ResourcePlan>,
-) -> (
-    Vec<(PublishedDevice, &'a ResourcePlan, &'a VirtualDevice)>,
-    Vec<String>,
-) {
+) -> Vec<PoolDevice<'a>> {
+    named(resources).0
+}
+
+/// Devices in order with their names, each name once ([`pool_devices`]), and the Healthy
+/// devices left out because an earlier Healthy one has their name (`resource/id`).
+fn named<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+) -> (Vec<PoolDevice<'a>>, Vec<String>) {
+    let all: Vec<(&ResourcePlan, &VirtualDevice, String)> = resources
+        .into_iter()
+        .flat_map(|res| {
+            res.devices
+                .iter()
+                .map(move |d| (res, d, device_name(&d.id)))
+        })
+        .collect();
+    let healthy_names: BTreeSet<&str> = all
+        .iter()
+        .filter(|(_, d, _)| d.health == Health::Healthy)
+        .map(|(_, _, n)| n.as_str())
+        .collect();
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    for res in resources {
-        for d in res.devices.iter().filter(|d| d.health == Health::Healthy) {
-            let name = device_name(&d.id);
-            if !seen.insert(name.clone()) {
-                skipped.push(format!("{}/{}", res.name, d.id));
-                continue;
-            }
-            out.push((
-                PublishedDevice {
-                    name,
-                    resource: res.name.to_string(),
-                    id: d.id.clone(),
-                },
-                res,
-                d,
-            ));
+    for (res, d, name) in &all {
+        let healthy = d.health == Health::Healthy;
+        if !healthy && healthy_names.contains(name.as_str()) {
+            continue;
         }
+        if !seen.insert(name.clone()) {
+            if healthy {
+                skipped.push(format!("{}/{}", res.name, d.id));
+            }
+            continue;
+        }
+        out.push((
+            PublishedDevice {
+                name: name.clone(),
+                resource: res.name.to_string(),
+                id: d.id.clone(),
+            },
+            *res,
+            *d,
+        ));
     }
+    (out, skipped)
+}
+
+/// The Healthy devices of `resources`, which a claim can be allocated ([`pool_devices`] less
+/// the Unhealthy ones, which are tainted or withdrawn), and the Healthy devices skipped
+/// because an earlier one has their name (`resource/id`).
+pub fn published<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+) -> (Vec<PoolDevice<'a>>, Vec<String>) {
+    let (mut out, skipped) = named(resources);
+    out.retain(|(_, _, d)| d.health == Health::Healthy);
     (out, skipped)
 }
 
@@ -287,21 +392,36 @@ pub fn dra_resources(plan: &Plan) -> impl Iterator<Item = &ResourcePlan> {
 }
 
 /// Builds the node's slices for `resources` (the plan's DRA resources, in plan order).
+/// Unhealthy devices are withdrawn or tainted as `params.unhealthy` says; a taint's value and
+/// time come from `health` (by device name), and an Unhealthy device `health` does not know
+/// is withdrawn.
 pub fn build<'a>(
     resources: impl IntoIterator<Item = &'a ResourcePlan>,
     inventory: &Inventory,
     params: &SliceParams,
+    health: &HealthMap,
 ) -> Slices {
-    let (devices, skipped) = published(resources);
+    let (devices, skipped) = named(resources);
     let devices: Vec<Device> = devices
         .into_iter()
-        .map(|(p, res, d)| device(res, d, inventory, params.driver_version.as_deref(), p.name))
+        .filter_map(|(p, res, d)| {
+            let taints = match (d.health, params.unhealthy) {
+                (Health::Healthy, _) => None,
+                (Health::Unhealthy, Unhealthy::Withdraw) => return None,
+                (Health::Unhealthy, Unhealthy::Taint { xid_effect }) => {
+                    Some(vec![taint(health.get(&p.name)?, xid_effect)])
+                }
+            };
+            let mut dev = device(res, d, inventory, params.driver_version.as_deref(), p.name);
+            dev.taints = taints;
+            Some(dev)
+        })
         .collect();
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
         devices
-            .chunks(MAX_DEVICES_PER_SLICE)
+            .chunks(params.unhealthy.max_devices_per_slice())
             .map(<[Device]>::to_vec)
             .collect()
     };

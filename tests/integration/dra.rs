@@ -11,6 +11,7 @@ use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::Value;
 use slicelet::dra::slices::device_name;
 use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
+use slicelet::health::Cause;
 use slicelet::inventory::{simulated, Inventory};
 use slicelet::plan;
 use tokio::sync::watch;
@@ -44,14 +45,36 @@ fn inventory(node: &str) -> Inventory {
 }
 
 fn input_of(policy: &str, inv: &Inventory) -> Arc<DraInput> {
+    input_with(
+        policy,
+        inv,
+        None,
+        Cause::Xid(79),
+        std::time::SystemTime::now(),
+    )
+}
+
+/// The input for `policy` on `inv`: every Unhealthy device for `cause`, its health folded over
+/// `prev`'s at `now`.
+fn input_with(
+    policy: &str,
+    inv: &Inventory,
+    prev: Option<&DraInput>,
+    cause: Cause,
+    now: std::time::SystemTime,
+) -> Arc<DraInput> {
     let policy = slicelet::policy::parse(policy).unwrap();
     let built = plan::build(&policy, inv).unwrap();
     let mut inventory = inv.clone();
     inventory.driver_version = Some("550.54.15".to_string());
-    Arc::new(DraInput {
-        plan: Arc::new(built.plan),
-        inventory: Arc::new(inventory),
-    })
+    Arc::new(DraInput::new(
+        Arc::new(built.plan),
+        Arc::new(inventory),
+        policy.dra_xid_taint_effect,
+        &|_, _| Some((cause, cause.label())),
+        prev,
+        now,
+    ))
 }
 
 struct Dra {
@@ -190,7 +213,9 @@ fn check_shape(slices: &[ResourceSlice]) {
         assert_eq!(s.spec.driver, DRIVER);
         assert_eq!(s.spec.pool.name, NODE);
         assert_eq!(s.spec.pool.resource_slice_count, n);
-        assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= 128);
+        // 64, not 128: Unhealthy devices are published with taints (the API server's limit
+        // for slices whose devices have taints).
+        assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= 64);
     }
 }
 
@@ -211,7 +236,7 @@ async fn slices_for_whole_time_sliced_mps_and_mig_nodes() {
     let cases: [(&str, &str, &str, usize, usize); 5] = [
         ("whole", "version: v1\ndra:\n  resources: [nvidia.com/gpu]\n", "h100-80gb-x8.yaml", 8, 1),
         ("time-sliced", TS4, "h100-80gb-x8.yaml", 32, 1),
-        ("time-sliced x20", &TS4.replace("replicas: 4", "replicas: 20"), "h100-80gb-x8.yaml", 160, 2),
+        ("time-sliced x20", &TS4.replace("replicas: 4", "replicas: 20"), "h100-80gb-x8.yaml", 160, 3),
         ("mps", "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n", "h100-80gb-x8.yaml", 32, 1),
         ("mig mixed", DONE_WHEN, "h100-80gb-x8-ts-mig-mixed.yaml", 16 + 16, 1),
     ];
@@ -230,7 +255,7 @@ async fn slices_for_whole_time_sliced_mps_and_mig_nodes() {
 }
 
 #[tokio::test]
-async fn a_policy_change_bumps_the_generation_and_withdraws_unhealthy_devices() {
+async fn a_policy_change_bumps_the_generation_and_taints_unhealthy_devices() {
     let mut inv = inventory("h100-80gb-x8.yaml");
     let d = Dra::start(input_of(TS4, &inv)).await;
     let first = d.wait_slices(1, 32).await;
@@ -255,27 +280,45 @@ async fn a_policy_change_bumps_the_generation_and_withdraws_unhealthy_devices() 
     )));
     let second = d.wait_slices(g1 + 1, 16).await;
     check_shape(&second);
-    // GPU 3 Unhealthy: its two replicas withdrawn, generation bumped again.
+    // GPU 3 Unhealthy: its two replicas tainted (not withdrawn), generation bumped again.
     inv.gpus[3].health = slicelet::health::Health::Unhealthy;
     d.inputs.send_replace(Some(input_of(
         &TS4.replace("replicas: 4", "replicas: 2"),
         &inv,
     )));
-    let third = d.wait_slices(second[0].spec.pool.generation + 1, 14).await;
+    let third = d.wait_slices(second[0].spec.pool.generation + 1, 16).await;
     let u3 = &inv.gpus[3].uuid;
-    assert!(!names(&third).contains(&device_name(&format!("{u3}::0"))));
-    // Growing over 128 devices adds a slice; shrinking deletes it again.
+    assert_eq!(
+        tainted(&third),
+        [0, 1].map(|n| (device_name(&format!("{u3}::{n}")), "xid-79".to_string()))
+    );
+    // Growing over 64 devices adds slices (64 each: taints are in use); shrinking deletes
+    // them again.
     d.inputs.send_replace(Some(input_of(
         &TS4.replace("replicas: 4", "replicas: 20"),
         &inv,
     )));
-    let big = d.wait_slices(1, 140).await;
-    assert_eq!(big.len(), 2);
+    let big = d.wait_slices(1, 160).await;
+    assert_eq!(big.len(), 3);
     check_shape(&big);
     d.inputs.send_replace(Some(input_of(TS4, &inv)));
-    let small = d.wait_slices(1, 28).await;
-    assert_eq!(small.len(), 1, "the extra slice is deleted");
+    let small = d.wait_slices(1, 32).await;
+    assert_eq!(small.len(), 1, "the extra slices are deleted");
     check_shape(&small);
+}
+
+/// The tainted devices of `slices` (name, taint value), in order.
+fn tainted(slices: &[ResourceSlice]) -> Vec<(String, String)> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .flat_map(|d| {
+            d.taints
+                .iter()
+                .flatten()
+                .map(|t| (d.name.clone(), t.value.clone().unwrap_or_default()))
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -459,7 +502,9 @@ async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
     let mut inv = inventory("h100-80gb-x8.yaml");
     inv.gpus[1].health = slicelet::health::Health::Unhealthy;
     let mut d = Dra::start(input_of(TS4, &inv)).await;
-    d.wait_slices(1, 28).await;
+    // GPU 1's replicas are published tainted; a claim that tolerates the taint and gets one
+    // is still refused (a device slicelet holds Unhealthy is never prepared).
+    assert_eq!(tainted(&d.wait_slices(1, 32).await).len(), 4);
     let (g0, g1) = (inv.gpus[0].uuid.clone(), inv.gpus[1].uuid.clone());
     let r0 = device_name(&format!("{g0}::0"));
     let cases = [
@@ -939,4 +984,204 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     assert_eq!(k.unprepare(Version::V1, &claim).await.unwrap()[UID_A], "");
     crate::common::wait_lists(&emu, &[("nvidia.com/gpu-dra", 2)]).await;
     d.stop().await;
+}
+
+/// The taints of device `name` in the stored slice `v`.
+fn taints_in(v: &Value, name: &str) -> Vec<Value> {
+    v["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["name"] == name)
+        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Whether any device of the stored slice `v` has a taint.
+fn any_taint(v: &Value) -> bool {
+    v["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| d["taints"].as_array().is_some_and(|t| !t.is_empty()))
+}
+
+/// A taint's `timeAdded` as written: stable across republishes and a restart of the
+/// component (the listed taint's time wins over a new health record's), NoExecute when the
+/// policy asks for Xids, and gone once the device recovers.
+#[tokio::test]
+async fn a_taint_keeps_its_time_across_a_restart_and_goes_with_recovery() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let mut inv = inventory("h100-80gb-x8.yaml");
+    let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let healthy = input_with(TS4, &inv, None, Cause::Xid(79), t0);
+    let mut d = Dra::start(healthy.clone()).await;
+    d.wait_slices(1, 32).await;
+    inv.gpus[2].health = slicelet::health::Health::Unhealthy;
+    let t1 = t0 + Duration::from_millis(60_500);
+    let sick = input_with(TS4, &inv, Some(&healthy), Cause::Xid(79), t1);
+    d.inputs.send_replace(Some(sick.clone()));
+    let g2 = &inv.gpus[2].uuid;
+    let r0 = device_name(&format!("{g2}::0"));
+    let (_, v) = d
+        .api
+        .wait_slice_write(0, WAIT, |v| !taints_in(v, &r0).is_empty())
+        .await
+        .unwrap();
+    let t = &taints_in(&v, &r0)[0];
+    assert_eq!(t["key"], "gpu.slicelet.io/unhealthy");
+    assert_eq!(t["value"], "xid-79");
+    assert_eq!(t["effect"], "NoSchedule");
+    assert_eq!(t["timeAdded"], "2027-01-15T08:01:00Z", "{t}");
+    // A restarted component with a health record that knows nothing of before (its since is
+    // an hour later): the listed taint keeps its time.
+    d.stop_component().await;
+    let writes = d.api.slice_writes().len();
+    d.inputs.send_replace(Some(input_with(
+        TS4,
+        &inv,
+        None,
+        Cause::Xid(79),
+        t1 + Duration::from_secs(3600),
+    )));
+    d.spawn().await;
+    let slices = d.wait_slices(1, 32).await;
+    assert!(
+        d.api.slice_writes().len() > writes,
+        "republished after the restart"
+    );
+    let stored = serde_json::to_value(&slices[0]).unwrap();
+    assert_eq!(
+        taints_in(&stored, &r0)[0]["timeAdded"],
+        "2027-01-15T08:01:00Z"
+    );
+    // The policy asks for NoExecute on Xids.
+    let no_execute = TS4.replace("sharing:", "dra:\n  xidTaintEffect: NoExecute\nsharing:");
+    let last = d.inputs.borrow().clone().unwrap();
+    d.inputs.send_replace(Some(input_with(
+        &no_execute,
+        &inv,
+        Some(&last),
+        Cause::Xid(79),
+        t1,
+    )));
+    d.api
+        .wait_slice_write(0, WAIT, |v| {
+            taints_in(v, &r0)
+                .first()
+                .is_some_and(|t| t["effect"] == "NoExecute")
+        })
+        .await
+        .unwrap();
+    // Recovered: no taint anywhere.
+    inv.gpus[2].health = slicelet::health::Health::Healthy;
+    let writes = d.api.slice_writes().len();
+    d.inputs
+        .send_replace(Some(input_with(TS4, &inv, None, Cause::Xid(79), t1)));
+    d.api
+        .wait_slice_write(writes, WAIT, |v| !any_taint(v))
+        .await
+        .unwrap();
+    assert!(tainted(&d.wait_slices(1, 32).await).is_empty());
+}
+
+/// Log lines, for a test that counts WARNs: a fmt subscriber writing into a shared buffer.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// An API server without device taints, both ways it can show it (the field dropped silently,
+/// a write refused with 422 naming it): Unhealthy devices are withdrawn instead, no device is
+/// ever stored untainted while Unhealthy (the first tainted write is a dry run), one WARN
+/// (not one per reconcile), and the status says why.
+#[tokio::test]
+async fn an_api_server_without_device_taints_gets_withdrawal_and_one_warn() {
+    use kubelet_emulator::kube_api::Taints;
+    for mode in [Taints::Drop, Taints::Refuse] {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let mut inv = inventory("h100-80gb-x8.yaml");
+        let healthy = input_of(TS4, &inv);
+        let d = Dra::start(healthy.clone()).await;
+        d.api.set_taints(mode);
+        d.wait_slices(1, 32).await;
+        inv.gpus[3].health = slicelet::health::Health::Unhealthy;
+        let sick = input_with(
+            TS4,
+            &inv,
+            Some(&healthy),
+            Cause::Lost,
+            std::time::SystemTime::now(),
+        );
+        let before = d.api.slice_writes().len();
+        d.inputs.send_replace(Some(sick.clone()));
+        let slices = d.wait_slices(1, 28).await;
+        let g3 = &inv.gpus[3].uuid.clone();
+        assert!(
+            !names(&slices).contains(&device_name(&format!("{g3}::0"))),
+            "{mode:?}"
+        );
+        let mut status = d.handle.as_ref().unwrap().status.clone();
+        let refused = tokio::time::timeout(WAIT, status.wait_for(|s| s.taints_refused.is_some()))
+            .await
+            .unwrap()
+            .unwrap()
+            .taints_refused
+            .clone()
+            .unwrap();
+        assert!(refused.contains("device taints"), "{mode:?}: {refused}");
+        // Another device turns Unhealthy: withdrawn too, and no second WARN.
+        inv.gpus[4].health = slicelet::health::Health::Unhealthy;
+        d.inputs.send_replace(Some(input_with(
+            TS4,
+            &inv,
+            Some(&sick),
+            Cause::Lost,
+            std::time::SystemTime::now(),
+        )));
+        d.wait_slices(1, 24).await;
+        let unit_of = |v: &Value, g: &str| {
+            v["spec"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| d["attributes"]["uuid"]["string"] == g)
+        };
+        assert!(
+            d.api.slice_writes()[before..]
+                .iter()
+                .all(|v| !unit_of(v, g3)),
+            "{mode:?}: GPU 3 was stored (untainted) after it turned Unhealthy"
+        );
+        let warns: Vec<String> = logs
+            .lines()
+            .into_iter()
+            .filter(|l| l.contains("WARN") && l.contains("device taints"))
+            .collect();
+        assert_eq!(warns.len(), 1, "{mode:?}: {warns:#?}");
+    }
 }
