@@ -60,8 +60,14 @@ pub mod dra {
         pub use generated::*;
     }
     /// `supported_versions` a DRA plugin answers in `GetInfo`: the gRPC service names the
-    /// kubelet may call (k8s.io/kubelet `pkg/apis/dra/{v1,v1beta1}` `DRAPluginService`).
-    pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+    /// kubelet may call (k8s.io/kubelet `pkg/apis/dra/{v1,v1beta1}` `DRAPluginService`, and
+    /// `pkg/apis/dra-health/{v1,v1alpha1}` `DRAResourceHealthService`: see [`super::drahealth`]).
+    pub const SUPPORTED_VERSIONS: [&str; 4] = [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        super::drahealth::V1_SERVICE,
+        super::drahealth::V1ALPHA1_SERVICE,
+    ];
     /// Default directory the DRA plugins' own sockets live under (`<dir>/<driver>/dra.sock`).
     pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 }

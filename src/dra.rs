@@ -9,7 +9,9 @@
 //! - [`publish`]: reconciles those slices through the Kubernetes API.
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
 //! - [`checkpoint`]: the prepared claims, on disk.
-//! - [`plugin`]: the kubelet plugin (registration and the DRA service, v1 and v1beta1).
+//! - [`plugin`]: the kubelet plugin (registration, the DRA service v1 and v1beta1).
+//! - [`health_stream`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
+//!   endpoint: every device's health, streamed.
 //!
 //! One policy, both paths: a resource is served by DRA exactly when the policy says so
 //! (`dra.resources`, or a sharing entry's `dra: true`; [`crate::plan::ResourcePlan::dra`]); the
@@ -20,6 +22,7 @@
 
 pub mod checkpoint;
 pub mod health;
+pub mod health_stream;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
@@ -263,6 +266,11 @@ async fn run(
         driver_version: None,
         unhealthy: slices::Unhealthy::default(),
     };
+    let health = health_stream::HealthService {
+        pool: settings.node.clone(),
+        inputs: inputs.clone(),
+        stop: shutdown.clone(),
+    };
     let mut publisher = tokio::spawn(publish::run(
         client,
         params,
@@ -278,11 +286,18 @@ async fn run(
     let dra_listener =
         UnixListenerStream::new(dra_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
     let mut dra_server = tokio::spawn(async move {
+        use crate::api::drahealth::{v1 as health_v1, v1alpha1 as health_v1alpha1};
         tonic::transport::Server::builder()
             .add_service(
                 crate::api::dra::v1::dra_plugin_server::DraPluginServer::new(service.clone()),
             )
             .add_service(crate::api::dra::v1beta1::dra_plugin_server::DraPluginServer::new(service))
+            .add_service(
+                health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()),
+            )
+            .add_service(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
+            )
             .serve_with_incoming_shutdown(dra_listener, stop.cancelled_owned())
             .await
     });

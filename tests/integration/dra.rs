@@ -437,7 +437,12 @@ async fn done_when_slices_match_the_plan_and_two_replicas_prepare_gpu_0_once() {
     assert_eq!(k.info.name, DRIVER);
     assert_eq!(
         k.info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(
         k.info.endpoint,
@@ -1184,4 +1189,195 @@ async fn an_api_server_without_device_taints_gets_withdrawal_and_one_warn() {
             .collect();
         assert_eq!(warns.len(), 1, "{mode:?}: {warns:#?}");
     }
+}
+
+/// A simulated 8× H100 node (GPU 0 alone so that an Xid line can be put on it).
+fn write_h100_node(path: &Path, gpu0: &str) {
+    let text = format!(
+        "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 0\n{gpu0}  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 0\n    count: 3\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 1\n    count: 4\nnvswitch: true\n"
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// GPUs 0–3 time-sliced ×4 through DRA, recovering 1.5 s after a critical Xid.
+const XID_POLICY: &str = "version: v1\nhealth:\n  recoverySeconds: 1.5\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
+
+/// GPU 0's four replicas in a stored slice: all tainted `xid-79` (`true`) or none tainted.
+fn gpu0_tainted(v: &Value, g0: &str, tainted: bool) -> bool {
+    (0..4).all(|n| {
+        let t = taints_in(v, &device_name(&format!("{g0}::{n}")));
+        if tainted {
+            t.len() == 1 && t[0]["value"] == "xid-79" && t[0]["effect"] == "NoSchedule"
+        } else {
+            t.is_empty()
+        }
+    }) && v["spec"]["devices"]
+        .as_array()
+        .is_some_and(|d| d.len() == 16)
+}
+
+/// GPU 0's four replicas in a health message: all `health` with `message` (others Healthy).
+fn gpu0_reported(
+    m: &[kubelet_emulator::dra::DeviceHealth],
+    g0: &str,
+    health: &str,
+    message: &str,
+) -> bool {
+    let r0: Vec<String> = (0..4).map(|n| device_name(&format!("{g0}::{n}"))).collect();
+    m.len() == 16
+        && m.iter().all(|d| {
+            d.pool == NODE
+                && d.timeout_seconds == 60
+                && if r0.contains(&d.device) {
+                    d.health == health && d.message == message
+                } else {
+                    d.health == "Healthy"
+                }
+        })
+}
+
+/// The whole daemon with `--dra`: an Xid 79 on GPU 0 taints its four replicas in the API's
+/// slices (nothing withdrawn) and the kubelet's health stream (v1 and v1alpha1) reports them
+/// Unhealthy, both within 1 s of the node file's edit; after the quiet period the taints are
+/// gone and the stream says Healthy, again within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_taints_gpu_0_and_the_health_stream_reports_it_within_a_second() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    use kubelet_emulator::dra::HealthVersion;
+    use std::time::{Duration, Instant};
+    let node = Node::new(XID_POLICY);
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let mut d = Daemon::start(settings);
+    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let v1 = k.watch_health(HealthVersion::V1).await.unwrap();
+    let alpha = k.watch_health(HealthVersion::V1alpha1).await.unwrap();
+    for w in [&v1, &alpha] {
+        w.wait_message(0, WAIT, |m| gpu0_reported(m, &g0, "Healthy", ""))
+            .await
+            .unwrap();
+    }
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    let seen_alpha = alpha.log().messages.len();
+
+    write_h100_node(&sim, "    xid: 79\n");
+    let edited = Instant::now();
+    let deadline = edited + Duration::from_secs(1);
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let (_, slice) = api
+        .wait_slice_write(writes, left(), |v| gpu0_tainted(v, &g0, true))
+        .await
+        .unwrap();
+    let (_, msg) = v1
+        .wait_message(seen, left(), |m| {
+            gpu0_reported(m, &g0, "Unhealthy", "xid 79")
+        })
+        .await
+        .unwrap();
+    alpha
+        .wait_message(seen_alpha, left(), |m| {
+            gpu0_reported(m, &g0, "Unhealthy", "xid 79")
+        })
+        .await
+        .unwrap();
+    // The taint's timeAdded and the stream's last_updated_time are the same second.
+    let r0 = device_name(&format!("{g0}::0"));
+    let added = taints_in(&slice, &r0)[0]["timeAdded"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let added: k8s_openapi::jiff::Timestamp = added.parse().unwrap();
+    let reported = msg.iter().find(|d| d.device == r0).unwrap().last_updated;
+    assert_eq!(added.as_second(), reported);
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((wall - reported).abs() <= 2, "{wall} {reported}");
+
+    // The Xid line goes; GPU 0 recovers once 1.5 s passed without another.
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    write_h100_node(&sim, "");
+    let recovery = Duration::from_millis(1500);
+    let deadline = edited + recovery + Duration::from_secs(1);
+    let left = || deadline.saturating_duration_since(Instant::now());
+    api.wait_slice_write(writes, left(), |v| gpu0_tainted(v, &g0, false))
+        .await
+        .unwrap();
+    v1.wait_message(seen, left(), |m| gpu0_reported(m, &g0, "Healthy", ""))
+        .await
+        .unwrap();
+    let s = d.wait_status(|s| s.ready().is_ok()).await;
+    assert_eq!(s.dra_taints_refused, None);
+    d.stop().await;
+}
+
+/// The whole daemon against an API server that drops device taints: GPU 0's replicas are
+/// withdrawn on an Xid, `/readyz` stays 200 and says why in a note, the metric says 0, and
+/// the health stream still reports them Unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    use kubelet_emulator::dra::HealthVersion;
+    use kubelet_emulator::kube_api::Taints;
+    let node = Node::new(XID_POLICY);
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    api.set_taints(Taints::Drop);
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    let mut d = Daemon::start(settings);
+    let addr = d
+        .wait_status(|s| s.ready().is_ok() && s.dra_serving && s.address.is_some())
+        .await
+        .address
+        .unwrap();
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_device_taints 1"),
+        "{metrics}"
+    );
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let health = k.watch_health(HealthVersion::V1).await.unwrap();
+    write_h100_node(&sim, "    xid: 79\n");
+    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 12).await);
+    assert!(!names(&slices).contains(&device_name(&format!("{g0}::0"))));
+    health
+        .wait_message(0, WAIT, |m| gpu0_reported(m, &g0, "Unhealthy", "xid 79"))
+        .await
+        .unwrap();
+    d.wait_status(|s| s.dra_taints_refused.is_some()).await;
+    let (code, body) = crate::live::get(addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert!(
+        body.contains("DRA device taints refused: the API server dropped the device taints"),
+        "{body}"
+    );
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_device_taints 0"),
+        "{metrics}"
+    );
+    d.stop().await;
 }
