@@ -1,8 +1,12 @@
 //! Compiles `proto/deviceplugin/v1beta1/api.proto`, `proto/podresources/v1/api.proto`, the
 //! kubelet's plugin registration API (`proto/pluginregistration/v1/api.proto`) and its DRA
-//! plugin API (`proto/dra/v1/api.proto`, `proto/dra/v1beta1/api.proto`) with protox (a pure-Rust
-//! protobuf compiler, so no system `protoc` is needed) and generates the tonic
+//! plugin API (`proto/dra/v1/api.proto`, `proto/dra/v1beta1/api.proto`) and its DRA resource
+//! health API (`proto/drahealth/v1/api.proto`, `proto/drahealth/v1alpha1/api.proto`) with protox
+//! (a pure-Rust protobuf compiler, so no system `protoc` is needed) and generates the tonic
 //! client and server bindings into `OUT_DIR`. Nothing generated is committed.
+//!
+//! The health API's package `v1` is also the pod-resources API's: its bindings go into
+//! `OUT_DIR/drahealth/` so that the two `v1.rs` files do not overwrite each other.
 //!
 //! It also packs the binary's relative relocations where the linker is LLD (see
 //! [`pack_relocations`]).
@@ -15,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/pluginregistration/v1/api.proto",
         "proto/dra/v1/api.proto",
         "proto/dra/v1beta1/api.proto",
+        "proto/drahealth/v1/api.proto",
+        "proto/drahealth/v1alpha1/api.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -27,12 +33,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("descriptors.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        // BTreeMap keeps `envs` ordered, so responses print and compare deterministically.
-        .btree_map(".")
-        .compile_fds(fds)?;
+    let is_health = |name: &str| name.starts_with("drahealth/");
+    let mut health = fds.clone();
+    health.file.retain(|f| is_health(f.name()));
+    let mut rest: tonic_prost_build::FileDescriptorSet = fds;
+    rest.file.retain(|f| !is_health(f.name()));
+    let health_dir = out.join("drahealth");
+    std::fs::create_dir_all(&health_dir)?;
+    for (set, dir) in [(rest, &out), (health, &health_dir)] {
+        tonic_prost_build::configure()
+            .build_client(true)
+            .build_server(true)
+            // BTreeMap keeps `envs` ordered, so responses print and compare deterministically.
+            .btree_map(".")
+            .out_dir(dir)
+            .compile_fds(set)?;
+    }
     Ok(())
 }
 

@@ -60,10 +60,47 @@ pub mod dra {
         pub use generated::*;
     }
     /// `supported_versions` a DRA plugin answers in `GetInfo`: the gRPC service names the
-    /// kubelet may call (k8s.io/kubelet `pkg/apis/dra/{v1,v1beta1}` `DRAPluginService`).
-    pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+    /// kubelet may call (k8s.io/kubelet `pkg/apis/dra/{v1,v1beta1}` `DRAPluginService`, and
+    /// `pkg/apis/dra-health/{v1,v1alpha1}` `DRAResourceHealthService`: see [`super::drahealth`]).
+    pub const SUPPORTED_VERSIONS: [&str; 4] = [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        super::drahealth::V1_SERVICE,
+        super::drahealth::V1ALPHA1_SERVICE,
+    ];
     /// Default directory the DRA plugins' own sockets live under (`<dir>/<driver>/dra.sock`).
     pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+}
+
+/// The kubelet's DRA resource health API (KEP-4680, `k8s.io/kubelet pkg/apis/dra-health`):
+/// `NodeWatchResources`, a stream of every device's health from the driver to the kubelet,
+/// which shows it in the status of the pods using the devices. Kubelets 1.37 and newer call v1;
+/// 1.34 to 1.36 (feature gate `ResourceHealthStatus`) call v1alpha1; the messages are the same.
+pub mod drahealth {
+    /// Version v1 (generated from `proto/drahealth/v1/api.proto`, protobuf package `v1`).
+    pub mod v1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            include!(concat!(env!("OUT_DIR"), "/drahealth/v1.rs"));
+        }
+        pub use generated::*;
+    }
+    /// Version v1alpha1 (generated from `proto/drahealth/v1alpha1/api.proto`).
+    pub mod v1alpha1 {
+        #[allow(missing_docs, clippy::all, clippy::pedantic)]
+        mod generated {
+            include!(concat!(env!("OUT_DIR"), "/drahealth/v1alpha1.rs"));
+        }
+        pub use generated::*;
+    }
+    /// The v1 service's name in `supported_versions` (k8s.io/kubelet
+    /// `dra-health/v1.DRAResourceHealthService`).
+    pub const V1_SERVICE: &str = "v1.DRAResourceHealth";
+    /// The v1alpha1 service's name in `supported_versions` (k8s.io/kubelet
+    /// `dra-health/v1alpha1.DRAResourceHealthService`).
+    pub const V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+    /// `message` is at most this many characters (the kubelet truncates longer ones).
+    pub const MAX_MESSAGE: usize = 1024;
 }
 
 /// API version sent in `RegisterRequest.version`.

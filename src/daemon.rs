@@ -574,10 +574,20 @@ impl Shell {
                 Action::Publish(plan) => {
                     self.plans.send_replace(Arc::clone(&plan));
                     if let Some(tx) = &self.dra_inputs {
-                        tx.send_replace(Some(Arc::new(crate::dra::DraInput {
-                            plan: Arc::clone(&plan),
-                            inventory: Arc::new(state.inventory.clone().unwrap_or_default()),
-                        })));
+                        let prev = tx.borrow().clone();
+                        let input = crate::dra::DraInput::new(
+                            Arc::clone(&plan),
+                            Arc::new(state.inventory.clone().unwrap_or_default()),
+                            state
+                                .policy
+                                .as_ref()
+                                .map(|p| p.dra_xid_taint_effect)
+                                .unwrap_or_default(),
+                            &|res, d| Some(dra_cause(state, res, d)),
+                            prev.as_deref(),
+                            std::time::SystemTime::now(),
+                        );
+                        tx.send_replace(Some(Arc::new(input)));
                     }
                     self.metrics.set_plan(&plan);
                     if self.plugin_mode {
@@ -766,6 +776,53 @@ fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String
         }
     }
     out
+}
+
+/// Why the plan holds DRA device `d` of `res` Unhealthy, as a cause (the device taint's value)
+/// and a sentence: the tracker's condition on its unit, the drain rules' reason, its MIG
+/// parent's condition, a unit no longer present (lost), else the drain rules (an MPS unit
+/// whose replicas shrink while clients hold them).
+fn dra_cause(
+    state: &State,
+    res: &crate::plan::ResourcePlan,
+    d: &crate::plan::VirtualDevice,
+) -> (crate::health::Cause, String) {
+    use crate::health::Cause;
+    let tracked = |uuid: &str| {
+        let cause = state.tracker.cause(uuid)?;
+        Some((
+            cause,
+            state.tracker.reason(uuid).unwrap_or_default().to_string(),
+        ))
+    };
+    if let Some(c) = tracked(&d.gpu_uuid) {
+        return c;
+    }
+    if let Some(why) = state
+        .plan
+        .drain
+        .draining
+        .get(res.name.as_str())
+        .and_then(|m| m.get(&d.id))
+    {
+        return (Cause::Draining, why.clone());
+    }
+    if let Some(c) = d.mig.as_ref().and_then(|m| tracked(&m.parent_uuid)) {
+        return c;
+    }
+    let present = state.inventory.as_ref().is_some_and(|inv| {
+        inv.gpus
+            .iter()
+            .any(|g| g.uuid == d.gpu_uuid || g.mig_devices.iter().any(|m| m.uuid == d.gpu_uuid))
+    });
+    if present {
+        (
+            Cause::Draining,
+            "held Unhealthy until its holders release the unit (drain rules)".to_string(),
+        )
+    } else {
+        (Cause::Lost, "the unit is no longer present".to_string())
+    }
 }
 
 /// The socket path a resource is served on in `dir` (for tests and tools).

@@ -48,6 +48,46 @@ impl std::fmt::Display for Health {
     }
 }
 
+/// Why a device is Unhealthy, as a kind: the short, stable word DRA publishes it under (the
+/// value of a device taint, so a Kubernetes label value: at most 63 characters of
+/// `[A-Za-z0-9._-]`, starting and ending alphanumeric) and the kind of the condition, from
+/// which a policy may derive how hard the taint is (only Xids can be `NoExecute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    /// A critical Xid (its number): `xid-79`.
+    Xid(u64),
+    /// Discovery reports the device unusable (NVML lost it, or a simulated node says
+    /// Unhealthy): `lost`.
+    Lost,
+    /// The device's Xid events cannot be watched (fail closed): `unwatched`.
+    Unwatched,
+    /// Its CDI name does not resolve in the node's CDI specs: `cdi-unresolved`.
+    CdiUnresolved,
+    /// Its MPS control daemon is not ready: `mps-not-ready`.
+    MpsNotReady,
+    /// The drain rules hold it: the unit changes shape and old holders are still there:
+    /// `draining`.
+    Draining,
+    /// Held Unhealthy for another reason: `unhealthy`.
+    Other,
+}
+
+impl Cause {
+    /// The short word (see [`Cause`]): `xid-79`, `lost`, `unwatched`, `cdi-unresolved`,
+    /// `mps-not-ready`, `draining`, `unhealthy`.
+    pub fn label(self) -> String {
+        match self {
+            Cause::Xid(x) => format!("xid-{x}"),
+            Cause::Lost => "lost".to_string(),
+            Cause::Unwatched => "unwatched".to_string(),
+            Cause::CdiUnresolved => "cdi-unresolved".to_string(),
+            Cause::MpsNotReady => "mps-not-ready".to_string(),
+            Cause::Draining => "draining".to_string(),
+            Cause::Other => "unhealthy".to_string(),
+        }
+    }
+}
+
 /// What one source of device health observed about one device (a GPU or a MIG device, by
 /// UUID). Every source of health arrives as one of these into [`crate::health::Tracker`].
 #[derive(Debug, Clone, PartialEq, Eq)]

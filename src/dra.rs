@@ -2,11 +2,16 @@
 //! device plugin serves, published as ResourceSlices and prepared through the kubelet's DRA
 //! plugin API, beside the device plugin or alone.
 //!
-//! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices.
+//! - [`health`] (pure): each device's health, cause and since when (device taints and the
+//!   kubelet's health stream).
+//! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices,
+//!   Unhealthy devices tainted (or withdrawn where the API server has no device taints).
 //! - [`publish`]: reconciles those slices through the Kubernetes API.
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
 //! - [`checkpoint`]: the prepared claims, on disk.
-//! - [`plugin`]: the kubelet plugin (registration and the DRA service, v1 and v1beta1).
+//! - [`plugin`]: the kubelet plugin (registration, the DRA service v1 and v1beta1).
+//! - [`health_stream`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
+//!   endpoint: every device's health, streamed.
 //!
 //! One policy, both paths: a resource is served by DRA exactly when the policy says so
 //! (`dra.resources`, or a sharing entry's `dra: true`; [`crate::plan::ResourcePlan::dra`]); the
@@ -16,6 +21,8 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
+pub mod health;
+pub mod health_stream;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
@@ -38,8 +45,8 @@ pub const DEFAULT_DRIVER: &str = "gpu.slicelet.io";
 /// The default CDI spec directory for claim specs (`--cdi-output-dir`).
 pub const DEFAULT_CDI_OUTPUT_DIR: &str = "/var/run/cdi";
 
-/// What DRA needs of each plan: the plan, the inventory it was built from, the NVIDIA driver
-/// version when known.
+/// What DRA needs of each plan: the plan, the inventory it was built from (with the NVIDIA
+/// driver version when known), each device's health and the policy's taint effect.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DraInput {
     /// The plan the device plugin serves too (DRA takes its `dra` resources).
@@ -47,6 +54,38 @@ pub struct DraInput {
     /// The inventory (models, memory, compute capabilities and the driver version for the
     /// slices' attributes).
     pub inventory: Arc<Inventory>,
+    /// Every device of the pool: health, cause and since when ([`health::fold`]).
+    pub health: health::HealthMap,
+    /// The policy's `dra.xidTaintEffect`.
+    pub xid_taint_effect: crate::policy::TaintEffect,
+}
+
+impl DraInput {
+    /// The input for `plan`: the health of its DRA devices folded over `prev`'s (so `since`
+    /// stays put for devices that did not change) at `now`, each Unhealthy device's cause
+    /// from `cause_of`.
+    pub fn new(
+        plan: Arc<Plan>,
+        inventory: Arc<Inventory>,
+        xid_taint_effect: crate::policy::TaintEffect,
+        cause_of: &health::CauseOf<'_>,
+        prev: Option<&DraInput>,
+        now: std::time::SystemTime,
+    ) -> DraInput {
+        let empty = health::HealthMap::new();
+        let health = health::fold(
+            prev.map_or(&empty, |p| &p.health),
+            slices::dra_resources(&plan),
+            cause_of,
+            now,
+        );
+        DraInput {
+            plan,
+            inventory,
+            health,
+            xid_taint_effect,
+        }
+    }
 }
 
 /// Where DRA runs (the `--dra-*` flags).
@@ -228,6 +267,12 @@ async fn run(
         driver: settings.driver.clone(),
         generation: 0,
         driver_version: None,
+        unhealthy: slices::Unhealthy::default(),
+    };
+    let health = health_stream::HealthService {
+        pool: settings.node.clone(),
+        inputs: inputs.clone(),
+        stop: shutdown.clone(),
     };
     let mut publisher = tokio::spawn(publish::run(
         client,
@@ -244,11 +289,18 @@ async fn run(
     let dra_listener =
         UnixListenerStream::new(dra_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
     let mut dra_server = tokio::spawn(async move {
+        use crate::api::drahealth::{v1 as health_v1, v1alpha1 as health_v1alpha1};
         tonic::transport::Server::builder()
             .add_service(
                 crate::api::dra::v1::dra_plugin_server::DraPluginServer::new(service.clone()),
             )
             .add_service(crate::api::dra::v1beta1::dra_plugin_server::DraPluginServer::new(service))
+            .add_service(
+                health_v1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()),
+            )
+            .add_service(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
+            )
             .serve_with_incoming_shutdown(dra_listener, stop.cancelled_owned())
             .await
     });

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use crate::device_health::{Health, HealthEvent};
+pub use crate::device_health::{Cause, Health, HealthEvent};
 use crate::inventory::Inventory;
 
 mod xid;
@@ -46,6 +46,8 @@ pub struct Transition {
 struct Sick {
     last_event: Instant,
     reason: String,
+    /// The Xid that made it sick, if one did ([`Tracker::on_xid`]).
+    xid: Option<u64>,
 }
 
 /// The one owner of device health. It folds every source — discovery (a GPU lost or a
@@ -107,6 +109,25 @@ impl Tracker {
             .then_some("MPS control daemon not ready")
     }
 
+    /// Why the device is Unhealthy as a kind (the condition [`Tracker::reason`] names), or
+    /// `None` when Healthy.
+    pub fn cause(&self, uuid: &str) -> Option<Cause> {
+        if self.lost.contains_key(uuid) {
+            return Some(Cause::Lost);
+        }
+        if self.unwatched.contains_key(uuid) {
+            return Some(Cause::Unwatched);
+        }
+        if self.cdi.contains_key(uuid) {
+            return Some(Cause::CdiUnresolved);
+        }
+        if let Some(s) = self.sick.get(uuid) {
+            return Some(s.xid.map_or(Cause::Other, Cause::Xid));
+        }
+        (self.mps_wanted.contains(uuid) && !self.mps_ready.contains(uuid))
+            .then_some(Cause::MpsNotReady)
+    }
+
     /// The device's health as far as every source goes.
     pub fn health(&self, uuid: &str) -> Health {
         Health::from_bool(self.reason(uuid).is_none())
@@ -135,12 +156,23 @@ impl Tracker {
     /// Marks the device Unhealthy (or restarts its quiet period) for `reason`. Returns the
     /// transition when it was Healthy.
     pub fn fail(&mut self, uuid: &str, reason: String, now: Instant) -> Option<Transition> {
+        self.fail_with(uuid, reason, None, now)
+    }
+
+    fn fail_with(
+        &mut self,
+        uuid: &str,
+        reason: String,
+        xid: Option<u64>,
+        now: Instant,
+    ) -> Option<Transition> {
         self.track(uuid, |t| {
             t.sick.insert(
                 uuid.to_string(),
                 Sick {
                     last_event: now,
                     reason,
+                    xid,
                 },
             );
         })
@@ -157,7 +189,7 @@ impl Tracker {
         if !policy.is_critical(xid) {
             return None;
         }
-        self.fail(uuid, format!("xid {xid}"), now)
+        self.fail_with(uuid, format!("xid {xid}"), Some(xid), now)
     }
 
     /// Folds one [`HealthEvent`]; returns the transition it caused, if any.

@@ -92,6 +92,9 @@ pub struct Status {
     pub dra_down: Option<String>,
     /// Whether the DRA kubelet plugin's sockets serve (`--dra`).
     pub dra_serving: bool,
+    /// Why DRA withdraws Unhealthy devices instead of tainting them (the API server dropped or
+    /// refused device taints): not a readiness failure, a note under `/readyz`'s first line.
+    pub dra_taints_refused: Option<String>,
 }
 
 impl Status {
@@ -145,8 +148,10 @@ impl Status {
 
 impl Status {
     /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
-    /// device, `Retained <resource> <id>: held by ns/pod`, for `/readyz`'s body (empty when
-    /// every device is Healthy and nothing is retained).
+    /// device, `Retained <resource> <id>: held by ns/pod`, then `DRA device taints refused:
+    /// <why>; Unhealthy devices are withdrawn instead` when the API server has no device
+    /// taints, for `/readyz`'s body (empty when every device is Healthy, nothing is retained
+    /// and taints work).
     pub fn unhealthy_lines(&self) -> String {
         let unhealthy = self
             .unhealthy
@@ -156,7 +161,10 @@ impl Status {
             .retained
             .iter()
             .map(|(device, reason)| format!("Retained {device}: {reason}\n"));
-        unhealthy.chain(retained).collect()
+        let taints = self.dra_taints_refused.iter().map(|why| {
+            format!("DRA device taints refused: {why}; Unhealthy devices are withdrawn from the ResourceSlices instead\n")
+        });
+        unhealthy.chain(retained).chain(taints).collect()
     }
 }
 

@@ -583,22 +583,33 @@ impl Supervisor {
         }
     }
 
-    /// DRA's status changed: whether it serves goes into `/readyz` and `slicelet_dra_up`.
+    /// DRA's status changed: whether it serves goes into `/readyz` and `slicelet_dra_up`,
+    /// whether it taints Unhealthy devices into `/readyz`'s notes and
+    /// `slicelet_dra_device_taints`.
     fn on_dra(&mut self, ended: bool) {
         let Some(rx) = self.dra_status.as_mut() else {
             return;
         };
-        let (down, serving, prepared) = {
+        let (down, serving, prepared, taints_refused) = {
             let s = rx.borrow_and_update();
-            (s.down.clone(), s.serving, s.prepared.clone())
+            (
+                s.down.clone(),
+                s.serving,
+                s.prepared.clone(),
+                s.taints_refused.clone(),
+            )
         };
         if ended {
             self.dra_status = None;
         }
         self.shell.metrics.set_dra_up(down.is_none());
+        self.shell
+            .metrics
+            .set_dra_device_taints(serving && taints_refused.is_none());
         self.status.send_modify(|s| {
             s.dra_down = down;
             s.dra_serving = serving;
+            s.dra_taints_refused = taints_refused;
         });
         // Only once DRA has loaded its checkpoint: before that it knows nothing, and folding
         // an empty map would drop the holders read from the file at start.

@@ -15,6 +15,16 @@
 //!    extra ones (newest generation first in, old one out: the scheduler ignores a pool's
 //!    older generation meanwhile).
 //!
+//! Unhealthy devices are published with a device taint ([`super::slices::taint`]). A taint's
+//! `timeAdded` comes from the device's health record; a taint the listed slices already carry
+//! for the device (same key, value and effect) keeps its listed `timeAdded`, so a restarted
+//! daemon does not move it. An API server without device taints (before Kubernetes 1.37, or
+//! with the `DRADeviceTaints` feature off) either drops the field silently or refuses the write
+//! with a field error: when a slice written with taints comes back without them, or a write is
+//! refused with 422 naming `taints`, the loop logs one WARN, says so in
+//! [`PublishStatus::taints_refused`] (`/readyz` shows it, still 200; `slicelet_dra_device_taints`
+//! 0) and from then on withdraws Unhealthy devices instead (until the daemon restarts).
+//!
 //! RBAC needed: `list`, `watch`, `create`, `update`, `delete` on `resourceslices`
 //! (`resource.k8s.io`); the manifests limit writes to this node's slices with a
 //! ValidatingAdmissionPolicy.
@@ -81,6 +91,10 @@ pub struct PublishStatus {
     pub down: Option<String>,
     /// Whether the kubelet plugin's sockets serve now.
     pub serving: bool,
+    /// Why Unhealthy devices are withdrawn instead of tainted: the API server dropped or
+    /// refused the device taints. `None` while taints are published (or none was written
+    /// yet).
+    pub taints_refused: Option<String>,
     /// What the checkpoint says is prepared: published device name → the claims holding it
     /// ([`super::checkpoint::holders`]), after every prepare and unprepare; `None` until the
     /// checkpoint was loaded (a DRA that failed before loading it knows nothing, which is not
@@ -94,19 +108,153 @@ struct State {
     generation: i64,
     /// The device lists last published, per slice (generation not included).
     published: Option<Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>>>,
+    /// Why taints are not used (the API server dropped or refused them); `None`: they are.
+    taints_refused: Option<String>,
+    /// The API server kept the taints of a write (a dry run first, until one did).
+    taints_confirmed: bool,
+}
+
+/// How one reconcile ended.
+enum Outcome {
+    /// Published: the generation and the number of devices.
+    Done(i64, usize),
+    /// The API server dropped or refused the device taints (why); nothing else failed.
+    TaintsRefused(String),
+}
+
+/// Whether any device of `slice` has a taint.
+fn has_taints(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+}
+
+/// Why a write with taints shows the API server does not keep them: the stored copy lost
+/// them, or it answered 422 naming `taints`.
+fn taints_lost(
+    sent: &ResourceSlice,
+    answer: &Result<ResourceSlice, kube::Error>,
+) -> Option<String> {
+    if !has_taints(sent) {
+        return None;
+    }
+    match answer {
+        Ok(stored) if !has_taints(stored) => Some(format!(
+            "the API server dropped the device taints of ResourceSlice {} (no DRADeviceTaints: Kubernetes before 1.37, or the feature gate off)",
+            sent.metadata.name.as_deref().unwrap_or_default()
+        )),
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("taints") => Some(format!(
+            "the API server refused the device taints of ResourceSlice {}: {}",
+            sent.metadata.name.as_deref().unwrap_or_default(),
+            s.message
+        )),
+        _ => None,
+    }
+}
+
+/// Until the API server has kept the taints of one write: the write of `slice` (a replace, or
+/// a create) as a dry run first (`dryRun=All`: the API server drops or refuses fields exactly
+/// as for the real write, and stores nothing), so an Unhealthy device is never stored
+/// untainted. `Some` when it dropped or refused them; a dry run that fails otherwise is left
+/// to the real write.
+async fn try_taints(
+    api: &Api<ResourceSlice>,
+    slice: &ResourceSlice,
+    replace: bool,
+    state: &mut State,
+) -> Option<Outcome> {
+    if state.taints_confirmed || !has_taints(slice) {
+        return None;
+    }
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let answer = if replace {
+        api.replace(&name, &dry, slice).await
+    } else {
+        api.create(&dry, slice).await
+    };
+    if let Some(why) = taints_lost(slice, &answer) {
+        return Some(Outcome::TaintsRefused(why));
+    }
+    state.taints_confirmed = answer.is_ok();
+    None
+}
+
+/// The `timeAdded` of taints the listed slices already carry for the same device, key, value
+/// and effect, put into `wanted` (so a restart or a rebuilt health record does not move it).
+fn keep_listed_times(wanted: &mut slices::Slices, listed: &[ResourceSlice]) {
+    let mut times = std::collections::BTreeMap::new();
+    for d in listed.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        for t in d.taints.iter().flatten() {
+            if let Some(at) = &t.time_added {
+                times.insert(
+                    (
+                        d.name.clone(),
+                        t.key.clone(),
+                        t.value.clone(),
+                        t.effect.clone(),
+                    ),
+                    at.clone(),
+                );
+            }
+        }
+    }
+    for d in wanted
+        .slices
+        .iter_mut()
+        .flat_map(|s| s.spec.devices.iter_mut().flatten())
+    {
+        for t in d.taints.iter_mut().flatten() {
+            let key = (
+                d.name.clone(),
+                t.key.clone(),
+                t.value.clone(),
+                t.effect.clone(),
+            );
+            if let Some(at) = times.get(&key) {
+                t.time_added = Some(at.clone());
+            }
+        }
+    }
 }
 
 fn devices_of(s: &slices::Slices) -> Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>> {
     s.slices.iter().map(|x| x.spec.devices.clone()).collect()
 }
 
-/// Reconciles once: lists, creates, replaces, deletes.
+/// Reconciles: once with taints (unless the API server refused them before), and once more
+/// withdrawing Unhealthy devices when this time it did (logged once, at WARN).
 async fn reconcile(
     api: &Api<ResourceSlice>,
     params: &SliceParams,
     input: &DraInput,
     state: &mut State,
 ) -> Result<(i64, usize), PublishError> {
+    loop {
+        match reconcile_once(api, params, input, state).await? {
+            Outcome::Done(generation, devices) => return Ok((generation, devices)),
+            Outcome::TaintsRefused(why) => {
+                tracing::warn!(reason = %why, "DRA: the API server does not keep device taints; Unhealthy devices are withdrawn from the ResourceSlices instead");
+                state.taints_refused = Some(why);
+            }
+        }
+    }
+}
+
+/// Lists, creates, replaces, deletes; stops at the first write that shows the API server
+/// does not keep device taints.
+async fn reconcile_once(
+    api: &Api<ResourceSlice>,
+    params: &SliceParams,
+    input: &DraInput,
+    state: &mut State,
+) -> Result<Outcome, PublishError> {
     let selector = format!(
         "spec.nodeName={},spec.driver={}",
         params.node, params.driver
@@ -129,7 +277,15 @@ async fn reconcile(
     let mut p = params.clone();
     p.generation = state.generation.max(1);
     p.driver_version.clone_from(&input.inventory.driver_version);
-    let mut wanted = slices::build(resources, &input.inventory, &p);
+    p.unhealthy = if state.taints_refused.is_some() {
+        slices::Unhealthy::Withdraw
+    } else {
+        slices::Unhealthy::Taint {
+            xid_effect: input.xid_taint_effect,
+        }
+    };
+    let mut wanted = slices::build(resources, &input.inventory, &p, &input.health);
+    keep_listed_times(&mut wanted, &listed.items);
     let devices = devices_of(&wanted);
     if state.published.as_ref() != Some(&devices) || listed_max > state.generation {
         let generation = state.generation.max(listed_max) + 1;
@@ -157,22 +313,32 @@ async fn reconcile(
             Some(old) if same_spec(&old.spec, &slice.spec) => {}
             Some(old) => {
                 slice.metadata.resource_version = old.metadata.resource_version;
-                api.replace(&name, &PostParams::default(), &slice)
-                    .await
-                    .map_err(|source| PublishError::Write {
-                        op: "replacing",
-                        name: name.clone(),
-                        source,
-                    })?;
+                if let Some(refused) = try_taints(api, &slice, true, state).await {
+                    return Ok(refused);
+                }
+                let answer = api.replace(&name, &PostParams::default(), &slice).await;
+                if let Some(why) = taints_lost(&slice, &answer) {
+                    return Ok(Outcome::TaintsRefused(why));
+                }
+                answer.map_err(|source| PublishError::Write {
+                    op: "replacing",
+                    name: name.clone(),
+                    source,
+                })?;
             }
             None => {
-                api.create(&PostParams::default(), &slice)
-                    .await
-                    .map_err(|source| PublishError::Write {
-                        op: "creating",
-                        name: name.clone(),
-                        source,
-                    })?;
+                if let Some(refused) = try_taints(api, &slice, false, state).await {
+                    return Ok(refused);
+                }
+                let answer = api.create(&PostParams::default(), &slice).await;
+                if let Some(why) = taints_lost(&slice, &answer) {
+                    return Ok(Outcome::TaintsRefused(why));
+                }
+                answer.map_err(|source| PublishError::Write {
+                    op: "creating",
+                    name: name.clone(),
+                    source,
+                })?;
             }
         }
     }
@@ -192,7 +358,7 @@ async fn reconcile(
     }
     state.generation = p.generation;
     state.published = Some(devices);
-    Ok((p.generation, count))
+    Ok(Outcome::Done(p.generation, count))
 }
 
 /// Whether the API's copy says what we want (fields we do not set may be defaulted by the
@@ -239,6 +405,7 @@ pub async fn run(
                         s.generation = generation;
                         s.devices = devices;
                         s.error = None;
+                        s.taints_refused.clone_from(&state.taints_refused);
                     });
                     tracing::debug!(generation, devices, "DRA: ResourceSlices published");
                 }

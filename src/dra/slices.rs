@@ -6,13 +6,21 @@
 //! - One pool per node, named after the node; `pool.generation` comes from the caller, who
 //!   bumps it on every plan change (the scheduler uses only the slices of a pool's highest
 //!   generation, so a stale slice is ignored the moment a newer one exists).
-//! - At most [`MAX_DEVICES_PER_SLICE`] (128, the API server's limit) devices per slice; every
+//! - At most [`MAX_DEVICES_PER_SLICE`] (128, the API server's limit) devices per slice, or
+//!   [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`] (64) whenever Unhealthy devices are published with
+//!   taints (the API server's limit for slices whose devices have taints; kept whether or not
+//!   a device has one now, so a taint never moves devices between slices); every
 //!   slice of the pool carries `pool.resourceSliceCount` = how many there are, so the
 //!   scheduler knows when it has seen the whole pool. A pool without devices is one empty
 //!   slice (the pool still exists, with nothing to allocate).
 //! - One device per advertised unit: a whole GPU, a MIG device, and each time-sliced or MPS
-//!   replica. Unhealthy devices (and devices the drain rules hold Unhealthy) are withdrawn:
-//!   left out of the slices, so nothing new is allocated on them.
+//!   replica. Unhealthy devices (and devices the drain rules hold Unhealthy) are published
+//!   with one device taint each (KEP-5055, GA in Kubernetes 1.37; [`taint`]): key
+//!   [`TAINT_KEY`], the cause as value (`xid-79`, `lost`, `mps-not-ready`, `draining`, …),
+//!   effect `NoSchedule` (`NoExecute` for an Xid when the policy's `dra.xidTaintEffect` says
+//!   so), `timeAdded` when the device turned Unhealthy; so the scheduler allocates them to no
+//!   claim that does not tolerate the taint. Where the API server has no device taints they
+//!   are withdrawn instead ([`Unhealthy::Withdraw`]): left out of the slices.
 //! - Device names are DNS labels derived from the device ID alone ([`device_name`]), so the
 //!   same ID always gives the same name whatever else changes (GPU indices may move across
 //!   reboots; UUIDs do not). A name already used in the pool (only possible while the drain
@@ -51,7 +59,7 @@
 //!   device consumes its profile's memory slices ([`memory_slices`]) and GPU-instance slices
 //!   from it, so the sums never exceed the GPU's. The sets go in slices of their own without devices
 //!   (Kubernetes 1.35 and later), [`COUNTER_SETS_PER_SLICE`] per slice, first in the pool;
-//!   with counters a slice holds at most [`MAX_DEVICES_PER_SLICE_WITH_COUNTERS`] devices.
+//!   with counters a slice holds at most [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`] devices.
 //!   Replicas of a MIG device consume nothing of their own (they share one device).
 //! - String attributes are at most [`MAX_STRING_ATTRIBUTE`] (64) characters and versions must
 //!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
@@ -61,23 +69,29 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use crate::health::Health;
+use super::health::{DeviceHealth, HealthMap};
+use crate::health::{Cause, Health};
 use crate::inventory::Inventory;
 use crate::plan::dra_names::hex_digest;
 pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};
 use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
+pub use crate::policy::TaintEffect;
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
-/// The most devices per slice once devices consume counters (`resource.k8s.io/v1`
-/// ResourceSliceMaxDevicesWithTaintsOrConsumesCounters).
-pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = 64;
+/// The most devices one ResourceSlice may hold when any of them has taints or consumes
+/// counters (`resource.k8s.io/v1` ResourceSliceMaxDevicesWithTaintsOrConsumesCounters).
+pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
+/// The most taints one device may have (`resource.k8s.io/v1` DeviceTaintsMaxLength).
+pub const MAX_TAINTS_PER_DEVICE: usize = 16;
+/// The key of the taint on an Unhealthy device (a qualified label name in slicelet's domain).
+pub const TAINT_KEY: &str = "gpu.slicelet.io/unhealthy";
 /// Counter sets per counter slice: 8 sets of [`COUNTERS_PER_SET`] stay under the API's 32
 /// counters in all sets of one slice.
 pub const COUNTER_SETS_PER_SLICE: usize = 8;
@@ -111,6 +125,57 @@ pub struct SliceParams {
     pub generation: i64,
     /// The NVIDIA driver version (`550.54.15`), when known: the `driverVersion` attribute.
     pub driver_version: Option<String>,
+    /// How Unhealthy devices are published.
+    pub unhealthy: Unhealthy,
+}
+
+/// How the pool's Unhealthy devices are published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Unhealthy {
+    /// Left out of the slices: for API servers without device taints (the field is dropped
+    /// or refused). Slices hold up to [`MAX_DEVICES_PER_SLICE`] devices.
+    #[default]
+    Withdraw,
+    /// Published with a taint each ([`taint`]); slices hold up to
+    /// [`MAX_DEVICES_PER_SLICE_WITH_TAINTS`] devices.
+    Taint {
+        /// The effect for a device with a critical Xid (`dra.xidTaintEffect`); every other
+        /// cause is `NoSchedule`.
+        xid_effect: TaintEffect,
+    },
+}
+
+impl Unhealthy {
+    /// The most devices a slice holds this way.
+    pub fn max_devices_per_slice(self) -> usize {
+        match self {
+            Unhealthy::Withdraw => MAX_DEVICES_PER_SLICE,
+            Unhealthy::Taint { .. } => MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+        }
+    }
+}
+
+/// The taint of an Unhealthy device: key [`TAINT_KEY`], value the cause's label
+/// ([`Cause::label`]: `xid-79`, `lost`, …), effect `xid_effect` for a critical Xid and
+/// `NoSchedule` for anything else, `timeAdded` the time it turned Unhealthy (whole seconds,
+/// the same on every publish while it stays Unhealthy for the same cause).
+pub fn taint(h: &DeviceHealth, xid_effect: TaintEffect) -> DeviceTaint {
+    let cause = h.cause.unwrap_or(Cause::Other);
+    let effect = match cause {
+        Cause::Xid(_) => xid_effect,
+        _ => TaintEffect::NoSchedule,
+    };
+    DeviceTaint {
+        key: TAINT_KEY.to_string(),
+        value: Some(cause.label()),
+        effect: effect.as_str().to_string(),
+        time_added: Some(Time(timestamp(h.since))),
+    }
+}
+
+/// `t` as the timestamp `metav1.Time` holds (whole seconds).
+fn timestamp(t: std::time::SystemTime) -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::from_second(super::health::unix_seconds(t)).unwrap_or_default()
 }
 
 /// The node's slices, and the devices left out because their name was taken.
@@ -449,35 +514,71 @@ fn device(
     }
 }
 
-/// The healthy devices of `resources` as they are published, in order (resources as given,
-/// each in its own device order), each name used once.
-pub fn published<'a>(
+/// A device of the pool: its name and where it came from.
+pub type PoolDevice<'a> = (PublishedDevice, &'a ResourcePlan, &'a VirtualDevice);
+
+/// Every device of the pool, Healthy or not, in order (resources as given, each in its own
+/// device order), each name once: a Healthy device wins a name over Unhealthy ones (the drain
+/// rules may keep a unit in two resources, one copy held Unhealthy), else the first.
+pub fn pool_devices<'a>(
     resources: impl IntoIterator<Item = &'a ResourcePlan>,
-) -> (
-    Vec<(PublishedDevice, &'a ResourcePlan, &'a VirtualDevice)>,
-    Vec<String>,
-) {
+) -> Vec<PoolDevice<'a>> {
+    named(resources).0
+}
+
+/// Devices in order with their names, each name once ([`pool_devices`]), and the Healthy
+/// devices left out because an earlier Healthy one has their name (`resource/id`).
+fn named<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+) -> (Vec<PoolDevice<'a>>, Vec<String>) {
+    let all: Vec<(&ResourcePlan, &VirtualDevice, String)> = resources
+        .into_iter()
+        .flat_map(|res| {
+            res.devices
+                .iter()
+                .map(move |d| (res, d, device_name(&d.id)))
+        })
+        .collect();
+    let healthy_names: BTreeSet<&str> = all
+        .iter()
+        .filter(|(_, d, _)| d.health == Health::Healthy)
+        .map(|(_, _, n)| n.as_str())
+        .collect();
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    for res in resources {
-        for d in res.devices.iter().filter(|d| d.health == Health::Healthy) {
-            let name = device_name(&d.id);
-            if !seen.insert(name.clone()) {
-                skipped.push(format!("{}/{}", res.name, d.id));
-                continue;
-            }
-            out.push((
-                PublishedDevice {
-                    name,
-                    resource: res.name.to_string(),
-                    id: d.id.clone(),
-                },
-                res,
-                d,
-            ));
+    for (res, d, name) in &all {
+        let healthy = d.health == Health::Healthy;
+        if !healthy && healthy_names.contains(name.as_str()) {
+            continue;
         }
+        if !seen.insert(name.clone()) {
+            if healthy {
+                skipped.push(format!("{}/{}", res.name, d.id));
+            }
+            continue;
+        }
+        out.push((
+            PublishedDevice {
+                name: name.clone(),
+                resource: res.name.to_string(),
+                id: d.id.clone(),
+            },
+            *res,
+            *d,
+        ));
     }
+    (out, skipped)
+}
+
+/// The Healthy devices of `resources`, which a claim can be allocated ([`pool_devices`] less
+/// the Unhealthy ones, which are tainted or withdrawn), and the Healthy devices skipped
+/// because an earlier one has their name (`resource/id`).
+pub fn published<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+) -> (Vec<PoolDevice<'a>>, Vec<String>) {
+    let (mut out, skipped) = named(resources);
+    out.retain(|(_, _, d)| d.health == Health::Healthy);
     (out, skipped)
 }
 
@@ -487,17 +588,29 @@ pub fn dra_resources(plan: &Plan) -> impl Iterator<Item = &ResourcePlan> {
 }
 
 /// Builds the node's slices for `resources` (the plan's DRA resources, in plan order).
+/// Unhealthy devices are withdrawn or tainted as `params.unhealthy` says; a taint's value and
+/// time come from `health` (by device name), and an Unhealthy device `health` does not know
+/// is withdrawn.
 pub fn build<'a>(
     resources: impl IntoIterator<Item = &'a ResourcePlan>,
     inventory: &Inventory,
     params: &SliceParams,
+    health: &HealthMap,
 ) -> Slices {
-    let (devices, skipped) = published(resources);
+    let (devices, skipped) = named(resources);
     let mut sets: BTreeMap<String, CounterSet> = BTreeMap::new();
     let devices: Vec<Device> = devices
         .into_iter()
-        .map(|(p, res, d)| {
+        .filter_map(|(p, res, d)| {
+            let taints = match (d.health, params.unhealthy) {
+                (Health::Healthy, _) => None,
+                (Health::Unhealthy, Unhealthy::Withdraw) => return None,
+                (Health::Unhealthy, Unhealthy::Taint { xid_effect }) => {
+                    Some(vec![taint(health.get(&p.name)?, xid_effect)])
+                }
+            };
             let mut dev = device(res, d, inventory, params.driver_version.as_deref(), p.name);
+            dev.taints = taints;
             if let Some(c) = consumes(res, d, inventory) {
                 let parent = d
                     .mig
@@ -513,16 +626,16 @@ pub fn build<'a>(
                     dev.consumes_counters = Some(vec![c]);
                 }
             }
-            dev
+            Some(dev)
         })
         .collect();
     // Counters live in slices of their own, without devices (Kubernetes 1.35 and later
     // require it), before the device slices.
     let sets: Vec<CounterSet> = sets.into_values().collect();
     let per_slice = if sets.is_empty() {
-        MAX_DEVICES_PER_SLICE
+        params.unhealthy.max_devices_per_slice()
     } else {
-        MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
     };
     let mut chunks: Vec<(Vec<CounterSet>, Vec<Device>)> = sets
         .chunks(COUNTER_SETS_PER_SLICE)

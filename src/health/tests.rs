@@ -405,3 +405,49 @@ fn effective_applies_to_gpus_and_mig_devices() {
         [(false, vec![]), (true, vec![true, false]), (false, vec![])]
     );
 }
+
+/// The cause names the condition `reason` names, one per kind, `None` once Healthy.
+#[test]
+fn cause_follows_the_condition_that_holds_the_device() {
+    let p = XidPolicy::default();
+    let now = Instant::now();
+    let mut t = Tracker::new(Some(Duration::from_secs(1)));
+    assert_eq!(t.cause("GPU-a"), None);
+    t.on_xid(&p, "GPU-a", 79, now);
+    assert_eq!(t.cause("GPU-a"), Some(Cause::Xid(79)));
+    assert_eq!(t.reason("GPU-a"), Some("xid 79"));
+    t.fail("GPU-b", "probe failed".to_string(), now);
+    assert_eq!(t.cause("GPU-b"), Some(Cause::Other));
+    t.apply(
+        &p,
+        &HealthEvent::Watched {
+            uuid: "GPU-a".to_string(),
+            failure: Some("no events".to_string()),
+        },
+        now,
+    );
+    assert_eq!(
+        t.cause("GPU-a"),
+        Some(Cause::Unwatched),
+        "as reason: watch first"
+    );
+    t.apply(
+        &p,
+        &HealthEvent::Cdi {
+            uuid: "GPU-c".to_string(),
+            failure: Some("nvidia.com/gpu=x".to_string()),
+        },
+        now,
+    );
+    assert_eq!(t.cause("GPU-c"), Some(Cause::CdiUnresolved));
+    t.set_mps_wanted(&["GPU-d".to_string()].into_iter().collect());
+    assert_eq!(t.cause("GPU-d"), Some(Cause::MpsNotReady));
+    assert_eq!(Cause::MpsNotReady.label(), "mps-not-ready");
+    let mut inv = crate::inventory::test_node(1);
+    inv.gpus[0].health = Health::Unhealthy;
+    t.observe_discovery(&inv);
+    assert_eq!(t.cause(&inv.gpus[0].uuid), Some(Cause::Lost));
+    inv.gpus[0].health = Health::Healthy;
+    t.observe_discovery(&inv);
+    assert_eq!(t.cause(&inv.gpus[0].uuid), None);
+}

@@ -24,7 +24,7 @@ pub use mps::{Mps, MpsEntry};
 pub use names::ResourceName;
 pub use overrides::FlagOverrides;
 pub use read::{read_bounded, Limits, ReadError};
-pub use schema::{DeviceRef, DeviceSelector, Enforce, MigStrategy, SharedAllocation};
+pub use schema::{DeviceRef, DeviceSelector, Enforce, MigStrategy, SharedAllocation, TaintEffect};
 
 /// Where a policy error is in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +163,9 @@ pub struct Policy {
     /// `dra.resources` and the advertised name of every sharing entry with `dra: true`
     /// (slicelet extension). Empty: DRA serves nothing, the device plugin everything.
     pub dra: std::collections::BTreeSet<ResourceName>,
+    /// `dra.xidTaintEffect` (slicelet extension, default `NoSchedule`): the effect of the DRA
+    /// device taint on a device a critical Xid made Unhealthy.
+    pub dra_xid_taint_effect: TaintEffect,
     /// `flags.mpsRoot` (default `/run/nvidia/mps`): each GPU under MPS gets
     /// `<mpsRoot>/<uuid>/{pipe,log}` and the shared `<mpsRoot>/shm`.
     pub mps_root: PathBuf,
@@ -175,7 +178,8 @@ pub struct Policy {
     /// mistake (a device listed twice, a UUID in a form NVML never reports, one replica per
     /// GPU): warnings, and errors under `slicelet validate --strict`. Each names its field path.
     pub lenient: Vec<String>,
-    /// slicelet extensions in use that change what a pod gets (per-replica `memory`), which
+    /// slicelet extensions in use that change what a pod gets (per-replica `memory`,
+    /// `dra.xidTaintEffect`), which
     /// NVIDIA's plugin would ignore: refused by `slicelet validate --strict`. Each names its
     /// field path.
     pub extensions: Vec<String>,
@@ -193,6 +197,7 @@ impl Default for Policy {
             health: HealthPolicy::default(),
             mps: Mps::default(),
             dra: std::collections::BTreeSet::new(),
+            dra_xid_taint_effect: TaintEffect::NoSchedule,
             mps_root: PathBuf::from(mps::DEFAULT_MPS_ROOT),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
@@ -469,6 +474,13 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                     ),
                 ));
             }
+        }
+        if let Some(effect) = d.xid_taint_effect {
+            policy.dra_xid_taint_effect = effect;
+            policy.extensions.push(format!(
+                "dra.xidTaintEffect: {}: the effect of the DRA device taint on a device with a critical Xid is a slicelet extension; NVIDIA's plugin has no such key",
+                effect.as_str()
+            ));
         }
     }
     let from_entries: Vec<ResourceName> = entries()

@@ -44,6 +44,32 @@ pub struct Dra {
     /// Resource names as advertised (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`, a sharing
     /// entry's rename), each once.
     pub resources: Option<Vec<ResourceName>>,
+    /// The effect of the device taint on a device a critical Xid made Unhealthy: `NoSchedule`
+    /// (the default: no new claim gets it) or `NoExecute` (also evicts the pods whose claims
+    /// hold it and do not tolerate the taint). Other causes are always `NoSchedule`.
+    pub xid_taint_effect: Option<TaintEffect>,
+}
+
+/// The effect of a DRA device taint (`resource.k8s.io/v1` DeviceTaint `effect`, KEP-5055).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+pub enum TaintEffect {
+    /// The scheduler allocates the device to no claim that does not tolerate the taint;
+    /// claims already allocated keep it.
+    #[default]
+    NoSchedule,
+    /// As `NoSchedule`, and the pods of claims already allocated the device that do not
+    /// tolerate the taint are evicted.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API's spelling: `NoSchedule` or `NoExecute`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
 }
 
 /// `health` (slicelet extension): which Xids mark a GPU Unhealthy and when it recovers.

@@ -254,6 +254,30 @@ fn health_extension() {
 }
 
 #[test]
+fn dra_xid_taint_effect_is_read_and_listed_as_an_extension() {
+    let p = parse("dra:\n  resources: [nvidia.com/gpu]\n").unwrap();
+    assert_eq!(p.dra_xid_taint_effect, TaintEffect::NoSchedule);
+    assert!(p.extensions.is_empty(), "{:?}", p.extensions);
+    for (value, effect) in [
+        ("NoExecute", TaintEffect::NoExecute),
+        ("NoSchedule", TaintEffect::NoSchedule),
+    ] {
+        let p = parse(&format!("dra:\n  xidTaintEffect: {value}\n")).unwrap();
+        assert_eq!(p.dra_xid_taint_effect, effect);
+        assert_eq!(p.extensions.len(), 1);
+        assert!(
+            p.extensions[0].starts_with("dra.xidTaintEffect"),
+            "{:?}",
+            p.extensions
+        );
+    }
+    for bad in ["PreferNoSchedule", "noexecute", "[NoExecute]"] {
+        let e = parse(&format!("dra:\n  xidTaintEffect: {bad}\n")).unwrap_err();
+        assert_eq!(e.path, "dra.xidTaintEffect", "{bad}: {e}");
+    }
+}
+
+#[test]
 fn yaml_merge_keys_are_resolved() {
     // NVIDIA's parser resolves merge keys; an anchored entry reused with `<<` must work here too.
     let text = "sharing:\n  timeSlicing:\n    resources:\n      - &base\n        name: nvidia.com/gpu\n        rename: a\n        devices: [0]\n        replicas: 2\n      - <<: *base\n        rename: b\n        devices: [1]\n";

@@ -47,6 +47,9 @@ pub struct Metrics {
     policy_generation: Gauge,
     /// `slicelet_dra_up`: 1 while `--dra` serves, 0 while it is down (and retried).
     dra_up: Gauge,
+    /// `slicelet_dra_device_taints`: 1 while DRA publishes Unhealthy devices with device
+    /// taints, 0 when it withdraws them (the API server has no device taints) or DRA is off.
+    dra_device_taints: Gauge,
     policy_reload_failures: Counter,
     xid_events: Family<XidLabels, Counter>,
     health_transitions: Family<TransitionLabels, Counter>,
@@ -104,6 +107,12 @@ impl Metrics {
             "1 while the DRA kubelet plugin serves (with --dra), 0 while it is down and retried",
             dra_up.clone(),
         );
+        let dra_device_taints = Gauge::default();
+        registry.register(
+            "dra_device_taints",
+            "1 while DRA publishes Unhealthy devices with device taints, 0 when it withdraws them (the API server has no device taints) or DRA is off",
+            dra_device_taints.clone(),
+        );
         let policy_reload_failures = Counter::default();
         registry.register(
             "policy_reload_failures",
@@ -129,6 +138,7 @@ impl Metrics {
             registrations,
             policy_generation,
             dra_up,
+            dra_device_taints,
             policy_reload_failures,
             xid_events,
             health_transitions,
@@ -236,6 +246,11 @@ impl Metrics {
     /// Counts a rejected policy read.
     pub fn policy_rejected(&self) {
         self.policy_reload_failures.inc();
+    }
+
+    /// Sets `slicelet_dra_device_taints` (1: Unhealthy devices are tainted, 0: withdrawn).
+    pub fn set_dra_device_taints(&self, on: bool) {
+        self.dra_device_taints.set(i64::from(on));
     }
 
     /// Sets `slicelet_dra_up` (1 serving, 0 down).

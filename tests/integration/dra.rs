@@ -11,6 +11,7 @@ use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::Value;
 use slicelet::dra::slices::device_name;
 use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
+use slicelet::health::Cause;
 use slicelet::inventory::{simulated, Inventory};
 use slicelet::plan;
 use tokio::sync::watch;
@@ -45,14 +46,36 @@ fn inventory(node: &str) -> Inventory {
 }
 
 fn input_of(policy: &str, inv: &Inventory) -> Arc<DraInput> {
+    input_with(
+        policy,
+        inv,
+        None,
+        Cause::Xid(79),
+        std::time::SystemTime::now(),
+    )
+}
+
+/// The input for `policy` on `inv`: every Unhealthy device for `cause`, its health folded over
+/// `prev`'s at `now`.
+fn input_with(
+    policy: &str,
+    inv: &Inventory,
+    prev: Option<&DraInput>,
+    cause: Cause,
+    now: std::time::SystemTime,
+) -> Arc<DraInput> {
     let policy = slicelet::policy::parse(policy).unwrap();
     let built = plan::build(&policy, inv).unwrap();
     let mut inventory = inv.clone();
     inventory.driver_version = Some("550.54.15".to_string());
-    Arc::new(DraInput {
-        plan: Arc::new(built.plan),
-        inventory: Arc::new(inventory),
-    })
+    Arc::new(DraInput::new(
+        Arc::new(built.plan),
+        Arc::new(inventory),
+        policy.dra_xid_taint_effect,
+        &|_, _| Some((cause, cause.label())),
+        prev,
+        now,
+    ))
 }
 
 struct Dra {
@@ -192,7 +215,9 @@ fn check_shape(slices: &[ResourceSlice]) {
         assert_eq!(s.spec.driver, DRIVER);
         assert_eq!(s.spec.pool.name, NODE);
         assert_eq!(s.spec.pool.resource_slice_count, n);
-        assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= 128);
+        // 64, not 128: Unhealthy devices are published with taints (the API server's limit
+        // for slices whose devices have taints).
+        assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= 64);
     }
 }
 
@@ -213,7 +238,7 @@ async fn slices_for_whole_time_sliced_mps_and_mig_nodes() {
     let cases: [(&str, &str, &str, usize, usize); 5] = [
         ("whole", "version: v1\ndra:\n  resources: [nvidia.com/gpu]\n", "h100-80gb-x8.yaml", 8, 1),
         ("time-sliced", TS4, "h100-80gb-x8.yaml", 32, 1),
-        ("time-sliced x20", &TS4.replace("replicas: 4", "replicas: 20"), "h100-80gb-x8.yaml", 160, 2),
+        ("time-sliced x20", &TS4.replace("replicas: 4", "replicas: 20"), "h100-80gb-x8.yaml", 160, 3),
         ("mps", "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n        dra: true\n", "h100-80gb-x8.yaml", 32, 1),
         ("mig mixed", DONE_WHEN, "h100-80gb-x8-ts-mig-mixed.yaml", 16 + 16, 1),
     ];
@@ -232,7 +257,7 @@ async fn slices_for_whole_time_sliced_mps_and_mig_nodes() {
 }
 
 #[tokio::test]
-async fn a_policy_change_bumps_the_generation_and_withdraws_unhealthy_devices() {
+async fn a_policy_change_bumps_the_generation_and_taints_unhealthy_devices() {
     let mut inv = inventory("h100-80gb-x8.yaml");
     let d = Dra::start(input_of(TS4, &inv)).await;
     let first = d.wait_slices(1, 32).await;
@@ -257,27 +282,45 @@ async fn a_policy_change_bumps_the_generation_and_withdraws_unhealthy_devices() 
     )));
     let second = d.wait_slices(g1 + 1, 16).await;
     check_shape(&second);
-    // GPU 3 Unhealthy: its two replicas withdrawn, generation bumped again.
+    // GPU 3 Unhealthy: its two replicas tainted (not withdrawn), generation bumped again.
     inv.gpus[3].health = slicelet::health::Health::Unhealthy;
     d.inputs.send_replace(Some(input_of(
         &TS4.replace("replicas: 4", "replicas: 2"),
         &inv,
     )));
-    let third = d.wait_slices(second[0].spec.pool.generation + 1, 14).await;
+    let third = d.wait_slices(second[0].spec.pool.generation + 1, 16).await;
     let u3 = &inv.gpus[3].uuid;
-    assert!(!names(&third).contains(&device_name(&format!("{u3}::0"))));
-    // Growing over 128 devices adds a slice; shrinking deletes it again.
+    assert_eq!(
+        tainted(&third),
+        [0, 1].map(|n| (device_name(&format!("{u3}::{n}")), "xid-79".to_string()))
+    );
+    // Growing over 64 devices adds slices (64 each: taints are in use); shrinking deletes
+    // them again.
     d.inputs.send_replace(Some(input_of(
         &TS4.replace("replicas: 4", "replicas: 20"),
         &inv,
     )));
-    let big = d.wait_slices(1, 140).await;
-    assert_eq!(big.len(), 2);
+    let big = d.wait_slices(1, 160).await;
+    assert_eq!(big.len(), 3);
     check_shape(&big);
     d.inputs.send_replace(Some(input_of(TS4, &inv)));
-    let small = d.wait_slices(1, 28).await;
-    assert_eq!(small.len(), 1, "the extra slice is deleted");
+    let small = d.wait_slices(1, 32).await;
+    assert_eq!(small.len(), 1, "the extra slices are deleted");
     check_shape(&small);
+}
+
+/// The tainted devices of `slices` (name, taint value), in order.
+fn tainted(slices: &[ResourceSlice]) -> Vec<(String, String)> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .flat_map(|d| {
+            d.taints
+                .iter()
+                .flatten()
+                .map(|t| (d.name.clone(), t.value.clone().unwrap_or_default()))
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -396,7 +439,12 @@ async fn done_when_slices_match_the_plan_and_two_replicas_prepare_gpu_0_once() {
     assert_eq!(k.info.name, DRIVER);
     assert_eq!(
         k.info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(
         k.info.endpoint,
@@ -461,7 +509,9 @@ async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
     let mut inv = inventory("h100-80gb-x8.yaml");
     inv.gpus[1].health = slicelet::health::Health::Unhealthy;
     let mut d = Dra::start(input_of(TS4, &inv)).await;
-    d.wait_slices(1, 28).await;
+    // GPU 1's replicas are published tainted; a claim that tolerates the taint and gets one
+    // is still refused (a device slicelet holds Unhealthy is never prepared).
+    assert_eq!(tainted(&d.wait_slices(1, 32).await).len(), 4);
     let (g0, g1) = (inv.gpus[0].uuid.clone(), inv.gpus[1].uuid.clone());
     let r0 = device_name(&format!("{g0}::0"));
     let cases = [
@@ -940,5 +990,396 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     let k = DraKubelet::register(&registry).await.unwrap();
     assert_eq!(k.unprepare(Version::V1, &claim).await.unwrap()[UID_A], "");
     crate::common::wait_lists(&emu, &[("nvidia.com/gpu-dra", 2)]).await;
+    d.stop().await;
+}
+
+/// The taints of device `name` in the stored slice `v`.
+fn taints_in(v: &Value, name: &str) -> Vec<Value> {
+    v["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["name"] == name)
+        .flat_map(|d| d["taints"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Whether any device of the stored slice `v` has a taint.
+fn any_taint(v: &Value) -> bool {
+    v["spec"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| d["taints"].as_array().is_some_and(|t| !t.is_empty()))
+}
+
+/// A taint's `timeAdded` as written: stable across republishes and a restart of the
+/// component (the listed taint's time wins over a new health record's), NoExecute when the
+/// policy asks for Xids, and gone once the device recovers.
+#[tokio::test]
+async fn a_taint_keeps_its_time_across_a_restart_and_goes_with_recovery() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let mut inv = inventory("h100-80gb-x8.yaml");
+    let t0 = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let healthy = input_with(TS4, &inv, None, Cause::Xid(79), t0);
+    let mut d = Dra::start(healthy.clone()).await;
+    d.wait_slices(1, 32).await;
+    inv.gpus[2].health = slicelet::health::Health::Unhealthy;
+    let t1 = t0 + Duration::from_millis(60_500);
+    let sick = input_with(TS4, &inv, Some(&healthy), Cause::Xid(79), t1);
+    d.inputs.send_replace(Some(sick.clone()));
+    let g2 = &inv.gpus[2].uuid;
+    let r0 = device_name(&format!("{g2}::0"));
+    let (_, v) = d
+        .api
+        .wait_slice_write(0, WAIT, |v| !taints_in(v, &r0).is_empty())
+        .await
+        .unwrap();
+    let t = &taints_in(&v, &r0)[0];
+    assert_eq!(t["key"], "gpu.slicelet.io/unhealthy");
+    assert_eq!(t["value"], "xid-79");
+    assert_eq!(t["effect"], "NoSchedule");
+    assert_eq!(t["timeAdded"], "2027-01-15T08:01:00Z", "{t}");
+    // A restarted component with a health record that knows nothing of before (its since is
+    // an hour later): the listed taint keeps its time.
+    d.stop_component().await;
+    let writes = d.api.slice_writes().len();
+    d.inputs.send_replace(Some(input_with(
+        TS4,
+        &inv,
+        None,
+        Cause::Xid(79),
+        t1 + Duration::from_secs(3600),
+    )));
+    d.spawn().await;
+    let slices = d.wait_slices(1, 32).await;
+    assert!(
+        d.api.slice_writes().len() > writes,
+        "republished after the restart"
+    );
+    let stored = serde_json::to_value(&slices[0]).unwrap();
+    assert_eq!(
+        taints_in(&stored, &r0)[0]["timeAdded"],
+        "2027-01-15T08:01:00Z"
+    );
+    // The policy asks for NoExecute on Xids.
+    let no_execute = TS4.replace("sharing:", "dra:\n  xidTaintEffect: NoExecute\nsharing:");
+    let last = d.inputs.borrow().clone().unwrap();
+    d.inputs.send_replace(Some(input_with(
+        &no_execute,
+        &inv,
+        Some(&last),
+        Cause::Xid(79),
+        t1,
+    )));
+    d.api
+        .wait_slice_write(0, WAIT, |v| {
+            taints_in(v, &r0)
+                .first()
+                .is_some_and(|t| t["effect"] == "NoExecute")
+        })
+        .await
+        .unwrap();
+    // Recovered: no taint anywhere.
+    inv.gpus[2].health = slicelet::health::Health::Healthy;
+    let writes = d.api.slice_writes().len();
+    d.inputs
+        .send_replace(Some(input_with(TS4, &inv, None, Cause::Xid(79), t1)));
+    d.api
+        .wait_slice_write(writes, WAIT, |v| !any_taint(v))
+        .await
+        .unwrap();
+    assert!(tainted(&d.wait_slices(1, 32).await).is_empty());
+}
+
+/// Log lines, for a test that counts WARNs: a fmt subscriber writing into a shared buffer.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// An API server without device taints, both ways it can show it (the field dropped silently,
+/// a write refused with 422 naming it): Unhealthy devices are withdrawn instead, no device is
+/// ever stored untainted while Unhealthy (the first tainted write is a dry run), one WARN
+/// (not one per reconcile), and the status says why.
+#[tokio::test]
+async fn an_api_server_without_device_taints_gets_withdrawal_and_one_warn() {
+    use kubelet_emulator::kube_api::Taints;
+    for mode in [Taints::Drop, Taints::Refuse] {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let mut inv = inventory("h100-80gb-x8.yaml");
+        let healthy = input_of(TS4, &inv);
+        let d = Dra::start(healthy.clone()).await;
+        d.api.set_taints(mode);
+        d.wait_slices(1, 32).await;
+        inv.gpus[3].health = slicelet::health::Health::Unhealthy;
+        let sick = input_with(
+            TS4,
+            &inv,
+            Some(&healthy),
+            Cause::Lost,
+            std::time::SystemTime::now(),
+        );
+        let before = d.api.slice_writes().len();
+        d.inputs.send_replace(Some(sick.clone()));
+        let slices = d.wait_slices(1, 28).await;
+        let g3 = &inv.gpus[3].uuid.clone();
+        assert!(
+            !names(&slices).contains(&device_name(&format!("{g3}::0"))),
+            "{mode:?}"
+        );
+        let mut status = d.handle.as_ref().unwrap().status.clone();
+        let refused = tokio::time::timeout(WAIT, status.wait_for(|s| s.taints_refused.is_some()))
+            .await
+            .unwrap()
+            .unwrap()
+            .taints_refused
+            .clone()
+            .unwrap();
+        assert!(refused.contains("device taints"), "{mode:?}: {refused}");
+        // Another device turns Unhealthy: withdrawn too, and no second WARN.
+        inv.gpus[4].health = slicelet::health::Health::Unhealthy;
+        d.inputs.send_replace(Some(input_with(
+            TS4,
+            &inv,
+            Some(&sick),
+            Cause::Lost,
+            std::time::SystemTime::now(),
+        )));
+        d.wait_slices(1, 24).await;
+        let unit_of = |v: &Value, g: &str| {
+            v["spec"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| d["attributes"]["uuid"]["string"] == g)
+        };
+        assert!(
+            d.api.slice_writes()[before..]
+                .iter()
+                .all(|v| !unit_of(v, g3)),
+            "{mode:?}: GPU 3 was stored (untainted) after it turned Unhealthy"
+        );
+        let warns: Vec<String> = logs
+            .lines()
+            .into_iter()
+            .filter(|l| l.contains("WARN") && l.contains("device taints"))
+            .collect();
+        assert_eq!(warns.len(), 1, "{mode:?}: {warns:#?}");
+    }
+}
+
+/// A simulated 8× H100 node (GPU 0 alone so that an Xid line can be put on it).
+fn write_h100_node(path: &Path, gpu0: &str) {
+    let text = format!(
+        "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 0\n{gpu0}  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 0\n    count: 3\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    computeCapability: \"9.0\"\n    numaNode: 1\n    count: 4\nnvswitch: true\n"
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// GPUs 0–3 time-sliced ×4 through DRA, recovering 1.5 s after a critical Xid.
+const XID_POLICY: &str = "version: v1\nhealth:\n  recoverySeconds: 1.5\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
+
+/// GPU 0's four replicas in a stored slice: all tainted `xid-79` (`true`) or none tainted.
+fn gpu0_tainted(v: &Value, g0: &str, tainted: bool) -> bool {
+    (0..4).all(|n| {
+        let t = taints_in(v, &device_name(&format!("{g0}::{n}")));
+        if tainted {
+            t.len() == 1 && t[0]["value"] == "xid-79" && t[0]["effect"] == "NoSchedule"
+        } else {
+            t.is_empty()
+        }
+    }) && v["spec"]["devices"]
+        .as_array()
+        .is_some_and(|d| d.len() == 16)
+}
+
+/// GPU 0's four replicas in a health message: all `health` with `message` (others Healthy).
+fn gpu0_reported(
+    m: &[kubelet_emulator::dra::DeviceHealth],
+    g0: &str,
+    health: &str,
+    message: &str,
+) -> bool {
+    let r0: Vec<String> = (0..4).map(|n| device_name(&format!("{g0}::{n}"))).collect();
+    m.len() == 16
+        && m.iter().all(|d| {
+            d.pool == NODE
+                && d.timeout_seconds == 60
+                && if r0.contains(&d.device) {
+                    d.health == health && d.message == message
+                } else {
+                    d.health == "Healthy"
+                }
+        })
+}
+
+/// The whole daemon with `--dra`: an Xid 79 on GPU 0 taints its four replicas in the API's
+/// slices (nothing withdrawn) and the kubelet's health stream (v1 and v1alpha1) reports them
+/// Unhealthy, both within 1 s of the node file's edit; after the quiet period the taints are
+/// gone and the stream says Healthy, again within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_taints_gpu_0_and_the_health_stream_reports_it_within_a_second() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    use kubelet_emulator::dra::HealthVersion;
+    use std::time::{Duration, Instant};
+    let node = Node::new(XID_POLICY);
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let mut d = Daemon::start(settings);
+    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let v1 = k.watch_health(HealthVersion::V1).await.unwrap();
+    let alpha = k.watch_health(HealthVersion::V1alpha1).await.unwrap();
+    for w in [&v1, &alpha] {
+        w.wait_message(0, WAIT, |m| gpu0_reported(m, &g0, "Healthy", ""))
+            .await
+            .unwrap();
+    }
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    let seen_alpha = alpha.log().messages.len();
+
+    write_h100_node(&sim, "    xid: 79\n");
+    let edited = Instant::now();
+    let deadline = edited + Duration::from_secs(1);
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let (_, slice) = api
+        .wait_slice_write(writes, left(), |v| gpu0_tainted(v, &g0, true))
+        .await
+        .unwrap();
+    let (_, msg) = v1
+        .wait_message(seen, left(), |m| {
+            gpu0_reported(m, &g0, "Unhealthy", "xid 79")
+        })
+        .await
+        .unwrap();
+    alpha
+        .wait_message(seen_alpha, left(), |m| {
+            gpu0_reported(m, &g0, "Unhealthy", "xid 79")
+        })
+        .await
+        .unwrap();
+    // The taint's timeAdded and the stream's last_updated_time are the same second.
+    let r0 = device_name(&format!("{g0}::0"));
+    let added = taints_in(&slice, &r0)[0]["timeAdded"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let added: k8s_openapi::jiff::Timestamp = added.parse().unwrap();
+    let reported = msg.iter().find(|d| d.device == r0).unwrap().last_updated;
+    assert_eq!(added.as_second(), reported);
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((wall - reported).abs() <= 2, "{wall} {reported}");
+
+    // The Xid line goes; GPU 0 recovers once 1.5 s passed without another.
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    write_h100_node(&sim, "");
+    let recovery = Duration::from_millis(1500);
+    let deadline = edited + recovery + Duration::from_secs(1);
+    let left = || deadline.saturating_duration_since(Instant::now());
+    api.wait_slice_write(writes, left(), |v| gpu0_tainted(v, &g0, false))
+        .await
+        .unwrap();
+    v1.wait_message(seen, left(), |m| gpu0_reported(m, &g0, "Healthy", ""))
+        .await
+        .unwrap();
+    let s = d.wait_status(|s| s.ready().is_ok()).await;
+    assert_eq!(s.dra_taints_refused, None);
+    d.stop().await;
+}
+
+/// The whole daemon against an API server that drops device taints: GPU 0's replicas are
+/// withdrawn on an Xid, `/readyz` stays 200 and says why in a note, the metric says 0, and
+/// the health stream still reports them Unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    use kubelet_emulator::dra::HealthVersion;
+    use kubelet_emulator::kube_api::Taints;
+    let node = Node::new(XID_POLICY);
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    api.set_taints(Taints::Drop);
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    let mut d = Daemon::start(settings);
+    let addr = d
+        .wait_status(|s| s.ready().is_ok() && s.dra_serving && s.address.is_some())
+        .await
+        .address
+        .unwrap();
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_device_taints 1"),
+        "{metrics}"
+    );
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let health = k.watch_health(HealthVersion::V1).await.unwrap();
+    write_h100_node(&sim, "    xid: 79\n");
+    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 12).await);
+    assert!(!names(&slices).contains(&device_name(&format!("{g0}::0"))));
+    health
+        .wait_message(0, WAIT, |m| gpu0_reported(m, &g0, "Unhealthy", "xid 79"))
+        .await
+        .unwrap();
+    d.wait_status(|s| s.dra_taints_refused.is_some()).await;
+    let (code, body) = crate::live::get(addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert!(
+        body.contains("DRA device taints refused: the API server dropped the device taints"),
+        "{body}"
+    );
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_device_taints 0"),
+        "{metrics}"
+    );
     d.stop().await;
 }

@@ -188,7 +188,12 @@ async fn register(client: Client, reg: &Path) -> PathBuf {
     assert_eq!(info["name"], DRIVER, "{client:?}: {info}");
     assert_eq!(
         info["supported_versions"],
-        json!(["v1.DRAPlugin", "v1beta1.DRAPlugin"]),
+        json!([
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]),
         "{client:?}: {info}"
     );
     let endpoint = PathBuf::from(info["endpoint"].as_str().unwrap());
@@ -203,12 +208,57 @@ async fn register(client: Client, reg: &Path) -> PathBuf {
     endpoint
 }
 
-/// Registration, a claim prepared into its CDI ID in both API versions, unprepared, and the
-/// handshake again as after a kubelet restart.
+/// The kubelet's health stream in `version` (`v1` or `v1alpha1`): its first message lists
+/// the pool's 16 devices, each HEALTHY with the 60 s timeout.
+async fn health_stream(client: Client, endpoint: &Path, version: &str, want: &[String]) {
+    let method = format!("/{version}.DRAResourceHealth/NodeWatchResources");
+    let first = one(client, endpoint, &method, json!({})).await;
+    let devices = first["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{client:?} {version}: {first}"));
+    let mut names: Vec<&str> = devices
+        .iter()
+        .map(|d| d["device"]["device_name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(names, want, "{client:?} {version}");
+    for d in devices {
+        assert_eq!(d["device"]["pool_name"], NODE, "{client:?} {version}: {d}");
+        assert_eq!(d["health"], "HEALTHY", "{client:?} {version}: {d}");
+        // int64 is a JSON string in both clients' protobuf JSON.
+        assert_eq!(
+            d["health_check_timeout_seconds"]
+                .to_string()
+                .trim_matches('"'),
+            "60",
+            "{client:?} {version}: {d}"
+        );
+        assert!(
+            d["last_updated_time"]
+                .to_string()
+                .trim_matches('"')
+                .parse::<i64>()
+                .is_ok_and(|t| t > 1_700_000_000),
+            "{client:?} {version}: {d}"
+        );
+    }
+}
+
+/// Registration, the health stream in both versions, a claim prepared into its CDI ID in both
+/// API versions, unprepared, and the handshake again as after a kubelet restart.
 async fn dra_end_to_end(client: Client) {
     let s = Setup::start().await;
     let devices = s.claim_two_replicas_of_gpu0();
     let endpoint = register(client, &s.registration()).await;
+    let pool: Vec<String> = s.uuids[..4]
+        .iter()
+        .flat_map(|g| (0..4).map(move |n| device_name(&format!("{g}::{n}"))))
+        .collect();
+    for version in ["v1", "v1alpha1"] {
+        health_stream(client, &endpoint, version, &pool).await;
+    }
     let claims = json!({"claims": [{"namespace": "ns", "name": "two", "uid": UID}]});
     for version in ["v1", "v1beta1"] {
         let service = format!("/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin");

@@ -1,15 +1,18 @@
 //! The kubelet's side of DRA, for the integration tests: it finds a plugin's registration
 //! socket in a plugin registry directory (as the kubelet's plugin watcher does), calls
 //! `GetInfo`, checks the answer, confirms with `NotifyRegistrationStatus`, dials the endpoint
-//! and calls `NodePrepareResources` / `NodeUnprepareResources` in either API version.
+//! and calls `NodePrepareResources` / `NodeUnprepareResources` in either API version. Its
+//! health watcher ([`DraKubelet::watch_health`]) opens `NodeWatchResources` as the kubelet
+//! does after registration (v1 from 1.37 on, v1alpha1 before) and records every message.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use tonic::transport::Channel;
 
-use slicelet::api::{dra, pluginregistration};
+use slicelet::api::{dra, drahealth, pluginregistration};
 use slicelet::kubelet::connect;
+use tokio::sync::watch;
 
 /// Which DRA API version to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,5 +224,178 @@ impl DraKubelet {
             Version::V1 => call!(v1),
             Version::V1beta1 => call!(v1beta1),
         })
+    }
+}
+
+/// Which DRAResourceHealth version to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthVersion {
+    /// `v1.DRAResourceHealth` (kubelets 1.37 and newer).
+    V1,
+    /// `v1alpha1.DRAResourceHealth` (kubelets 1.34 to 1.36).
+    V1alpha1,
+}
+
+/// One device's entry in a health message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    /// The pool.
+    pub pool: String,
+    /// The device's name in the pool.
+    pub device: String,
+    /// `Healthy`, `Unhealthy` or `Unknown`.
+    pub health: String,
+    /// `last_updated_time`, Unix seconds.
+    pub last_updated: i64,
+    /// `health_check_timeout_seconds`.
+    pub timeout_seconds: i64,
+    /// `message`.
+    pub message: String,
+}
+
+/// What a health stream delivered so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthLog {
+    /// Every message, in order (each the full list of the driver's devices).
+    pub messages: Vec<Vec<DeviceHealth>>,
+    /// How the stream ended (`None` while open): `ok` or the error.
+    pub ended: Option<String>,
+}
+
+/// A `NodeWatchResources` stream the emulated kubelet holds open, recording every message;
+/// dropping it closes the stream.
+pub struct HealthWatch {
+    log: watch::Receiver<HealthLog>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HealthWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl HealthWatch {
+    /// What was recorded so far.
+    pub fn log(&self) -> HealthLog {
+        self.log.borrow().clone()
+    }
+
+    /// Waits up to `timeout` for a message at or after index `after` that satisfies `pred`,
+    /// and returns its index and devices.
+    ///
+    /// # Errors
+    /// After `timeout`, or when the stream ended first: a sentence with what was recorded.
+    pub async fn wait_message(
+        &self,
+        after: usize,
+        timeout: std::time::Duration,
+        mut pred: impl FnMut(&[DeviceHealth]) -> bool,
+    ) -> Result<(usize, Vec<DeviceHealth>), String> {
+        let mut rx = self.log.clone();
+        let wait = async {
+            loop {
+                {
+                    let log = rx.borrow_and_update();
+                    if let Some((i, m)) = log
+                        .messages
+                        .iter()
+                        .enumerate()
+                        .skip(after)
+                        .find(|(_, m)| pred(m))
+                    {
+                        return Ok((i, m.clone()));
+                    }
+                    if let Some(e) = &log.ended {
+                        return Err(format!("the health stream ended ({e}): {:?}", log.messages));
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return Err("the health watcher is gone".to_string());
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no health message after #{after} matched within {timeout:?}: {:?}",
+                    self.log().messages.iter().skip(after).collect::<Vec<_>>()
+                ))
+            })
+    }
+}
+
+macro_rules! health_entries {
+    ($v:ident, $msg:expr) => {
+        $msg.devices
+            .into_iter()
+            .map(|d| {
+                let id = d.device.unwrap_or_default();
+                DeviceHealth {
+                    pool: id.pool_name,
+                    device: id.device_name,
+                    health: match drahealth::$v::HealthStatus::try_from(d.health) {
+                        Ok(drahealth::$v::HealthStatus::Healthy) => "Healthy",
+                        Ok(drahealth::$v::HealthStatus::Unhealthy) => "Unhealthy",
+                        _ => "Unknown",
+                    }
+                    .to_string(),
+                    last_updated: d.last_updated_time,
+                    timeout_seconds: d.health_check_timeout_seconds,
+                    message: d.message,
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+}
+
+impl DraKubelet {
+    /// Opens `NodeWatchResources` in `version` on the plugin's endpoint (as the kubelet does
+    /// once a plugin lists the service) and records every message until the stream ends or
+    /// the watch is dropped.
+    ///
+    /// # Errors
+    /// [`DraKubeletError::Call`] when the call itself fails (say, `Unimplemented`).
+    pub async fn watch_health(
+        &self,
+        version: HealthVersion,
+    ) -> Result<HealthWatch, DraKubeletError> {
+        let (tx, log) = watch::channel(HealthLog::default());
+        macro_rules! open {
+            ($v:ident) => {{
+                let mut c = drahealth::$v::dra_resource_health_client::DraResourceHealthClient::new(
+                    self.channel.clone(),
+                );
+                let mut stream = c
+                    .node_watch_resources(drahealth::$v::NodeWatchResourcesRequest {})
+                    .await
+                    .map_err(|s| DraKubeletError::Call("NodeWatchResources", s))?
+                    .into_inner();
+                tokio::spawn(async move {
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(m)) => {
+                                let entries = health_entries!($v, m);
+                                tx.send_modify(|l| l.messages.push(entries));
+                            }
+                            Ok(None) => {
+                                tx.send_modify(|l| l.ended = Some("ok".to_string()));
+                                return;
+                            }
+                            Err(e) => {
+                                tx.send_modify(|l| l.ended = Some(e.to_string()));
+                                return;
+                            }
+                        }
+                    }
+                })
+            }};
+        }
+        let task = match version {
+            HealthVersion::V1 => open!(v1),
+            HealthVersion::V1alpha1 => open!(v1alpha1),
+        };
+        Ok(HealthWatch { log, task })
     }
 }

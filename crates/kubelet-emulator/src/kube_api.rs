@@ -7,10 +7,14 @@
 //!
 //! For DRA it also serves `resource.k8s.io/v1` ResourceSlices (cluster-scoped: create, get,
 //! replace with a resourceVersion check (409 on a stale one), delete, list with the field
-//! selectors `spec.nodeName` and `spec.driver`) and ResourceClaims (get by namespace and
+//! selectors `spec.nodeName` and `spec.driver`; `dryRun=All` on create and replace answers
+//! what would be stored and stores nothing) and ResourceClaims (get by namespace and
 //! name); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
-//! them, read the slices ([`KubeApi::slices`]) and wait for slice changes
-//! ([`KubeApi::wait_slices`]).
+//! them, read the slices ([`KubeApi::slices`]), wait for slice changes
+//! ([`KubeApi::wait_slices`]) or for a slice write in the record of every one
+//! ([`KubeApi::wait_slice_write`]). It can play an API server without device taints
+//! ([`KubeApi::set_taints`]): one that drops the devices' `taints` field silently (Kubernetes
+//! before 1.37, or the `DRADeviceTaints` feature gate off) or one that refuses it with 422.
 //!
 //! For `slicelet top --node`/`--all-nodes` it serves pods and their `pods/proxy` subresource
 //! ([`KubeApi::add_pod`]), the proxy forwarding to the pod's address over real HTTP.
@@ -48,11 +52,28 @@ struct Inner {
     slices: BTreeMap<String, Value>,
     /// ResourceClaims by (namespace, name).
     claims: BTreeMap<(String, String), Value>,
+    /// What the API does with the devices' `taints`.
+    taints: Taints,
+    /// Every ResourceSlice stored by a create or replace, in order (as stored).
+    slice_log: Vec<Value>,
     /// Pods by (namespace, name) ([`pods`]).
     pods: BTreeMap<(String, String), pods::PodEntry>,
 }
 
 mod pods;
+
+/// What the emulated API server does with a ResourceSlice's device taints
+/// (`spec.devices[].taints`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Taints {
+    /// Stores them (Kubernetes 1.37 and newer).
+    #[default]
+    Keep,
+    /// Drops them silently, as an API server without the field or with its feature gate off.
+    Drop,
+    /// Refuses a write with taints: 422 naming `spec.devices[i].taints`.
+    Refuse,
+}
 
 /// What tests can wait on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -218,6 +239,51 @@ fn slice_selector(selector: &str) -> Result<Vec<(&'static str, String)>, String>
 }
 
 #[derive(serde::Deserialize)]
+struct WriteQuery {
+    #[serde(rename = "dryRun", default)]
+    dry_run: Option<String>,
+}
+
+impl WriteQuery {
+    fn dry(&self) -> bool {
+        self.dry_run.as_deref() == Some("All")
+    }
+}
+
+/// Applies the API server's handling of device taints to a slice being written: `Err` with
+/// the 422's message, or the slice as it would be stored.
+fn apply_taints(mode: Taints, mut v: Value) -> Result<Value, String> {
+    let name = v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let Some(devices) = v["spec"]["devices"].as_array_mut() else {
+        return Ok(v);
+    };
+    for (i, d) in devices.iter_mut().enumerate() {
+        let Some(obj) = d.as_object_mut() else {
+            continue;
+        };
+        match mode {
+            Taints::Keep => {}
+            Taints::Drop => {
+                obj.remove("taints");
+            }
+            Taints::Refuse => {
+                if obj
+                    .get("taints")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty())
+                {
+                    return Err(format!("ResourceSlice.resource.k8s.io \"{name}\" is invalid: spec.devices[{i}].taints: Forbidden: device taints are disabled"));
+                }
+            }
+        }
+    }
+    Ok(v)
+}
+
+#[derive(serde::Deserialize)]
 struct ListQuery {
     #[serde(rename = "fieldSelector", default)]
     field_selector: String,
@@ -269,7 +335,11 @@ fn stamp(inner: &mut Inner, mut v: Value) -> Value {
     v
 }
 
-async fn create_slice(State(s): State<Shared>, body: String) -> Response {
+async fn create_slice(
+    State(s): State<Shared>,
+    Query(q): Query<WriteQuery>,
+    body: String,
+) -> Response {
     let Ok(v) = serde_json::from_str::<Value>(&body) else {
         return status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON".into());
     };
@@ -277,6 +347,10 @@ async fn create_slice(State(s): State<Shared>, body: String) -> Response {
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
+    let v = match apply_taints(inner.taints, v) {
+        Ok(v) => v,
+        Err(e) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e),
+    };
     let Some(name) = v["metadata"]["name"].as_str().map(str::to_string) else {
         return status(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -291,8 +365,17 @@ async fn create_slice(State(s): State<Shared>, body: String) -> Response {
             format!("resourceslices \"{name}\" already exists"),
         );
     }
+    if q.dry() {
+        return (
+            StatusCode::CREATED,
+            [("content-type", "application/json")],
+            v.to_string(),
+        )
+            .into_response();
+    }
     let v = stamp(&mut inner, v);
     inner.slices.insert(name, v.clone());
+    inner.slice_log.push(v.clone());
     drop(inner);
     s.counters.send_modify(|c| c.slice_writes += 1);
     (
@@ -321,6 +404,7 @@ async fn get_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -> R
 async fn replace_slice(
     State(s): State<Shared>,
     UrlPath(name): UrlPath<String>,
+    Query(q): Query<WriteQuery>,
     body: String,
 ) -> Response {
     let Ok(v) = serde_json::from_str::<Value>(&body) else {
@@ -330,6 +414,10 @@ async fn replace_slice(
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
+    let v = match apply_taints(inner.taints, v) {
+        Ok(v) => v,
+        Err(e) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e),
+    };
     let Some(old) = inner.slices.get(&name) else {
         return status(
             StatusCode::NOT_FOUND,
@@ -345,8 +433,12 @@ async fn replace_slice(
             format!("Operation cannot be fulfilled on resourceslices \"{name}\": the object has been modified"),
         );
     }
+    if q.dry() {
+        return ok_json(&v);
+    }
     let v = stamp(&mut inner, v);
     inner.slices.insert(name, v.clone());
+    inner.slice_log.push(v.clone());
     drop(inner);
     s.counters.send_modify(|c| c.slice_writes += 1);
     ok_json(&v)
@@ -519,6 +611,50 @@ impl KubeApi {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Makes the API keep, drop or refuse the devices' taints on later slice writes.
+    pub fn set_taints(&self, taints: Taints) {
+        self.shared.inner.lock().unwrap().taints = taints;
+    }
+
+    /// Every ResourceSlice stored by a create or replace so far, in order (as stored).
+    pub fn slice_writes(&self) -> Vec<Value> {
+        self.shared.inner.lock().unwrap().slice_log.clone()
+    }
+
+    /// Waits up to `timeout` for a ResourceSlice write (create or replace) at or after index
+    /// `after` of [`KubeApi::slice_writes`] that satisfies `pred`, and returns its index and
+    /// the slice as stored. Every write is recorded, so a short-lived state is seen however
+    /// late this looks.
+    ///
+    /// # Errors
+    /// After `timeout`: a sentence with the writes seen.
+    pub async fn wait_slice_write(
+        &self,
+        after: usize,
+        timeout: std::time::Duration,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> Result<(usize, Value), String> {
+        let mut rx = self.shared.counters.subscribe();
+        let wait = async {
+            loop {
+                let log = self.slice_writes();
+                if let Some((i, v)) = log.iter().enumerate().skip(after).find(|(_, v)| pred(v)) {
+                    return (i, v.clone());
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.map_err(|_| {
+            format!(
+                "no ResourceSlice write after #{after} matched within {timeout:?}; {} writes: {:?}",
+                self.slice_writes().len(),
+                self.slice_writes().iter().skip(after).collect::<Vec<_>>()
+            )
+        })
     }
 
     /// Deletes every ResourceSlice of `node` (as a starting kubelet does).

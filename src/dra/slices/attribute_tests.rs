@@ -12,6 +12,7 @@ fn params() -> SliceParams {
         driver: "gpu.slicelet.io".to_string(),
         generation: 1,
         driver_version: Some("550.54.15".to_string()),
+        unhealthy: Unhealthy::default(),
     }
 }
 
@@ -112,7 +113,12 @@ fn every_device_of_the_shipped_nodes_stays_within_the_api_limits() {
                 // A shape the node cannot take (MPS on MIG GPUs, say); the others cover it.
                 continue;
             };
-            let s = build(built.plan.resources.values().map(|r| &**r), &inv, &params());
+            let s = build(
+                built.plan.resources.values().map(|r| &**r),
+                &inv,
+                &params(),
+                &HealthMap::new(),
+            );
             for d in devices(&s) {
                 let what = format!("{} {}: {policy}", path.display(), d.name);
                 let attrs = d.attributes.as_ref().unwrap();
@@ -163,7 +169,12 @@ fn topology_attributes_only_where_known() {
         &inv,
     )
     .unwrap();
-    let s = build(built.plan.resources.values().map(|r| &**r), &inv, &params());
+    let s = build(
+        built.plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(),
+        &HealthMap::new(),
+    );
     let topo: Vec<(String, Option<i64>, Option<String>)> = devices(&s)
         .iter()
         .map(|d| {

@@ -11,6 +11,7 @@ fn params(generation: i64) -> SliceParams {
         driver: "gpu.slicelet.io".to_string(),
         generation,
         driver_version: Some("550.54.15".to_string()),
+        unhealthy: Unhealthy::Withdraw,
     }
 }
 
@@ -63,7 +64,12 @@ fn table_of_nodes() {
     ];
     for (name, policy, inv, devices, slices, sharings) in cases {
         let plan = plan_of(policy, &inv);
-        let s = build(plan.resources.values().map(|r| &**r), &inv, &params(3));
+        let s = build(
+            plan.resources.values().map(|r| &**r),
+            &inv,
+            &params(3),
+            &HealthMap::new(),
+        );
         let devs = all_devices(&s);
         assert_eq!(devs.len(), devices, "{name}");
         assert_eq!(s.slices.len(), slices, "{name}");
@@ -94,7 +100,12 @@ fn attributes_of_whole_replica_mps_and_mig_devices() {
         "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n",
         &inv,
     );
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(1),
+        &HealthMap::new(),
+    );
     let devs = all_devices(&s);
     let gpu0 = &inv.gpus[0];
     let r1 = devs
@@ -159,7 +170,12 @@ fn attributes_of_whole_replica_mps_and_mig_devices() {
         "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n",
         &inv,
     );
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(1),
+        &HealthMap::new(),
+    );
     let devs = all_devices(&s);
     assert_eq!(devs.len(), 2);
     assert_eq!(mem(devs[0]), format!("{}Mi", 81559 / 2));
@@ -180,7 +196,12 @@ fn many_devices_are_split_into_slices_of_128() {
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 336\n",
         &inv,
     );
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(7));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(7),
+        &HealthMap::new(),
+    );
     assert_eq!(s.slices.len(), 21);
     let names: BTreeSet<String> = s
         .slices
@@ -206,7 +227,12 @@ fn many_devices_are_split_into_slices_of_128() {
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        devices: [0]\n        rename: nvidia.com/gpu-shared\n        replicas: 122\n",
         &inv,
     );
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(1),
+        &HealthMap::new(),
+    );
     assert_eq!(all_devices(&s).len(), 129);
     assert_eq!(s.slices.len(), 2);
     assert_eq!(s.slices[1].spec.devices.as_ref().unwrap().len(), 1);
@@ -220,7 +246,12 @@ fn unhealthy_devices_are_withdrawn() {
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n",
         &inv,
     );
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(1),
+        &HealthMap::new(),
+    );
     let devs = all_devices(&s);
     assert_eq!(devs.len(), 6);
     assert!(devs
@@ -231,7 +262,12 @@ fn unhealthy_devices_are_withdrawn() {
         g.health = Health::Unhealthy;
     }
     let plan = plan_of("version: v1\n", &inv);
-    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(2));
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &params(2),
+        &HealthMap::new(),
+    );
     assert_eq!(s.slices.len(), 1);
     assert!(s.slices[0].spec.devices.is_none());
     assert_eq!(s.slices[0].spec.pool.resource_slice_count, 1);
@@ -348,7 +384,7 @@ fn a_name_taken_twice_keeps_the_first_device() {
     let plan = plan_of("version: v1\n", &inv);
     let res = &**plan.resources.values().next().unwrap();
     // The same resource twice (as a drain can keep one unit in two resources).
-    let s = build([res, res], &inv, &params(1));
+    let s = build([res, res], &inv, &params(1), &HealthMap::new());
     assert_eq!(all_devices(&s).len(), 1);
     assert_eq!(
         s.skipped,
@@ -457,7 +493,7 @@ fn a_capacity_resource_publishes_each_gpu_once_with_memory_and_cores() {
     for (mode, isolation) in [("mps", "mps"), ("timeSlicing", "none")] {
         let policy = format!("version: v1\nsharing:\n  {mode}:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0, 1]\n        replicas: 4\n        dra: capacity\n");
         let plan = plan_of(&policy, &inv);
-        let s = build(dra_resources(&plan), &inv, &params(1));
+        let s = build(dra_resources(&plan), &inv, &params(1), &HealthMap::new());
         let devices = all_devices(&s);
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
@@ -494,7 +530,7 @@ fn a_capacity_resource_publishes_each_gpu_once_with_memory_and_cores() {
     }
     // `dra: true` stays one device per replica, not shared.
     let plan = plan_of("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: true\n", &inv);
-    let s = build(dra_resources(&plan), &inv, &params(1));
+    let s = build(dra_resources(&plan), &inv, &params(1), &HealthMap::new());
     let devices = all_devices(&s);
     assert_eq!(devices.len(), 4);
     assert!(devices
@@ -513,7 +549,7 @@ fn a_capacity_resource_publishes_each_gpu_once_with_memory_and_cores() {
 fn mig_devices_consume_their_gpus_counters() {
     let inv = h100_ts_mig();
     let plan = plan_of("version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-3g.40gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-1g.10gb]\n", &inv);
-    let s = build(dra_resources(&plan), &inv, &params(1));
+    let s = build(dra_resources(&plan), &inv, &params(1), &HealthMap::new());
     let counter_slice = &s.slices[0].spec;
     assert!(
         counter_slice.devices.is_none(),
@@ -571,14 +607,12 @@ fn mig_devices_consume_their_gpus_counters() {
         assert_eq!(*slices, 7, "{set}");
     }
     for sl in &s.slices {
-        assert!(
-            sl.spec.devices.as_ref().map_or(0, Vec::len) <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS
-        );
+        assert!(sl.spec.devices.as_ref().map_or(0, Vec::len) <= MAX_DEVICES_PER_SLICE_WITH_TAINTS);
         assert_eq!(sl.spec.pool.resource_slice_count, s.slices.len() as i64);
     }
     // Time-sliced MIG devices (replicas) consume nothing: they share one device.
     let ts = plan_of("version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-3g.40gb, nvidia.com/mig-2g.20gb]\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        replicas: 2\n        dra: true\n", &inv);
-    let s = build(dra_resources(&ts), &inv, &params(1));
+    let s = build(dra_resources(&ts), &inv, &params(1), &HealthMap::new());
     let replicas: Vec<&Device> = all_devices(&s)
         .into_iter()
         .filter(|d| attr(d, "replica").is_some())
@@ -616,4 +650,249 @@ fn memory_slices_of_nvidias_profiles() {
     }
     assert_eq!(gpu_slices("NVIDIA A30"), (4, 4));
     assert_eq!(gpu_slices("NVIDIA H100 80GB HBM3"), (7, 8));
+}
+
+fn tainting(generation: i64, xid_effect: TaintEffect) -> SliceParams {
+    SliceParams {
+        unhealthy: Unhealthy::Taint { xid_effect },
+        ..params(generation)
+    }
+}
+
+/// Time `secs` after the epoch, with a fraction (the taint keeps whole seconds).
+fn at(secs: u64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(secs * 1000 + 250)
+}
+
+fn health_of(plan: &Plan, prev: &HealthMap, cause: Cause, now: u64) -> HealthMap {
+    crate::dra::health::fold(
+        prev,
+        plan.resources.values().map(|r| &**r),
+        &|_, _| Some((cause, cause.label())),
+        at(now),
+    )
+}
+
+fn taints_of<'a>(devs: &[&'a Device], uuid: &str) -> Vec<&'a DeviceTaint> {
+    devs.iter()
+        .filter(|d| str_attr(d, "uuid") == Some(uuid))
+        .flat_map(|d| d.taints.iter().flatten())
+        .collect()
+}
+
+/// A label value as the API server validates a taint's value: at most 63 characters of
+/// `[A-Za-z0-9._-]`, starting and ending alphanumeric.
+fn is_label_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && v.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
+        && v.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric())
+}
+
+/// What the API server checks of every device's taints, and of slices that use them.
+fn check_taint_limits(s: &Slices) {
+    for sl in &s.slices {
+        let n = sl.spec.devices.as_ref().map_or(0, Vec::len);
+        let tainted = sl
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
+        if tainted {
+            assert!(
+                n <= MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+                "{n} devices in a slice with taints"
+            );
+        }
+        for d in sl.spec.devices.iter().flatten() {
+            let taints = d.taints.as_deref().unwrap_or_default();
+            assert!(taints.len() <= MAX_TAINTS_PER_DEVICE, "{}", d.name);
+            for t in taints {
+                let (prefix, name) = t.key.split_once('/').unwrap();
+                assert!(
+                    prefix.len() <= 253 && prefix.split('.').all(is_dns_label),
+                    "{}",
+                    t.key
+                );
+                assert!(
+                    !name.is_empty() && name.len() <= 63 && is_label_value(name),
+                    "{}",
+                    t.key
+                );
+                assert!(
+                    is_label_value(t.value.as_deref().unwrap_or_default()),
+                    "{t:?}"
+                );
+                assert!(
+                    ["NoSchedule", "NoExecute"].contains(&t.effect.as_str()),
+                    "{t:?}"
+                );
+                assert!(t.time_added.is_some(), "{t:?}");
+            }
+        }
+    }
+}
+
+/// An Xid on GPU 1: its replicas stay published, each with one taint (key, value `xid-79`,
+/// effect NoSchedule, timeAdded = when it turned Unhealthy, whole seconds); republished later
+/// with the same health, timeAdded stays; recovered, the taint is gone.
+#[test]
+fn an_xid_taints_its_devices_until_it_recovers() {
+    let mut inv = test_node(4);
+    let policy = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
+    let healthy = plan_of(policy, &inv);
+    let h0 = health_of(&healthy, &HealthMap::new(), Cause::Xid(79), 100);
+    let s = build(
+        healthy.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(1, TaintEffect::NoSchedule),
+        &h0,
+    );
+    assert!(all_devices(&s).iter().all(|d| d.taints.is_none()));
+    inv.gpus[1].health = Health::Unhealthy;
+    let sick = plan_of(policy, &inv);
+    let h1 = health_of(&sick, &h0, Cause::Xid(79), 200);
+    let s = build(
+        sick.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(2, TaintEffect::NoSchedule),
+        &h1,
+    );
+    check_taint_limits(&s);
+    let devs = all_devices(&s);
+    assert_eq!(devs.len(), 8, "nothing withdrawn");
+    let t = taints_of(&devs, &inv.gpus[1].uuid);
+    assert_eq!(t.len(), 2, "one taint per replica");
+    for t in &t {
+        assert_eq!(t.key, "gpu.slicelet.io/unhealthy");
+        assert_eq!(t.value.as_deref(), Some("xid-79"));
+        assert_eq!(t.effect, "NoSchedule");
+        assert_eq!(t.time_added.as_ref().unwrap().0.as_second(), 200);
+        assert_eq!(t.time_added.as_ref().unwrap().0.subsec_nanosecond(), 0);
+    }
+    assert!(taints_of(&devs, &inv.gpus[0].uuid).is_empty());
+    // Republished at 300, still Unhealthy for the same Xid: the same taint, the same time.
+    let h2 = health_of(&sick, &h1, Cause::Xid(79), 300);
+    let again = build(
+        sick.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(2, TaintEffect::NoSchedule),
+        &h2,
+    );
+    assert_eq!(again, s);
+    // Recovered: no taint left.
+    inv.gpus[1].health = Health::Healthy;
+    let well = plan_of(policy, &inv);
+    let h3 = health_of(&well, &h2, Cause::Xid(79), 400);
+    let s = build(
+        well.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(3, TaintEffect::NoSchedule),
+        &h3,
+    );
+    assert!(all_devices(&s).iter().all(|d| d.taints.is_none()));
+    // The same plan withdrawing (an API server without taints): GPU 1's replicas are left out.
+    let s = build(sick.resources.values().map(|r| &**r), &inv, &params(4), &h1);
+    assert_eq!(all_devices(&s).len(), 6);
+}
+
+/// The value and effect of each cause: NoExecute only for an Xid, and only when the policy
+/// asks; every value a label value.
+#[test]
+fn taint_values_and_effects_table() {
+    let causes = [
+        (Cause::Xid(79), "xid-79"),
+        (Cause::Xid(u64::MAX), "xid-18446744073709551615"),
+        (Cause::Lost, "lost"),
+        (Cause::Unwatched, "unwatched"),
+        (Cause::CdiUnresolved, "cdi-unresolved"),
+        (Cause::MpsNotReady, "mps-not-ready"),
+        (Cause::Draining, "draining"),
+        (Cause::Other, "unhealthy"),
+    ];
+    for (cause, value) in causes {
+        for xid_effect in [TaintEffect::NoSchedule, TaintEffect::NoExecute] {
+            let h = crate::dra::health::DeviceHealth {
+                health: Health::Unhealthy,
+                cause: Some(cause),
+                message: String::new(),
+                since: at(1_700_000_000),
+            };
+            let t = taint(&h, xid_effect);
+            assert_eq!(t.value.as_deref(), Some(value));
+            assert!(is_label_value(value), "{value}");
+            let want = match cause {
+                Cause::Xid(_) => xid_effect.as_str(),
+                _ => "NoSchedule",
+            };
+            assert_eq!(t.effect, want, "{cause:?} {xid_effect:?}");
+            assert_eq!(t.time_added.unwrap().0.as_second(), 1_700_000_000);
+        }
+    }
+}
+
+/// With taints in use a slice holds at most 64 devices (whether or not one is tainted now, so
+/// a taint never moves devices between slices); withdrawing, 128.
+#[test]
+fn slices_hold_64_devices_when_taints_are_in_use() {
+    let mut inv = test_node(8);
+    // 8 × 40 = 320 devices: 5 slices of 64 with taints, 3 (128, 128, 64) without.
+    let policy = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 40\n";
+    let plan = plan_of(policy, &inv);
+    let h = health_of(&plan, &HealthMap::new(), Cause::Lost, 1);
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(1, TaintEffect::NoSchedule),
+        &h,
+    );
+    assert_eq!(s.slices.len(), 5);
+    for sl in &s.slices {
+        assert_eq!(sl.spec.devices.as_ref().unwrap().len(), 64);
+        assert_eq!(sl.spec.pool.resource_slice_count, 5);
+    }
+    let s = build(plan.resources.values().map(|r| &**r), &inv, &params(1), &h);
+    assert_eq!(s.slices.len(), 3);
+    // Every GPU Unhealthy: all 320 tainted, still 64 per slice, each device one taint.
+    for g in &mut inv.gpus {
+        g.health = Health::Unhealthy;
+    }
+    let plan = plan_of(policy, &inv);
+    let h = health_of(&plan, &h, Cause::Xid(48), 2);
+    let s = build(
+        plan.resources.values().map(|r| &**r),
+        &inv,
+        &tainting(2, TaintEffect::NoExecute),
+        &h,
+    );
+    check_taint_limits(&s);
+    assert_eq!(s.slices.len(), 5);
+    let devs = all_devices(&s);
+    assert_eq!(devs.len(), 320);
+    assert!(devs.iter().all(|d| d.taints.as_ref().unwrap().len() == 1));
+    assert!(devs
+        .iter()
+        .all(|d| d.taints.as_ref().unwrap()[0].effect == "NoExecute"));
+}
+
+/// A unit the drain rules keep in two resources, Healthy in one and Unhealthy in the other:
+/// the name goes to the Healthy device, tainted or not, and only Healthy duplicates are
+/// reported.
+#[test]
+fn a_healthy_device_wins_its_name_over_an_unhealthy_one() {
+    let inv = test_node(1);
+    let plan = plan_of("version: v1\n", &inv);
+    let res = &**plan.resources.values().next().unwrap();
+    let mut sick = res.clone();
+    sick.devices[0].health = Health::Unhealthy;
+    let h = health_of(&plan, &HealthMap::new(), Cause::Draining, 1);
+    for order in [[&sick, res], [res, &sick]] {
+        let s = build(order, &inv, &tainting(1, TaintEffect::NoSchedule), &h);
+        let devs = all_devices(&s);
+        assert_eq!(devs.len(), 1);
+        assert!(devs[0].taints.is_none(), "the Healthy copy is published");
+        assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+    }
 }
