@@ -72,6 +72,53 @@ pub enum PublishError {
         #[source]
         source: kube::Error,
     },
+    /// The API server does not keep consumable-capacity devices (`allowMultipleAllocations`
+    /// dropped, or the write refused naming it): Kubernetes before 1.34, or 1.34–1.35 without
+    /// the `DRAConsumableCapacity` feature gate.
+    #[error("the API server {how} the consumable-capacity device (allowMultipleAllocations) of ResourceSlice {name}: Kubernetes 1.36 or later (or the DRAConsumableCapacity feature gate) is needed for dra: capacity; use dra: true (one device per replica) on this cluster")]
+    CapacityRefused {
+        /// The slice's name.
+        name: String,
+        /// `dropped` or `refused`.
+        how: &'static str,
+    },
+}
+
+/// Whether any device of `slice` is a consumable-capacity device.
+fn has_shared_devices(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.allow_multiple_allocations == Some(true))
+}
+
+/// The API server's answer to a write of `sent` shows it does not keep consumable-capacity
+/// devices: the stored copy lost `allowMultipleAllocations`, or a 422 names it.
+fn capacity_lost(
+    sent: &ResourceSlice,
+    answer: &Result<ResourceSlice, kube::Error>,
+) -> Option<PublishError> {
+    if !has_shared_devices(sent) {
+        return None;
+    }
+    let name = sent.metadata.name.clone().unwrap_or_default();
+    match answer {
+        Ok(stored) if !has_shared_devices(stored) => Some(PublishError::CapacityRefused {
+            name,
+            how: "dropped",
+        }),
+        Err(kube::Error::Api(s))
+            if s.code == 422 && s.message.contains("allowMultipleAllocations") =>
+        {
+            Some(PublishError::CapacityRefused {
+                name,
+                how: "refused",
+            })
+        }
+        _ => None,
+    }
 }
 
 /// What the publisher has done, for `/status` and the tests.
@@ -320,6 +367,9 @@ async fn reconcile_once(
                 if let Some(why) = taints_lost(&slice, &answer) {
                     return Ok(Outcome::TaintsRefused(why));
                 }
+                if let Some(e) = capacity_lost(&slice, &answer) {
+                    return Err(e);
+                }
                 answer.map_err(|source| PublishError::Write {
                     op: "replacing",
                     name: name.clone(),
@@ -333,6 +383,9 @@ async fn reconcile_once(
                 let answer = api.create(&PostParams::default(), &slice).await;
                 if let Some(why) = taints_lost(&slice, &answer) {
                     return Ok(Outcome::TaintsRefused(why));
+                }
+                if let Some(e) = capacity_lost(&slice, &answer) {
+                    return Err(e);
                 }
                 answer.map_err(|source| PublishError::Write {
                     op: "creating",
@@ -429,5 +482,45 @@ pub async fn run(
             r = registrations.changed() => if r.is_err() { return },
             () = wait_retry => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::Device;
+
+    fn slice(shared: bool) -> ResourceSlice {
+        let mut s = ResourceSlice::default();
+        s.metadata.name = Some("node-1-gpu-slicelet-io-0".into());
+        s.spec.devices = Some(vec![Device {
+            name: "gpu-a".into(),
+            allow_multiple_allocations: shared.then_some(true),
+            ..Device::default()
+        }]);
+        s
+    }
+
+    /// An API server without consumable capacity is a clear error naming the fallback; one
+    /// that keeps it, or a slice without shared devices, is not.
+    #[test]
+    fn an_api_server_without_consumable_capacity_is_named() {
+        let dropped = capacity_lost(&slice(true), &Ok(slice(false))).unwrap();
+        let msg = dropped.to_string();
+        assert!(
+            msg.contains("dropped") && msg.contains("use dra: true"),
+            "{msg}"
+        );
+        let status = kube::core::Status {
+            code: 422,
+            message:
+                "spec.devices[0].allowMultipleAllocations: Forbidden: disabled by feature gate"
+                    .into(),
+            ..Default::default()
+        };
+        let refused = capacity_lost(&slice(true), &Err(kube::Error::Api(Box::new(status))));
+        assert!(refused.unwrap().to_string().contains("refused"));
+        assert!(capacity_lost(&slice(true), &Ok(slice(true))).is_none());
+        assert!(capacity_lost(&slice(false), &Ok(slice(false))).is_none());
     }
 }
