@@ -465,19 +465,6 @@ pub fn prepare(
     })
 }
 
-/// The unit's memory, MiB: the MIG device's or the GPU's (`None` when the inventory lacks it).
-fn unit_memory_mib(d: &VirtualDevice, inventory: &Inventory) -> Option<u64> {
-    let gpu = inventory.by_index(d.gpu_index)?;
-    match &d.mig {
-        None => Some(gpu.memory_mib),
-        Some(_) => gpu
-            .mig_devices
-            .iter()
-            .find(|m| m.uuid == d.gpu_uuid)
-            .map(|m| m.memory_mib),
-    }
-}
-
 /// A capacity quantity as MiB, rounded up (`20Gi` → 20480; `1.5Gi` → 1536; bytes → MiB).
 fn quantity_mib(q: &str) -> Option<u64> {
     let bytes = crate::policy::quantity::parse_bytes(q).ok()?;
@@ -507,7 +494,7 @@ fn share_of(
     inventory: &Inventory,
     held: &Held,
 ) -> Result<Share, PrepareError> {
-    let total_mib = unit_memory_mib(d, inventory).unwrap_or(0);
+    let total_mib = super::slices::unit_memory_mib(d, inventory).unwrap_or(0);
     let shares = u64::from(c.shares.max(1));
     let consumed = r.consumed_capacity.as_ref();
     let get = |name: &str| consumed.and_then(|m| m.get(name)).map(|q| q.0.as_str());

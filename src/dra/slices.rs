@@ -288,6 +288,12 @@ fn memory_mib(res: &ResourcePlan, d: &VirtualDevice, inventory: &Inventory) -> O
     if let Some(daemon) = res.mps.as_ref().and_then(|m| m.daemons.get(&d.gpu_uuid)) {
         return Some(daemon.limits.pinned_memory_mib);
     }
+    unit_memory_mib(d, inventory)
+}
+
+/// The memory of `d`'s unit, MiB: the MIG device's, or the GPU's (`None` when the inventory
+/// lacks it).
+pub fn unit_memory_mib(d: &VirtualDevice, inventory: &Inventory) -> Option<u64> {
     let gpu = inventory.by_index(d.gpu_index)?;
     match &d.mig {
         None => Some(gpu.memory_mib),
@@ -349,21 +355,19 @@ fn consumes(
     let memory = memory_slices(profile.memory_gb, gpu.memory_mib, total_memory);
     Some(DeviceCounterConsumption {
         counter_set: counter_set_name(&m.parent_uuid),
-        counters: BTreeMap::from([
-            (
-                COUNTER_MEMORY_SLICES.to_string(),
-                Counter {
-                    value: Quantity(memory.to_string()),
-                },
-            ),
-            (
-                COUNTER_COMPUTE_SLICES.to_string(),
-                Counter {
-                    value: Quantity(slices.to_string()),
-                },
-            ),
-        ]),
+        counters: slice_counters(memory, u64::from(slices)),
     })
+}
+
+/// The two counters of a GPU's set, or of what a MIG device consumes from it.
+fn slice_counters(memory: u64, compute: u64) -> BTreeMap<String, Counter> {
+    let counter = |n: u64| Counter {
+        value: Quantity(n.to_string()),
+    };
+    BTreeMap::from([
+        (COUNTER_MEMORY_SLICES.to_string(), counter(memory)),
+        (COUNTER_COMPUTE_SLICES.to_string(), counter(compute)),
+    ])
 }
 
 /// The counter set of the MIG-enabled GPU `uuid`: its memory and GPU-instance slices.
@@ -372,20 +376,7 @@ fn counter_set(uuid: &str, inventory: &Inventory) -> Option<CounterSet> {
     let (compute, memory) = gpu_slices(&gpu.model);
     Some(CounterSet {
         name: counter_set_name(uuid),
-        counters: BTreeMap::from([
-            (
-                COUNTER_MEMORY_SLICES.to_string(),
-                Counter {
-                    value: Quantity(memory.to_string()),
-                },
-            ),
-            (
-                COUNTER_COMPUTE_SLICES.to_string(),
-                Counter {
-                    value: Quantity(compute.to_string()),
-                },
-            ),
-        ]),
+        counters: slice_counters(u64::from(memory), u64::from(compute)),
     })
 }
 
