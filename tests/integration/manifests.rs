@@ -520,8 +520,14 @@ fn bridged_devices(
         driver: "gpu.slicelet.io".to_string(),
         generation: 1,
         driver_version: None,
+        unhealthy: slices::Unhealthy::default(),
     };
-    let built = slices::build(slices::dra_resources(&plan), node, &params);
+    let built = slices::build(
+        slices::dra_resources(&plan),
+        node,
+        &params,
+        &slicelet::dra::health::HealthMap::new(),
+    );
     let mut selected: Vec<String> = built
         .slices
         .iter()
