@@ -167,6 +167,7 @@ impl Setup {
                 driver: DRIVER.to_string(),
                 pool: NODE.to_string(),
                 device: d.clone(),
+                ..AllocatedDevice::default()
             })
             .collect();
         self.api.set_claim("ns", "two", UID, &devices);
