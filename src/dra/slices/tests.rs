@@ -49,7 +49,9 @@ fn table_of_nodes() {
     const TS4: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
     const MPS2: &str = "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
     const MIXED_TS: &str = "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n";
-    let cases: [(&str, &str, Inventory, usize, usize, &[&str]); 4] = [
+    /// (case, policy, node, devices, slices, sharing values seen)
+    type Case<'a> = (&'a str, &'a str, Inventory, usize, usize, &'a [&'a str]);
+    let cases: [Case; 4] = [
         ("whole", "version: v1\n", test_node(8), 8, 1, &["none"]),
         ("time-sliced", TS4, test_node(8), 32, 1, &["time-slicing"]),
         ("mps", MPS2, test_node(2), 4, 1, &["mps"]),
