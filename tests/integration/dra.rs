@@ -227,6 +227,7 @@ fn alloc(request: &str, pool: &str, device: &str) -> AllocatedDevice {
         driver: DRIVER.to_string(),
         pool: pool.to_string(),
         device: device.to_string(),
+        ..AllocatedDevice::default()
     }
 }
 
@@ -1381,6 +1382,135 @@ async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
     assert!(
         metrics.contains("slicelet_dra_device_taints 0"),
         "{metrics}"
+    );
+    d.stop().await;
+}
+
+/// The whole daemon with `--dra` and `dra: capacity` on an MPS resource (the fake MPS control
+/// binary): GPU 0 published once as a consumable-capacity device; three claims of 20, 20 and
+/// 38 GiB of it prepared through the DRA kubelet emulator, each into a CDI spec with its own
+/// MPS limits and each answered with its share ID; a fourth of 2 GiB refused while the
+/// 81,559 MiB are taken, then prepared once a 20 GiB share is unprepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_prepares_capacity_shares_of_gpu_0_with_their_own_mps_limits() {
+    use crate::common::{emulator, uuids, wait_lists, Daemon, Node};
+    let node = Node::new("version: v1\n");
+    let root = crate::mps::mps_root(&node);
+    let policy = format!(
+        "version: v1\nflags:\n  mpsRoot: {}\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: capacity\n",
+        root.display()
+    );
+    node.write_policy(&policy);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let mut settings = crate::mps::mps_settings(&node, &sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let d = Daemon::start(settings);
+    // GPUs 1–7 whole through the device plugin, GPU 0 once through DRA.
+    wait_lists(&emu, &[("nvidia.com/gpu", 7)]).await;
+    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 1).await);
+    check_shape(&slices);
+    let g0 = uuids(&sim)[0].clone();
+    let gpu0 = device_name(&g0);
+    let dev = &slices[0].spec.devices.as_ref().unwrap()[0];
+    assert_eq!(dev.name, gpu0);
+    assert_eq!(dev.allow_multiple_allocations, Some(true));
+    let cap = dev.capacity.as_ref().unwrap();
+    assert_eq!(cap["memory"].value.0, "81559Mi");
+    assert_eq!(cap["cores"].value.0, "100");
+
+    let share = |uid: &str, memory: &str, cores: Option<&str>| AllocatedDevice {
+        consumed_capacity: [("memory", memory)]
+            .into_iter()
+            .chain(cores.map(|c| ("cores", c)))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        share_id: Some(format!("share-{uid}")),
+        ..alloc("gpu", NODE, &gpu0)
+    };
+    let uids: Vec<String> = (1..=4)
+        .map(|i| format!("cccccccc-0000-0000-0000-00000000000{i}"))
+        .collect();
+    for (i, (memory, cores)) in [
+        ("20Gi", Some("25")),
+        ("20Gi", Some("25")),
+        ("38Gi", Some("50")),
+        ("2Gi", None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        api.set_claim(
+            "ns",
+            &format!("c{i}"),
+            &uids[i],
+            &[share(&uids[i], memory, cores)],
+        );
+    }
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let cdi = node.tmp.path().join("cdi");
+    let env_of = |uid: &str| -> Vec<String> {
+        let file = cdi.join(format!("gpu.slicelet.io-claim_{uid}.json"));
+        let spec: Value = serde_json::from_str(&crate::common::read(&file)).unwrap();
+        spec["devices"][0]["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    for (i, (mib, cores)) in [(20480, 25), (20480, 25), (38912, 50)]
+        .into_iter()
+        .enumerate()
+    {
+        let uid = uids[i].as_str();
+        let name = format!("c{i}");
+        let got = k.prepare(Version::V1, &[("ns", &name, uid)]).await.unwrap();
+        let a = &got[uid];
+        assert_eq!(a.error, "", "{name}");
+        assert_eq!(a.devices.len(), 1, "{name}: {a:?}");
+        assert_eq!(a.devices[0].device, gpu0);
+        assert_eq!(
+            a.devices[0].share_id,
+            Some(format!("share-{uid}")),
+            "{name}"
+        );
+        let env = env_of(uid);
+        for want in [
+            format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"),
+            format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={cores}"),
+            format!("SLICELET_GPU_SHARE_MEMORY_MIB={mib}"),
+            format!("NVIDIA_VISIBLE_DEVICES={g0}"),
+        ] {
+            assert!(env.contains(&want), "{name}: {want} not in {env:?}");
+        }
+    }
+    // 20 + 20 + 38 GiB = 79,872 MiB of 81,559: 2 GiB more does not fit.
+    let small = [("ns", "c3", uids[3].as_str())];
+    let refused = k.prepare(Version::V1, &small).await.unwrap();
+    let e = &refused[&uids[3]].error;
+    assert!(e.contains("81559 MiB") && e.contains("2048 MiB"), "{e}");
+    assert!(refused[&uids[3]].devices.is_empty());
+    assert!(!cdi
+        .join(format!("gpu.slicelet.io-claim_{}.json", uids[3]))
+        .exists());
+    // A 20 GiB share goes; the 2 GiB one now fits, with its own limits and share ID.
+    let un = k
+        .unprepare(Version::V1, &[("ns", "c0", uids[0].as_str())])
+        .await
+        .unwrap();
+    assert_eq!(un[&uids[0]], "");
+    let ok = k.prepare(Version::V1, &small).await.unwrap();
+    let a = &ok[&uids[3]];
+    assert_eq!(a.error, "");
+    assert_eq!(a.devices[0].share_id, Some(format!("share-{}", uids[3])));
+    let env = env_of(&uids[3]);
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M".to_string()),
+        "{env:?}"
     );
     d.stop().await;
 }

@@ -7,6 +7,10 @@
 //! - **grpc C-core** (`tests/clients/grpcio_client.py`, Python `grpcio`): `unix:<path>` with the
 //!   default authority, the percent-encoded path.
 //!
+//! Each registers with the DRA plugin, prepares and unprepares a claim of two replicas of GPU 0
+//! and a share of a consumable-capacity GPU (reading the v1 answer's `share_id`), and makes
+//! every DevicePlugin call.
+//!
 //! Both need their toolchains, so these tests are `#[ignore]`d in the plain `cargo test`;
 //! `.ci/interop` installs Go and grpcio, builds the Go client and runs them with
 //! `SLICELET_INTEROP_GO` (the client binary) and `SLICELET_INTEROP_PYTHON` (a Python with
@@ -27,6 +31,9 @@ const DRIVER: &str = "gpu.slicelet.io";
 const UID: &str = "5e1f2c3a-0000-4000-8000-00000000c1a1";
 /// GPUs 0–3 time-sliced ×4 through DRA; GPUs 4–7 whole through the device plugin.
 const POLICY: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
+/// GPU 0 time-sliced through DRA as one consumable-capacity device; GPUs 1–7 whole through
+/// the device plugin.
+const CAPACITY_POLICY: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        devices: [0]\n        replicas: 4\n        dra: capacity\n";
 const IGNORED: &str = "needs the grpc-go and grpcio clients: .ci/interop builds and runs them";
 
 /// A gRPC client that is not tonic.
@@ -121,19 +128,25 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Setup {
-        let node = Node::new(POLICY);
+        Setup::with(POLICY, 4, 16).await
+    }
+
+    /// The daemon on `policy`: ready once the device plugin lists `whole` GPUs and the API
+    /// holds `dra` devices.
+    async fn with(policy: &str, whole: usize, dra: usize) -> Setup {
+        let node = Node::new(policy);
         let sim = node_file("h100-80gb-x8.yaml");
         let api = KubeApi::start(NODE, &[]).await;
         let kubelet = emulator(&node).await;
         let mut settings = node.settings(&sim);
         settings.dra = Some(crate::dra::daemon_dra(&node, &api));
         let daemon = Daemon::start(settings);
-        wait_lists(&kubelet, &[("nvidia.com/gpu", 4)]).await;
+        wait_lists(&kubelet, &[("nvidia.com/gpu", whole)]).await;
         api.wait_slices(|s| {
             s.iter()
                 .map(|x| x["spec"]["devices"].as_array().map_or(0, Vec::len))
                 .sum::<usize>()
-                == 16
+                == dra
         })
         .await;
         Setup {
@@ -167,6 +180,7 @@ impl Setup {
                 driver: DRIVER.to_string(),
                 pool: NODE.to_string(),
                 device: d.clone(),
+                ..AllocatedDevice::default()
             })
             .collect();
         self.api.set_claim("ns", "two", UID, &devices);
@@ -335,6 +349,84 @@ async fn dra_end_to_end(client: Client) {
     s.daemon.stop().await;
 }
 
+/// A share of a consumable-capacity device (`dra: capacity`): a claim on GPU 0 with
+/// `consumedCapacity` (20 GiB, 25 % of the cores) and a `shareID` is prepared in v1 with the
+/// share ID on its device and the share's memory in its CDI spec; v1beta1, which has no share
+/// IDs, answers the same device without one.
+async fn dra_capacity_share(client: Client) {
+    const SHARE: &str = "4c0a7e1b-0000-4000-8000-0000000005e1";
+    let s = Setup::with(CAPACITY_POLICY, 7, 1).await;
+    let gpu0 = device_name(&s.uuids[0]);
+    s.api.set_claim(
+        "ns",
+        "share",
+        UID,
+        &[AllocatedDevice {
+            request: "gpu".to_string(),
+            driver: DRIVER.to_string(),
+            pool: NODE.to_string(),
+            device: gpu0.clone(),
+            consumed_capacity: vec![
+                ("memory".to_string(), "20Gi".to_string()),
+                ("cores".to_string(), "25".to_string()),
+            ],
+            share_id: Some(SHARE.to_string()),
+        }],
+    );
+    let endpoint = register(client, &s.registration()).await;
+    let claims = json!({"claims": [{"namespace": "ns", "name": "share", "uid": UID}]});
+    for (version, share_id) in [("v1", json!(SHARE)), ("v1beta1", Value::Null)] {
+        let prepared = one(
+            client,
+            &endpoint,
+            &format!("/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources"),
+            claims.clone(),
+        )
+        .await;
+        let answer = &prepared["claims"][UID];
+        assert!(
+            answer.get("error").is_none(),
+            "{client:?} {version}: {answer}"
+        );
+        let devices = answer["devices"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{client:?} {version}: {prepared}"));
+        assert_eq!(devices.len(), 1, "{client:?} {version}: {answer}");
+        assert_eq!(
+            devices[0]["device_name"],
+            json!(gpu0),
+            "{client:?} {version}"
+        );
+        assert_eq!(
+            devices[0].get("share_id").cloned().unwrap_or(Value::Null),
+            share_id,
+            "{client:?} {version}: {answer}"
+        );
+    }
+    let spec = s
+        .node
+        .tmp
+        .path()
+        .join(format!("cdi/{DRIVER}-claim_{UID}.json"));
+    let spec: Value = serde_json::from_str(&crate::common::read(&spec)).unwrap();
+    let env = &spec["devices"][0]["containerEdits"]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!("SLICELET_GPU_SHARE_MEMORY_MIB=20480")),
+        "{client:?}: {env}"
+    );
+    let un = one(
+        client,
+        &endpoint,
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        claims,
+    )
+    .await;
+    assert_eq!(un["claims"][UID], json!({}), "{client:?}: {un}");
+    s.daemon.stop().await;
+}
+
 /// Every DevicePlugin RPC the kubelet makes, on the device-plugin socket.
 async fn device_plugin_rpcs(client: Client) {
     let s = Setup::start().await;
@@ -405,6 +497,18 @@ async fn grpc_go_registers_prepares_and_unprepares_a_dra_claim() {
 #[ignore = "needs the grpc-go and grpcio clients: .ci/interop builds and runs them"]
 async fn grpcio_registers_prepares_and_unprepares_a_dra_claim() {
     dra_end_to_end(Client::Grpcio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the grpc-go and grpcio clients: .ci/interop builds and runs them"]
+async fn grpc_go_prepares_a_consumable_capacity_share_with_its_share_id() {
+    dra_capacity_share(Client::Go).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the grpc-go and grpcio clients: .ci/interop builds and runs them"]
+async fn grpcio_prepares_a_consumable_capacity_share_with_its_share_id() {
+    dra_capacity_share(Client::Grpcio).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -489,6 +489,7 @@ async fn a_dra_pods_process_is_attributed_through_its_claim() {
             driver: DRIVER.into(),
             pool: NODE.into(),
             device: r0.clone(),
+            ..AllocatedDevice::default()
         }],
     );
     api.reserve_claim("ml", "llm-a-gpu", &[("llm-a", UID_A)]);

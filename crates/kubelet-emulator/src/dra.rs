@@ -23,6 +23,16 @@ pub enum Version {
     V1beta1,
 }
 
+/// The `share_id` of a prepared device: v1 carries it, v1beta1 has no such field.
+macro_rules! share_id {
+    (v1, $d:expr) => {
+        $d.share_id
+    };
+    (v1beta1, $d:expr) => {
+        None
+    };
+}
+
 /// A claim as the kubelet names it: (namespace, name, UID).
 pub type Claim<'a> = (&'a str, &'a str, &'a str);
 
@@ -37,6 +47,9 @@ pub struct Device {
     pub device: String,
     /// CDI device IDs.
     pub cdi_ids: Vec<String>,
+    /// The share of a consumable-capacity device the plugin prepared (`share_id`, v1 only;
+    /// `None` when unset and always in v1beta1).
+    pub share_id: Option<String>,
 }
 
 /// The answer for one claim: its devices, or an error (empty when none).
@@ -168,6 +181,7 @@ impl DraKubelet {
                                 pool: d.pool_name,
                                 device: d.device_name,
                                 cdi_ids: d.cdi_device_ids,
+                                share_id: share_id!($v, d),
                             })
                             .collect();
                         (

@@ -486,7 +486,7 @@ async fn get_claim(
 }
 
 /// One allocated device of a claim, as `status.allocation.devices.results[]` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllocatedDevice {
     /// The request's name in the claim (`gpu`, or `gpu/sub` for a subrequest).
     pub request: String,
@@ -496,6 +496,11 @@ pub struct AllocatedDevice {
     pub pool: String,
     /// The device's name in the pool.
     pub device: String,
+    /// `consumedCapacity` (capacity name, quantity) of a share of a consumable-capacity device
+    /// (`allowMultipleAllocations`); left out of the result when empty.
+    pub consumed_capacity: Vec<(String, String)>,
+    /// `shareID` of such a share; left out of the result when `None`.
+    pub share_id: Option<String>,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -703,17 +708,30 @@ impl KubeApi {
     }
 
     /// Stores (or replaces) the ResourceClaim `namespace/name` with `uid`, allocated `devices`
-    /// on `node` (`status.allocation.devices.results`; no allocation when `devices` is empty).
+    /// on `node` (`status.allocation.devices.results`, each with its `consumedCapacity` and
+    /// `shareID` when set; no allocation when `devices` is empty).
     pub fn set_claim(&self, namespace: &str, name: &str, uid: &str, devices: &[AllocatedDevice]) {
         let results: Vec<Value> = devices
             .iter()
             .map(|d| {
-                json!({
+                let mut r = json!({
                     "request": d.request,
                     "driver": d.driver,
                     "pool": d.pool,
                     "device": d.device,
-                })
+                });
+                if !d.consumed_capacity.is_empty() {
+                    r["consumedCapacity"] = d
+                        .consumed_capacity
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                        .collect::<serde_json::Map<_, _>>()
+                        .into();
+                }
+                if let Some(id) = &d.share_id {
+                    r["shareID"] = Value::String(id.clone());
+                }
+                r
             })
             .collect();
         let requests: std::collections::BTreeSet<&str> = devices
