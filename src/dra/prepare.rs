@@ -547,21 +547,13 @@ fn share_of(
     })
 }
 
-/// A claim holding shares of `device`'s unit when `device` is not itself a capacity device
-/// (`capacity` false), or one holding the unit whole or a replica of it when it is (handled by
-/// [`holder_of`] over the exclusive holders): shares and exclusive holders of one unit never
-/// mix, whatever the policy became since.
+/// A claim holding shares of `device`'s unit, when `device` is not itself a capacity device
+/// (`capacity` false): shares and whole or replica holders of one unit never mix, whatever the
+/// policy became since. (Shares of a capacity device are checked for fit instead, and its
+/// whole or replica holders by [`holder_of`] over the exclusive ones.)
 fn shared_holder_of<'a>(held: &'a Held, device: &str, capacity: bool) -> Option<&'a String> {
     if capacity {
-        // Shares of the same device are checked for fit, not refused.
-        let (unit, _) = unit_of(device);
-        return held
-            .shares
-            .iter()
-            .find(|(name, list)| {
-                name.as_str() != device && unit_of(name).0 == unit && !list.is_empty()
-            })
-            .and_then(|(_, list)| list.first().map(|(h, _)| h));
+        return None;
     }
     let (unit, _) = unit_of(device);
     held.shares
