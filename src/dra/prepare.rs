@@ -440,7 +440,7 @@ pub fn prepare(
             })?;
         edits.merge(a);
     }
-    edits.apply_shares(&devices, plan, ctx)?;
+    edits.apply_shares(&devices, ctx);
     let kind = cdi_kind(driver);
     let claim_id = format!("{kind}={}", want.uid);
     let mut seen_requests: Vec<String> = Vec::new();
@@ -607,12 +607,7 @@ impl Edits {
     /// the share's memory is also the container's hard limit, set by slicelet's hook.
     /// `SLICELET_GPU_SHARE_MEMORY_MIB` / `SLICELET_GPU_SHARE_CORES` tell the workload its share
     /// whatever the mode (time-slicing only accounts for them).
-    fn apply_shares(
-        &mut self,
-        devices: &[PreparedDevice],
-        plan: &Plan,
-        ctx: &Context<'_>,
-    ) -> Result<(), PrepareError> {
+    fn apply_shares(&mut self, devices: &[PreparedDevice], ctx: &Context<'_>) {
         let mut memory = 0u64;
         let mut cores = 0u32;
         let mut hooks = Vec::new();
@@ -620,7 +615,7 @@ impl Edits {
             let Some(s) = &p.share else { continue };
             memory = memory.saturating_add(s.memory_mib);
             cores = cores.saturating_add(s.cores);
-            let Some(res) = plan.resources.get(&p.resource) else {
+            let Some(res) = ctx.plan.resources.get(&p.resource) else {
                 continue;
             };
             let Some(d) = res.device(&p.id) else { continue };
@@ -655,7 +650,6 @@ impl Edits {
                 .insert("SLICELET_GPU_SHARE_CORES".to_string(), cores.to_string());
         }
         self.hooks = hooks;
-        Ok(())
     }
 
     fn merge(&mut self, a: allocate::ContainerAllocation) {
