@@ -41,6 +41,22 @@ fn claim(uid: &str, results: &[(&str, &str, &str, &str)]) -> ResourceClaim {
     c
 }
 
+/// The context of this node and driver for `plan` on `inventory`, `hook` for shares.
+fn context<'a>(
+    plan: &'a Plan,
+    inventory: &'a crate::inventory::Inventory,
+    hook: Option<&'a crate::cdi::memory::HookConfig>,
+) -> Context<'a> {
+    Context {
+        plan,
+        inventory,
+        node: NODE,
+        driver: DRIVER,
+        dev_root: "/",
+        memory_hook: hook,
+    }
+}
+
 /// [`prepare`] on `plan` with `held` exclusively held (a test node of 8 GPUs as the
 /// inventory, no memory hook).
 fn run(
@@ -50,14 +66,7 @@ fn run(
     held: &BTreeMap<String, String>,
 ) -> Result<PreparedClaim, PrepareError> {
     let inv = test_node(8);
-    let ctx = Context {
-        plan,
-        inventory: &inv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: None,
-    };
+    let ctx = context(plan, &inv, None);
     let held = Held {
         exclusive: held.clone(),
         shares: BTreeMap::new(),
@@ -529,14 +538,7 @@ fn shares_of_one_gpu_get_their_own_limits_until_it_is_full() {
     let inv = h100(None);
     let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
     let gpu0 = device_name(&inv.gpus[0].uuid);
-    let ctx = Context {
-        plan: &plan,
-        inventory: &inv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: None,
-    };
+    let ctx = context(&plan, &inv, None);
     let mut held = Held::default();
     let mut limits = Vec::new();
     for (i, (memory, cores)) in [("20Gi", "25"), ("20Gi", "25"), ("38Gi", "50")]
@@ -597,14 +599,7 @@ fn a_share_without_consumed_capacity_takes_the_default_and_bad_quantities_are_re
     let inv = h100(None);
     let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
     let gpu0 = device_name(&inv.gpus[0].uuid);
-    let ctx = Context {
-        plan: &plan,
-        inventory: &inv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: None,
-    };
+    let ctx = context(&plan, &inv, None);
     let c = share_claim(UID, &gpu0, "s", None, None);
     let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
     // 81559 / 4 replicas, 100 / 4.
@@ -649,14 +644,7 @@ fn shares_and_exclusive_holders_of_one_gpu_never_mix() {
     let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
     let g0 = &inv.gpus[0].uuid;
     let gpu0 = device_name(g0);
-    let ctx = Context {
-        plan: &plan,
-        inventory: &inv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: None,
-    };
+    let ctx = context(&plan, &inv, None);
     // A claim prepared on a replica of GPU 0 before the policy turned to capacity.
     let mut held = Held::default();
     held.exclusive
@@ -684,14 +672,7 @@ fn shares_and_exclusive_holders_of_one_gpu_never_mix() {
         UID,
         &[("gpu", DRIVER, NODE, &device_name(&format!("{t0}::0")))],
     );
-    let ctx = Context {
-        plan: &ts_plan,
-        inventory: &tinv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: None,
-    };
+    let ctx = context(&ts_plan, &tinv, None);
     let e = prepare(&c, &want(UID), &ctx, &held).unwrap_err();
     assert!(e.to_string().contains("ns/share"), "{e}");
 }
@@ -702,14 +683,7 @@ fn on_an_r615_node_a_share_gets_the_memory_hook() {
     let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
     let gpu0 = device_name(&inv.gpus[0].uuid);
     let hook = crate::cdi::memory::HookConfig::default();
-    let ctx = Context {
-        plan: &plan,
-        inventory: &inv,
-        node: NODE,
-        driver: DRIVER,
-        dev_root: "/",
-        memory_hook: Some(&hook),
-    };
+    let ctx = context(&plan, &inv, Some(&hook));
     let c = share_claim(UID, &gpu0, "s", Some("20Gi"), None);
     let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
     let hooks = &p.spec["devices"][0]["containerEdits"]["hooks"];
