@@ -48,6 +48,23 @@ fn write_checkpoint(path: &Path, gpu0: &str) {
         .unwrap();
 }
 
+/// `slicelet top --once`, the real binary, against the daemon's `/status` at `addr`: its
+/// stdout (it must succeed).
+async fn top_once(addr: std::net::SocketAddr) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
+        .args(["top", "--once", "--address", &format!("http://{addr}")])
+        .output()
+        .await
+        .unwrap();
+    let top = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{top}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    top
+}
+
 /// The value of the one series of `name` whose labels include every `k="v"` of `labels`.
 fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines()
@@ -133,17 +150,7 @@ async fn two_pods_on_one_gpu_get_their_own_figures() {
     );
 
     // slicelet top --once, the real binary, against the daemon's /status.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
-        .args(["top", "--once", "--address", &format!("http://{addr}")])
-        .output()
-        .await
-        .unwrap();
-    let top = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{top}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let top = top_once(addr).await;
     let gpu0 = top
         .find(&uuids[0])
         .unwrap_or_else(|| panic!("no GPU 0 in\n{top}"));
@@ -410,12 +417,7 @@ async fn memory_limits_are_read_back_per_container() {
         "{text}"
     );
 
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
-        .args(["top", "--once", "--address", &format!("http://{addr}")])
-        .output()
-        .await
-        .unwrap();
-    let top = String::from_utf8_lossy(&out.stdout).to_string();
+    let top = top_once(addr).await;
     assert!(top.contains("LIMIT MiB"), "{top}");
     let row = |pod: &str| {
         top.lines()
@@ -555,17 +557,7 @@ async fn a_dra_pods_process_is_attributed_through_its_claim() {
         "{text}"
     );
 
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_slicelet"))
-        .args(["top", "--once", "--address", &format!("http://{addr}")])
-        .output()
-        .await
-        .unwrap();
-    let top = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{top}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let top = top_once(addr).await;
     let gpu0 = top
         .find(&uuids[0])
         .unwrap_or_else(|| panic!("no GPU 0 in\n{top}"));
