@@ -262,6 +262,19 @@ async fn health_stream(client: Client, endpoint: &Path, version: &str, want: &[S
 
 /// Registration, the health stream in both versions, a claim prepared into its CDI ID in both
 /// API versions, unprepared, and the handshake again as after a kubelet restart.
+/// `NodePrepareResources` of DRA API `version` for `claims` through `client`: the answer for
+/// claim [`UID`], which must carry no error.
+async fn prepare(client: Client, endpoint: &Path, version: &str, claims: &Value) -> Value {
+    let method = format!("/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources");
+    let prepared = one(client, endpoint, &method, claims.clone()).await;
+    let answer = prepared["claims"][UID].clone();
+    assert!(
+        answer.get("error").is_none(),
+        "{client:?} {version}: {answer}"
+    );
+    answer
+}
+
 async fn dra_end_to_end(client: Client) {
     let s = Setup::start().await;
     let devices = s.claim_two_replicas_of_gpu0();
@@ -275,22 +288,10 @@ async fn dra_end_to_end(client: Client) {
     }
     let claims = json!({"claims": [{"namespace": "ns", "name": "two", "uid": UID}]});
     for version in ["v1", "v1beta1"] {
-        let service = format!("/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin");
-        let prepared = one(
-            client,
-            &endpoint,
-            &format!("{service}/NodePrepareResources"),
-            claims.clone(),
-        )
-        .await;
-        let answer = &prepared["claims"][UID];
-        assert!(
-            answer.get("error").is_none(),
-            "{client:?} {version}: {answer}"
-        );
+        let answer = &prepare(client, &endpoint, version, &claims).await;
         let got: Vec<&str> = answer["devices"]
             .as_array()
-            .unwrap_or_else(|| panic!("{client:?} {version}: {prepared}"))
+            .unwrap_or_else(|| panic!("{client:?} {version}: {answer}"))
             .iter()
             .map(|d| d["device_name"].as_str().unwrap())
             .collect();
@@ -376,21 +377,10 @@ async fn dra_capacity_share(client: Client) {
     let endpoint = register(client, &s.registration()).await;
     let claims = json!({"claims": [{"namespace": "ns", "name": "share", "uid": UID}]});
     for (version, share_id) in [("v1", json!(SHARE)), ("v1beta1", Value::Null)] {
-        let prepared = one(
-            client,
-            &endpoint,
-            &format!("/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources"),
-            claims.clone(),
-        )
-        .await;
-        let answer = &prepared["claims"][UID];
-        assert!(
-            answer.get("error").is_none(),
-            "{client:?} {version}: {answer}"
-        );
+        let answer = &prepare(client, &endpoint, version, &claims).await;
         let devices = answer["devices"]
             .as_array()
-            .unwrap_or_else(|| panic!("{client:?} {version}: {prepared}"));
+            .unwrap_or_else(|| panic!("{client:?} {version}: {answer}"));
         assert_eq!(devices.len(), 1, "{client:?} {version}: {answer}");
         assert_eq!(
             devices[0]["device_name"],
