@@ -99,7 +99,7 @@ pub const COUNTER_SETS_PER_SLICE: usize = 8;
 pub const COUNTERS_PER_SET: usize = 2;
 /// A MIG-enabled GPU's memory slices counter: 8, or 4 on an A30 (NVIDIA's MIG user guide);
 /// each MIG device consumes its profile's share of them ([`memory_slices`]).
-pub const COUNTER_MEMORY_SLICES: &str = "memorySlices";
+pub const COUNTER_MEMORY_SLICES: &str = "memory-slices";
 /// The longest string attribute value the API server accepts, characters.
 pub const MAX_STRING_ATTRIBUTE: usize = 64;
 /// The longest object name (a DNS subdomain: a slice's name), characters.
@@ -308,7 +308,7 @@ pub fn unit_memory_mib(d: &VirtualDevice, inventory: &Inventory) -> Option<u64> 
 
 /// A MIG-enabled GPU's compute (GPU-instance) slices counter: 7, or 4 on an A30
 /// ([`gpu_slices`]); each MIG device consumes its profile's `g`.
-pub const COUNTER_COMPUTE_SLICES: &str = "computeSlices";
+pub const COUNTER_COMPUTE_SLICES: &str = "compute-slices";
 
 /// GPU-instance (compute) and memory slices of a MIG-capable GPU: 4 and 4 on an A30, 7 and 8
 /// on every other (NVIDIA's MIG user guide, "Supported GPUs").

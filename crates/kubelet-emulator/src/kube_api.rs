@@ -61,6 +61,7 @@ struct Inner {
 }
 
 mod pods;
+mod validate;
 
 /// What the emulated API server does with a ResourceSlice's device taints
 /// (`spec.devices[].taints`).
@@ -347,7 +348,7 @@ async fn create_slice(
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
-    let v = match apply_taints(inner.taints, v) {
+    let v = match apply_taints(inner.taints, v).and_then(|v| validate::slice(&v).map(|()| v)) {
         Ok(v) => v,
         Err(e) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e),
     };
@@ -414,7 +415,7 @@ async fn replace_slice(
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
-    let v = match apply_taints(inner.taints, v) {
+    let v = match apply_taints(inner.taints, v).and_then(|v| validate::slice(&v).map(|()| v)) {
         Ok(v) => v,
         Err(e) => return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e),
     };

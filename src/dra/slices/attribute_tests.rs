@@ -119,7 +119,22 @@ fn every_device_of_the_shipped_nodes_stays_within_the_api_limits() {
                 &params(),
                 &HealthMap::new(),
             );
+            // Counter sets, counters and device names are lowercase RFC 1123 labels
+            // (`pkg/apis/resource/validation`: a 1.36 API server refused `computeSlices`).
+            for set in s.slices.iter().flat_map(|x| x.spec.shared_counters.iter().flatten()) {
+                assert!(is_dns_label(&set.name), "{}: {policy}", set.name);
+                for c in set.counters.keys() {
+                    assert!(is_dns_label(c), "counter {c}: {policy}");
+                }
+            }
             for d in devices(&s) {
+                assert!(is_dns_label(&d.name), "device {}: {policy}", d.name);
+                for cc in d.consumes_counters.iter().flatten() {
+                    assert!(is_dns_label(&cc.counter_set), "{}: {policy}", cc.counter_set);
+                    for c in cc.counters.keys() {
+                        assert!(is_dns_label(c), "consumed counter {c}: {policy}");
+                    }
+                }
                 let what = format!("{} {}: {policy}", path.display(), d.name);
                 let attrs = d.attributes.as_ref().unwrap();
                 let n = attrs.len() + d.capacity.as_ref().map_or(0, BTreeMap::len);

@@ -1,0 +1,171 @@
+"""The paths slicelet serves, each against the real kubelet, scheduler and containerd: the
+device plugin, a DRA claim, consumable-capacity shares, the extended-resource bridge and MIG
+through DRA.
+"""
+
+import json
+
+from cluster import NODE
+from node import PRINT_ENV, REPO, Failure, claim_template, container_env, pod
+
+H100 = REPO / "config/nodes/h100-80gb-x8.yaml"
+POLICY = REPO / "config/policy.yaml"
+
+
+def slice_devices(kube):
+    """Every device slicelet publishes for the node, by name."""
+    out = {}
+    for s in kube.get("resourceslices")["items"]:
+        if s["spec"].get("nodeName") == NODE:
+            for d in s["spec"].get("devices", []):
+                out[d["name"]] = d
+    return out
+
+
+def allocated(kube, ns, pod_obj):
+    """The devices allocated to the pod's claims: [(device name, its published attributes)]."""
+    devices = slice_devices(kube)
+    out = []
+    for st in pod_obj["status"].get("resourceClaimStatuses", []):
+        claim = kube.get("resourceclaim", st["resourceClaimName"], ns)
+        for r in claim["status"]["allocation"]["devices"]["results"]:
+            out.append((r["device"], devices[r["device"]]["attributes"], r))
+    return out
+
+
+def attr(attrs, name):
+    v = attrs[name]
+    return next(iter(v.values()))
+
+
+def test_device_plugin_pod_gets_one_gpu(cluster, kube, ns, slicelet):
+    d = slicelet(POLICY, H100)
+    kube.wait(f"node/{NODE}", "jsonpath={.status.allocatable.nvidia\\.com/gpu-shared}=32", timeout=20,
+              why=lambda: d.proc.tail())
+    kube.apply(pod("dp", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    p = kube.pod_running(ns, "dp")
+    env = container_env(cluster, p)
+    uuid = env.get("NVIDIA_VISIBLE_DEVICES", "")
+    assert uuid.startswith("GPU-") and "," not in uuid, env
+    assert env.get("CUDA_VISIBLE_DEVICES") == uuid, env
+    # The kubelet's own record names one replica of that GPU for this pod.
+    cp = json.loads((cluster.root / "device-plugins/kubelet_internal_checkpoint").read_text())
+    mine = [
+        e for e in cp["Data"]["PodDeviceEntries"]
+        if e["PodUID"] == p["metadata"]["uid"] and e["ResourceName"] == "nvidia.com/gpu-shared"
+    ]
+    ids = [i for e in mine for ids in e["DeviceIDs"].values() for i in ids]
+    assert len(ids) == 1 and ids[0].startswith(uuid + "::"), mine
+
+
+DRA_WHOLE = """version: v1
+dra:
+  resources: [nvidia.com/gpu]
+"""
+
+
+def test_dra_claim_template_pod_gets_its_gpu(cluster, kube, ns, slicelet, work):
+    policy = work / "dra.yaml"
+    policy.write_text(DRA_WHOLE)
+    d = slicelet(policy, H100)
+    d.wait_dra_registered()
+    kube.apply(claim_template("gpu", "gpu.slicelet.io"), namespace=ns)
+    kube.apply(pod("dra", PRINT_ENV, claims=[("gpu", "gpu")]), namespace=ns)
+    p = kube.pod_running(ns, "dra")
+    [(name, attrs, _)] = allocated(kube, ns, p)
+    env = container_env(cluster, p)
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == attr(attrs, "uuid"), (name, env)
+
+
+CAPACITY = """version: v1
+sharing:
+  mps:
+    resources:
+      - name: nvidia.com/gpu
+        rename: nvidia.com/gpu-shared
+        devices: [0]
+        replicas: 4
+        dra: capacity
+"""
+
+
+def test_consumable_capacity_shares_fill_one_gpu(cluster, kube, ns, slicelet, work):
+    policy = work / "capacity.yaml"
+    policy.write_text(CAPACITY.replace("mps:", "timeSlicing:"))
+    d = slicelet(policy, H100)
+    d.wait_dra_registered()
+    sizes = {"a": "20Gi", "b": "20Gi", "c": "38Gi"}
+    for n, size in [*sizes.items(), ("d", "2Gi")]:
+        kube.apply(claim_template(n, "time-sliced.gpu.slicelet.io", capacity={"memory": size}), namespace=ns)
+    for n in sizes:
+        kube.apply(pod(n, PRINT_ENV, claims=[("gpu", n)]), namespace=ns)
+    for n, size in sizes.items():
+        p = kube.pod_running(ns, n)
+        env = container_env(cluster, p)
+        assert env.get("SLICELET_GPU_SHARE_MEMORY_MIB") == str(int(size[:-2]) * 1024), (n, env)
+    # 78 GiB of the H100's 81,559 MiB are taken: the scheduler holds a 2 GiB fourth back.
+    kube.apply(pod("d", PRINT_ENV, claims=[("gpu", "d")]), namespace=ns)
+    [ev] = kube.wait_event(ns, "d", "FailedScheduling")[-1:]
+    assert "cannot allocate all claims" in ev["message"], ev["message"]
+    assert kube.get("pod", "d", ns)["status"]["phase"] == "Pending"
+    kube.delete("pod", "a", ns)
+    p = kube.pod_running(ns, "d", timeout=60)
+    assert container_env(cluster, p).get("SLICELET_GPU_SHARE_MEMORY_MIB") == "2048"
+
+
+BRIDGE = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        rename: nvidia.com/gpu-shared
+        replicas: 4
+        dra: true
+"""
+
+
+def test_bridge_serves_the_extended_resource_through_dra(cluster, kube, ns, slicelet, work):
+    kube.apply_file(REPO / "manifests/overlays/dra-bridge/bridge-deviceclass.yaml")
+    policy = work / "bridge.yaml"
+    policy.write_text(BRIDGE)
+    d = slicelet(policy, H100)
+    d.wait_dra_registered()
+    # The node does not advertise the name: only the bridge class can serve it.
+    assert kube.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu-shared", "0") == "0"
+    kube.apply(pod("bridged", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    p = kube.pod_running(ns, "bridged")
+    ext = p["status"].get("extendedResourceClaimStatus")
+    assert ext and ext["resourceClaimName"], p["status"]
+    claim = kube.get("resourceclaim", ext["resourceClaimName"], ns)
+    [r] = claim["status"]["allocation"]["devices"]["results"]
+    attrs = slice_devices(kube)[r["device"]]["attributes"]
+    assert attr(attrs, "resource") == "nvidia.com/gpu-shared"
+    env = container_env(cluster, p)
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == attr(attrs, "uuid"), env
+
+
+MIG = """version: v1
+flags:
+  migStrategy: mixed
+dra:
+  resources: [nvidia.com/mig-1g.10gb, nvidia.com/mig-2g.20gb, nvidia.com/mig-3g.40gb]
+"""
+
+
+def test_mig_devices_through_dra(cluster, kube, ns, slicelet, work):
+    policy = work / "mig.yaml"
+    policy.write_text(MIG)
+    d = slicelet(policy, REPO / "config/nodes/h100-80gb-x8-mig-mixed.yaml")
+    d.wait_dra_registered()
+    # The API server accepted every slice, the counter sets' first.
+    kube.wait(f"resourceslice/{NODE}-gpu-slicelet-io-1", "create", timeout=20, why=lambda: d.proc.tail())
+    slices = [s for s in kube.get("resourceslices")["items"] if s["spec"].get("nodeName") == NODE]
+    assert slices and "sharedCounters" in slices[0]["spec"], [s["metadata"]["name"] for s in slices]
+    kube.apply(claim_template("two", "mig-3g.40gb.gpu.slicelet.io", count=2), namespace=ns)
+    kube.apply(pod("mig", PRINT_ENV, claims=[("gpu", "two")]), namespace=ns)
+    p = kube.pod_running(ns, "mig")
+    uuids = sorted(attr(a, "uuid") for _, a, _ in allocated(kube, ns, p))
+    assert len(uuids) == 2 and all(u.startswith("MIG-") for u in uuids), uuids
+    env = container_env(cluster, p)
+    assert sorted(env.get("NVIDIA_VISIBLE_DEVICES", "").split(",")) == uuids, env
+    assert "publishing ResourceSlices failed" not in d.log(), d.proc.tail()
