@@ -149,13 +149,14 @@ def qualified(name: Any) -> str:
 
 def dra_resources(p: dict[str, Any]) -> set[str]:
     """The DRA resources of one config: `dra.resources`, and the advertised name of every
-    sharing entry with `dra: true` (rename, else <name>.shared under renameByDefault, else name)."""
+    sharing entry with `dra: true` or `dra: capacity` (rename, else <name>.shared under
+    renameByDefault, else name)."""
     out = {qualified(n) for n in ((p.get("dra") or {}).get("resources") or [])}
     sharing = p.get("sharing") or {}
     for kind in ("timeSlicing", "mps"):
         section = sharing.get(kind) or {}
         for e in section.get("resources") or []:
-            if isinstance(e, dict) and e.get("dra") is True:
+            if isinstance(e, dict) and (e.get("dra") is True or e.get("dra") == "capacity"):
                 name = e.get("rename") or (f"{e['name']}.shared" if section.get("renameByDefault") is True else e["name"])
                 out.add(qualified(name))
     return out
@@ -745,13 +746,15 @@ REFUSED = [
         "dp": "version: v1", "dra": "version: v1\ndra:\n  resources: [mig-1g.10gb]"}}},
      "(their DRA resources: nvidia.com/mig-1g.10gb)"),
     # What the chart reads as a config's DRA resources: renameByDefault's <name>.shared, an MPS
-    # entry's rename, `nvidia.com/` added to a bare name; not an entry without `dra: true`.
+    # entry's rename, `nvidia.com/` added to a bare name, an entry with `dra: capacity`; not an
+    # entry without `dra: true` or `dra: capacity`.
     ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu"]}, "config": {"default": "ts", "map": {
         "ts": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
               "    - name: nvidia.com/gpu\n      replicas: 2\n      dra: true",
         "mps": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      rename: gpu-mps\n"
-               "      replicas: 2\n      dra: true\n    - name: nvidia.com/gpu\n      rename: gpu-plugin\n      replicas: 2"}}},
-     "(their DRA resources: nvidia.com/gpu-mps, nvidia.com/gpu.shared)"),
+               "      replicas: 2\n      dra: true\n    - name: nvidia.com/gpu\n      rename: gpu-plugin\n      replicas: 2\n"
+               "    - name: nvidia.com/gpu\n      rename: example.com/gpu-cap\n      replicas: 2\n      dra: capacity"}}},
+     "(their DRA resources: example.com/gpu-cap, nvidia.com/gpu-mps, nvidia.com/gpu.shared)"),
     ({"dra": {"extendedResources": ["nvidia.com/gpu-shared"]}}, "dra.extendedResources needs dra.enabled=true"),
     ({"config": {"name": "theirs"}, "dra": {"enabled": True, "extendedResources": ["a.b/c", "a-b/c"]}},
      "a.b/c and a-b/c both give the DeviceClass name a-b-c.bridge.gpu.slicelet.io"),
@@ -808,6 +811,11 @@ FEATURES = {
     "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and effective_cdi(v),
     "dra.extendedResources (the migration bridge) checked against config.map":
         lambda v: v["dra"]["enabled"] and bool(v["dra"]["extendedResources"]) and bool(v["config"]["map"]),
+    "dra.extendedResources bridging a `dra: capacity` entry":
+        lambda v: v["dra"]["enabled"] and any(
+            e.get("dra") == "capacity" and qualified(e.get("rename") or e.get("name")) in v["dra"]["extendedResources"]
+            for p in policies(v) for kind in ("timeSlicing", "mps")
+            for e in (((p.get("sharing") or {}).get(kind) or {}).get("resources") or []) if isinstance(e, dict)),
     "memory limits from a config's memory (memoryLimits.enabled unset)":
         lambda v: v["memoryLimits"].get("enabled") is None and needs(v)["memory"],
     "memory limits with the spec directory one of the CDI mounts":

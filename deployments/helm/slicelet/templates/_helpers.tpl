@@ -123,7 +123,8 @@ here. */}}
 
 {{/* The DRA resources of the chart's configs (config.map's, or files/policy.yaml without
 it), as a sorted JSON list of names as slicelet advertises them: each `dra.resources` item and
-the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` (its
+the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` or
+`dra: capacity` (one device per replica, or one shared device per GPU: both are DRA's; its
 `rename`, else `<name>.shared` under that section's renameByDefault, else its `name`), with
 `nvidia.com/` added to a name without `/`, as slicelet does. A config that is not YAML counts
 as none here (slicelet.configNeeds refuses it). */}}
@@ -148,7 +149,7 @@ as none here (slicelet.configNeeds refuses it). */}}
 {{- $entries := get $section "resources" -}}
 {{- if kindIs "slice" $entries -}}
 {{- range $e := $entries -}}
-{{- if and (kindIs "map" $e) (eq (toString (get $e "dra")) "true") -}}
+{{- if and (kindIs "map" $e) (has (toString (get $e "dra")) (list "true" "capacity")) -}}
 {{- $advertised := toString (get $e "name") -}}
 {{- if get $e "rename" -}}
 {{- $advertised = toString (get $e "rename") -}}
