@@ -32,7 +32,12 @@ must select configs by node label with the node RBAC and their own env (NVIDIA_E
 ci/gpu-operator-values.yaml must read deployments/gpu-operator/clusterpolicy-patch.yaml's
 ConfigMap, which is validated with jsonschema against clusterpolicy-patch.schema.json. Each
 example also passes `helm lint --strict`. Then it checks that bad values are refused with a
-message naming them. Exit 1 on any failure.
+message naming them, among them configs of config.map with a fault the chart can see (a key
+the policy does not have, a version other than v1, replicas that are no whole number of at
+least 1): the message names the config and the field. The daemon's test policies
+(fixtures/policies, config/policy*.yaml) go in as config.map: each one slicelet accepts must
+render, each one it rejects must be refused naming the path the daemon names. Exit 1 on any
+failure.
 """
 
 from __future__ import annotations
@@ -664,6 +669,15 @@ NVIDIA_EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+# One time-sliced entry (the REFUSED cases below break it one field at a time).
+TS_ENTRY = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4"""
+
+
 # A config with memory limits on an MPS entry (memory on time-slicing entries: ci/memory-limits-values.yaml).
 MEMORY_CONFIG = """version: v1
 sharing:
@@ -689,6 +703,34 @@ REFUSED = [
     # One key, but no fallback that takes it (NVIDIA's `empty` would): refused, as NVIDIA's chart.
     ({"config": {"fallbackStrategies": ["named"], "map": {"a": "version: v1"}}}, "set config.default to one of the keys"),
     ({"config": {"map": {"a": "version: [v1"}}}, "config.map.a is not YAML"),
+    # Each config as slicelet reads it (src/policy/schema.rs), as far as the template engine
+    # can: the config's key and the field named.
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replica: 4")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replica is not a key of a sharing.timeSlicing entry"),
+    ({"config": {"map": {"default": TS_ENTRY + "\nsharin: {}"}}}, "config.map.default: sharin is not a key of a policy"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("version: v1", "version: v2")}}}, "config.map.default: version v2"),
+    ({"config": {"map": {"default": TS_ENTRY + "\nflags:\n  renameByDefault: true"}}},
+     "config.map.default: flags.renameByDefault is not a key of flags"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("timeSlicing:", "timeSlicing:\n    failRequestsGreaterThan1: true")}}},
+     "config.map.default: sharing.timeSlicing.failRequestsGreaterThan1 is not a key of sharing.timeSlicing"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("timeSlicing:", "timeslicing:")}}},
+     "config.map.default: sharing.timeslicing is not a key of sharing"),
+    ({"config": {"default": "ok", "map": {"ok": TS_ENTRY, "ts": TS_ENTRY + "\n      activeThreadPercentage: 25"}}},
+     "config.map.ts: sharing.timeSlicing.resources[0].activeThreadPercentage is not a key of a sharing.timeSlicing entry"),
+    ({"config": {"map": {"default": MEMORY_CONFIG.replace("replicas: 2", "replicas: 2\n      activeThreadPercent: 25")}}},
+     "config.map.default: sharing.mps.resources[0].activeThreadPercent is not a key of a sharing.mps entry"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: 0")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas 0: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: '4'")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas 4: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: 1.5")}}},
+     "sharing.timeSlicing.resources[0].replicas 1.5: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "rename: gpu-x")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas is missing"),
+    ({"config": {"map": {"default": TS_ENTRY + "\n      dra: capacty"}}},
+     "config.map.default: sharing.timeSlicing.resources[0].dra capacty: true, false or capacity"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("- name: nvidia.com/gpu", "- rename: gpu-x")}}},
+     "config.map.default: sharing.timeSlicing.resources[0] has no name"),
     # NVIDIA's values, type-checked by the schema.
     ({"migStrategy": "bogus"}, "migStrategy"),
     ({"deviceListStrategy": "envvar,bogus"}, "deviceListStrategy"),
@@ -873,6 +915,20 @@ def gpu_operator(chart: pathlib.Path, values: dict[str, Any], docs: list[dict[st
     return c.failures
 
 
+def policy_files(repo: pathlib.Path) -> list[tuple[str, str, str | None]]:
+    """The policies the daemon's own tests read (tests/integration/fixtures.rs): each of
+    fixtures/policies/*.yaml with its header's verdict (`# accept` or `# reject`, and the path
+    `The error must name ...`), and config/policy*.yaml, each valid."""
+    out: list[tuple[str, str, str | None]] = []
+    for f in sorted((repo / "fixtures" / "policies").glob("*.yaml")) + sorted((repo / "config").glob("policy*.yaml")):
+        text = f.read_text()
+        header = " ".join(line for line in text.splitlines() if line.startswith("#"))
+        verdict = "reject" if "# reject" in header else "accept"
+        must = header.split("The error must name ")[1].split()[0].rstrip(".") if "The error must name " in header else None
+        out.append((str(f.relative_to(repo)), verdict, must))
+    return out
+
+
 def main() -> int:
     chart = pathlib.Path(sys.argv[1])
     out = pathlib.Path(sys.argv[2])
@@ -914,6 +970,22 @@ def main() -> int:
             if word not in str(e):
                 failures.append(f"refused: {values}: the message does not name {word!r}: {e}")
     print(f"refused: {len(REFUSED)} bad values")
+    # The daemon's own test policies as config.map's one config: every valid one renders (the
+    # chart's checks refuse nothing slicelet accepts), every invalid one is refused naming the
+    # config and the path the daemon's error names.
+    repo = chart.resolve().parent.parent.parent
+    for rel, verdict, must in policy_files(repo):
+        values = {"config": {"map": {"default": (repo / rel).read_text()}}}
+        try:
+            render(chart, values, versions[-1])
+            if verdict == "reject":
+                failures.append(f"{rel} (rejected by slicelet) renders as config.map.default")
+        except helm.HelmError as e:
+            if verdict == "accept":
+                failures.append(f"{rel} (accepted by slicelet) is refused as config.map.default: {e}")
+            elif not must or f"config.map.default: {must}" not in str(e):
+                failures.append(f"{rel}: the refusal does not name config.map.default: {must}: {e}")
+    print(f"policies: {len(policy_files(repo))} of fixtures/policies and config as config.map")
     for f in sorted(set(FEATURES) - covered):
         failures.append(f"no example in {chart / 'ci'} turns on {f}")
     for f in failures:

@@ -121,6 +121,92 @@ here. */}}
 {{- toJson $needs -}}
 {{- end -}}
 
+{{/* Each config of config.map checked as far as the template engine can, as slicelet reads
+it (src/policy/schema.rs): YAML, `version` v1 when given (NVIDIA's and slicelet's default when
+absent), only the top-level keys the policy has, only known `flags` keys, and in
+sharing.timeSlicing and sharing.mps only their keys and their entries' keys, each entry with
+`name` and `replicas` a whole number of at least 1 and `dra` true, false or capacity. The first
+fault fails the render, naming the config and the field (`slicelet validate --config FILE`
+checks the rest: names, device lists, quantities, what the node has). */}}
+{{- define "slicelet.checkConfigs" -}}
+{{- $top := list "version" "flags" "resources" "sharing" "imex" "health" "dra" -}}
+{{- $flags := list "migStrategy" "failOnInitError" "restartOnDeviceUnhealthy" "nvidiaDriverRoot" "nvidiaDevRoot" "mpsRoot" "gdrcopyEnabled" "gdsEnabled" "mofedEnabled" "useNodeFeatureAPI" "deviceDiscoveryStrategy" "plugin" "gfd" -}}
+{{- $entry := list "name" "rename" "devices" "replicas" "dra" "memory" -}}
+{{- $sections := dict "timeSlicing" (dict "keys" (list "renameByDefault" "failRequestsGreaterThanOne" "resources") "entry" $entry) "mps" (dict "keys" (list "renameByDefault" "failRequestsGreaterThanOne" "exclusiveProcess" "allowPreVolta" "resources") "entry" (concat $entry (list "activeThreadPercentage" "pinnedDeviceMemoryLimit"))) -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if hasKey $cfg "Error" -}}
+{{- fail (printf "config.map.%s is not YAML: %s" $name (get $cfg "Error")) -}}
+{{- end -}}
+{{- $where := printf "config.map.%s" $name -}}
+{{- range $key := keys $cfg | sortAlpha -}}
+{{- if not (has $key $top) -}}
+{{- fail (printf "%s: %s is not a key of a policy (its keys: %s)" $where $key (join ", " $top)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" (index $cfg "version"))) (ne (toString (index $cfg "version")) "v1") -}}
+{{- fail (printf "%s: version %v: the only version is v1" $where (index $cfg "version")) -}}
+{{- end -}}
+{{- $f := index $cfg "flags" -}}
+{{- if kindIs "map" $f -}}
+{{- range $key := keys $f | sortAlpha -}}
+{{- if not (has $key $flags) -}}
+{{- fail (printf "%s: flags.%s is not a key of flags (its keys: %s)" $where $key (join ", " $flags)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $f) -}}
+{{- fail (printf "%s: flags is not a map" $where) -}}
+{{- end -}}
+{{- $sharing := index $cfg "sharing" -}}
+{{- if kindIs "map" $sharing -}}
+{{- range $kind := keys $sharing | sortAlpha -}}
+{{- if not (hasKey $sections $kind) -}}
+{{- fail (printf "%s: sharing.%s is not a key of sharing (its keys: mps, timeSlicing)" $where $kind) -}}
+{{- end -}}
+{{- $rules := get $sections $kind -}}
+{{- $section := index $sharing $kind -}}
+{{- if kindIs "map" $section -}}
+{{- range $key := keys $section | sortAlpha -}}
+{{- if not (has $key $rules.keys) -}}
+{{- fail (printf "%s: sharing.%s.%s is not a key of sharing.%s (its keys: %s)" $where $kind $key $kind (join ", " $rules.keys)) -}}
+{{- end -}}
+{{- end -}}
+{{- $entries := index $section "resources" -}}
+{{- if kindIs "slice" $entries -}}
+{{- range $i, $e := $entries -}}
+{{- $at := printf "sharing.%s.resources[%d]" $kind $i -}}
+{{- if not (kindIs "map" $e) -}}
+{{- fail (printf "%s: %s is not a map (name, replicas, ...)" $where $at) -}}
+{{- end -}}
+{{- range $key := keys $e | sortAlpha -}}
+{{- if not (has $key $rules.entry) -}}
+{{- fail (printf "%s: %s.%s is not a key of a sharing.%s entry (its keys: %s)" $where $at $key $kind (join ", " $rules.entry)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (index $e "name") -}}
+{{- fail (printf "%s: %s has no name (the resource shared, e.g. nvidia.com/gpu)" $where $at) -}}
+{{- end -}}
+{{- $replicas := index $e "replicas" -}}
+{{- if not (and (kindIs "float64" $replicas) (ge $replicas 1.0) (eq (floor $replicas) $replicas)) -}}
+{{- fail (printf "%s: %s.replicas %v: a whole number of replicas of at least 1 is required" $where $at (ternary "is missing" (toString $replicas) (kindIs "invalid" $replicas))) -}}
+{{- end -}}
+{{- if and (hasKey $e "dra") (not (has (toString (index $e "dra")) (list "true" "false" "capacity"))) -}}
+{{- fail (printf "%s: %s.dra %v: true, false or capacity" $where $at (index $e "dra")) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $entries) -}}
+{{- fail (printf "%s: sharing.%s.resources is not a list" $where $kind) -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $section) -}}
+{{- fail (printf "%s: sharing.%s is not a map" $where $kind) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $sharing) -}}
+{{- fail (printf "%s: sharing is not a map" $where) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The DRA resources of the chart's configs (config.map's, or files/policy.yaml without
 it), as a sorted JSON list of names as slicelet advertises them: each `dra.resources` item and
 the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` or
