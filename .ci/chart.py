@@ -57,7 +57,9 @@ from helm_python import _native
 os.environ["KUBECONFIG"] = os.devnull
 
 RELEASE = "slicelet"
-RELEASE_NAMESPACE = "default"
+# The namespace Helm runs in (-n), as the chart's README installs: every namespaced object the
+# chart renders goes there unless namespace.name or namespaceOverride says otherwise.
+RELEASE_NAMESPACE = "slicelet-system"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 DRA_RULES = [
@@ -72,12 +74,20 @@ DRA_RULES = [
 DEFAULT_CONFIG: dict[str, Any] = {}
 
 
-def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> str:
-    """The manifest `helm template RELEASE CHART -f values --kube-version V` prints."""
-    cfg = helm.Config(storage_driver="memory", namespace=RELEASE_NAMESPACE)
+def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str,
+           namespace: str = RELEASE_NAMESPACE) -> str:
+    """The manifest `helm template RELEASE CHART -n NAMESPACE -f values --kube-version V` prints."""
+    return render_release(chart, values, kube_version, namespace)["manifest"]
+
+
+def render_release(chart: pathlib.Path, values: dict[str, Any], kube_version: str,
+                   namespace: str = RELEASE_NAMESPACE) -> dict[str, Any]:
+    """The dry-run release: its `manifest` and its `notes` (NOTES.txt, which `helm install`
+    prints and `helm template` leaves out)."""
+    cfg = helm.Config(storage_driver="memory", namespace=namespace)
     try:
         opts = {
-            "namespace": RELEASE_NAMESPACE,
+            "namespace": namespace,
             "dry_run": "client",
             "kube_version": f"v{kube_version}",
         }
@@ -94,7 +104,7 @@ def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> st
         )
     finally:
         cfg.close()
-    return json.loads(payload)["manifest"]
+    return json.loads(payload)
 
 
 class Checks:
@@ -841,7 +851,9 @@ FEATURES = {
     "cdi.enabled": lambda v: v["cdi"].get("enabled") is True,
     "metrics.serviceMonitor.enabled": lambda v: v["metrics"]["serviceMonitor"]["enabled"],
     "simulate.enabled": lambda v: v["simulate"]["enabled"],
-    "namespace.create false": lambda v: not v["namespace"]["create"],
+    "namespace.create true (the Namespace with its Pod Security label)": lambda v: v["namespace"]["create"],
+    "namespace.name another namespace than the release's":
+        lambda v: bool(v["namespace"]["name"]) and not v.get("namespaceOverride"),
     "runtimeClassName": lambda v: bool(v.get("runtimeClassName")),
     "nodeSelector": lambda v: bool(v.get("nodeSelector")),
     "usage.perPodAttribution.enabled": lambda v: v["usage"]["perPodAttribution"]["enabled"],
@@ -945,7 +957,8 @@ def main() -> int:
             merged = loaded.merge_values(values)
             covered |= {f for f, on in FEATURES.items() if on(merged)}
             # `helm lint --strict`: warnings (severity 2) and errors (3) fail.
-            report = helm.lint(chart, values, strict=True, kube_version=f"v{versions[-1]}")
+            report = helm.lint(chart, values, strict=True, namespace=RELEASE_NAMESPACE,
+                               kube_version=f"v{versions[-1]}")
             failures += [f"{name}: helm lint: {m['path']}: {m['error']}"
                          for m in report["messages"] if m["severity"] >= 2]
             for version in versions:
@@ -970,6 +983,37 @@ def main() -> int:
             if word not in str(e):
                 failures.append(f"refused: {values}: the message does not name {word!r}: {e}")
     print(f"refused: {len(REFUSED)} bad values")
+    # The release namespace is the chart's: -n default is refused (as NVIDIA's chart), naming
+    # the -n to use; any other release namespace gets every namespaced object, the top Role,
+    # the ServiceMonitor and the admission policy's ServiceAccount included.
+    try:
+        render(chart, {}, versions[-1], namespace="default")
+        failures.append("-n default rendered without allowDefaultNamespace")
+    except helm.HelmError as e:
+        if "-n slicelet-system --create-namespace" not in str(e):
+            failures.append(f"-n default: the message does not name -n slicelet-system --create-namespace: {e}")
+    everything = {"dra": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
+                  "top": {"rbac": {"create": True, "subjects": [{"kind": "Group", "name": "gpu-admins"}]}},
+                  "config": {"map": {"default": TS_ENTRY}}}
+    for ns, values in (("gpu-team", everything), ("default", {**everything, "allowDefaultNamespace": True})):
+        release = render_release(chart, values, versions[-1], namespace=ns)
+        docs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
+        for d in docs:
+            if d["kind"] not in CLUSTER_SCOPED:
+                where = d["metadata"].get("namespace")
+                if where != ns:
+                    failures.append(f"-n {ns}: {d['kind']} {d['metadata']['name']} in {where}")
+        text = release["manifest"] + release["notes"]
+        for wrong in {"slicelet-system", RELEASE_NAMESPACE} - {ns}:
+            if wrong in text:
+                failures.append(f"-n {ns}: the rendering or NOTES name {wrong}")
+        if f"system:serviceaccount:{ns}:{RELEASE}" not in text or f"- {ns}\n" not in text:
+            failures.append(f"-n {ns}: the admission policy's ServiceAccount or the ServiceMonitor's namespace is not {ns}")
+    templates = chart / "templates"
+    for f in sorted(templates.iterdir()):
+        # (A `fail` message may show the install command, naming it as an example.)
+        if any("slicelet-system" in line and "fail " not in line for line in f.read_text().splitlines()):
+            failures.append(f"{f}: names slicelet-system (the namespace is the release's)")
     # The daemon's own test policies as config.map's one config: every valid one renders (the
     # chart's checks refuse nothing slicelet accepts), every invalid one is refused naming the
     # config and the path the daemon's error names.
