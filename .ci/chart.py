@@ -447,6 +447,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                f"{what}: privileged exactly where MPS daemons run")
         c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == mig, f"{what}: MIG env")
         c.that(("/host/proc/driver/nvidia-caps" in mounts) == mig, f"{what}: the nvidia-caps mount exactly with MIG")
+        caps = [vol for vol in volumes.values() if vol.get("hostPath", {}).get("path") == "/proc/driver/nvidia-caps"]
+        c.that(all(vol["hostPath"].get("type") == "Directory" for vol in caps),
+               f"{what}: the host's /proc/driver/nvidia-caps mounted as type Directory (the driver's; never created)")
         if not is_mps_ds and not v.get("securityContext"):
             caps = (container["securityContext"].get("capabilities") or {}).get("add") or []
             c.that(("SYS_ADMIN" in caps) == (mig and mps != "in-process"),

@@ -505,10 +505,12 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
   configMap:
     name: {{ include "slicelet.configMapName" . }}
 {{- if include "slicelet.migEnabled" . }}
+# Directory: the driver creates it (procfs); a node without it has no MIG to serve, and the
+# pod says so (FailedMount) instead of getting an empty directory.
 - name: nvidia-caps
   hostPath:
     path: /proc/driver/nvidia-caps
-    type: DirectoryOrCreate
+    type: Directory
 {{- end }}
 {{- if .Values.simulate.enabled }}
 - name: simulated-node
