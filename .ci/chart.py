@@ -930,6 +930,12 @@ def gpu_operator(chart: pathlib.Path, values: dict[str, Any], docs: list[dict[st
     return c.failures
 
 
+def loaded_merge(chart: pathlib.Path, values: dict[str, Any]) -> dict[str, Any]:
+    """values coalesced with the chart's defaults, as the templates see them."""
+    with helm.Chart.load(chart) as loaded:
+        return loaded.merge_values(values)
+
+
 def policy_files(repo: pathlib.Path) -> list[tuple[str, str, str | None]]:
     """The policies the daemon's own tests read (tests/integration/fixtures.rs): each of
     fixtures/policies/*.yaml with its header's verdict (`# accept` or `# reject`, and the path
@@ -942,6 +948,50 @@ def policy_files(repo: pathlib.Path) -> list[tuple[str, str, str | None]]:
         must = header.split("The error must name ")[1].split()[0].rstrip(".") if "The error must name " in header else None
         out.append((str(f.relative_to(repo)), verdict, must))
     return out
+
+
+def notes_check(name: str, notes: str, v: dict[str, Any]) -> list[str]:
+    """NOTES.txt names every chart value that overrides the configs' own flags: each of NVIDIA's
+    values that is set (the variable wins over the file on every node), with the configs of
+    config.map whose own flag differs, and nothing when no value is set; with migStrategy
+    single|mixed over readable configs, that every node gets CAP_SYS_ADMIN."""
+    c = Checks(f"{name} NOTES")
+    any_set = False
+    for key, var, kind in NVIDIA_ENV:
+        value = v.get(key)
+        if isinstance(value, kind):
+            any_set = True
+            text = nvidia_env_value(value) if isinstance(value, bool) else str(value)
+            line = f"  {key}={text}: {var}={text} on every node wins over flags."
+            c.that(line in notes, f"names the override of {key}={text} ({var}): {line!r}")
+    flags_of = {"migStrategy": ("migStrategy",), "failOnInitError": ("failOnInitError",),
+                "compatWithCPUManager": ("plugin", "passDeviceSpecs"),
+                "deviceListStrategy": ("plugin", "deviceListStrategy"),
+                "deviceIDStrategy": ("plugin", "deviceIDStrategy")}
+    for (config, text), p in zip((v["config"].get("map") or {}).items(), policies(v)):
+        for key, path in flags_of.items():
+            value = v.get(key)
+            own: Any = p.get("flags") or {}
+            for part in path:
+                own = own.get(part) if isinstance(own, dict) else None
+            if isinstance(own, list):
+                own = ",".join(own)
+            if own is None or value is None or nvidia_env_value(own) == nvidia_env_value(value):
+                continue
+            c.that(f"{config} says {nvidia_env_value(own)}" in notes,
+                   f"names config.map's {config}, whose flags.{'.'.join(path)} {own} {key}={value} overrides")
+        root = (p.get("flags") or {}).get("mpsRoot")
+        if root is not None and root != v["mps"]["root"]:
+            any_set = True
+            c.that(f"wins over config.map's {config} flags.mpsRoot ({root})" in notes,
+                   f"names config.map's {config} flags.mpsRoot {root}, which mps.root overrides")
+    c.that(("Chart values that override the configs' own flags" in notes) == any_set,
+           "the override section exactly when a value overrides a flag")
+    mig_note = "every node's slicelet pod has\nCAP_SYS_ADMIN"
+    c.that((mig_note in notes) == (v.get("migStrategy") in ("single", "mixed") and effective_mig(v)
+                                   and not v["config"]["name"]),
+           "the note that migStrategy gives every node CAP_SYS_ADMIN exactly with migStrategy single|mixed")
+    return c.failures
 
 
 def main() -> int:
@@ -966,10 +1016,12 @@ def main() -> int:
                          for m in report["messages"] if m["severity"] >= 2]
             for version in versions:
                 try:
-                    manifest = render(chart, values, version)
+                    release = render_release(chart, values, version)
                 except helm.HelmError as e:
                     failures.append(f"{name} (Kubernetes {version}): {e}")
                     continue
+                manifest = release["manifest"]
+                failures += notes_check(f"{name} (Kubernetes {version})", release["notes"], merged)
                 (out / f"{name}-{version}.yaml").write_text(manifest)
                 docs = [d for d in yaml.safe_load_all(manifest) if d]
                 failures += check(f"{name} (Kubernetes {version})", docs, merged)
@@ -1012,6 +1064,14 @@ def main() -> int:
                 failures.append(f"-n {ns}: the rendering or NOTES name {wrong}")
         if f"system:serviceaccount:{ns}:{RELEASE}" not in text or f"- {ns}\n" not in text:
             failures.append(f"-n {ns}: the admission policy's ServiceAccount or the ServiceMonitor's namespace is not {ns}")
+    # The user's case: a time-sliced config saying migStrategy none under NVIDIA's top-level
+    # migStrategy mixed: NOTES names the config and that every node gets CAP_SYS_ADMIN.
+    user = {"migStrategy": "mixed", "config": {"default": "ts", "map": {
+        "ts": TS_ENTRY + "\nflags:\n  migStrategy: none", "mig": "version: v1\nflags:\n  migStrategy: mixed"}}}
+    notes = render_release(chart, user, versions[-1])["notes"]
+    failures += notes_check("migStrategy over a config's none", notes, loaded_merge(chart, user))
+    if "(config.map's ts says none)" not in notes:
+        failures.append(f"migStrategy over a config's none: NOTES do not name config.map's ts: {notes}")
     templates = chart / "templates"
     for f in sorted(templates.iterdir()):
         # (A `fail` message may show the install command, naming it as an example.)

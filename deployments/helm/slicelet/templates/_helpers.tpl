@@ -476,6 +476,44 @@ same flag of the config file, as in NVIDIA's plugin. */}}
 {{- end }}
 {{- end -}}
 
+{{/* NOTES' lines for the chart values that override the configs' own flags: each of
+NVIDIA's top-level values that is set becomes the variable NVIDIA's chart sets (slicelet.nvidiaEnv),
+which wins over that flag of every config on every node, as in NVIDIA's plugin; and mps.root
+(MPS_ROOT, always set) where a config's flags.mpsRoot says otherwise. Each line names the configs
+of config.map whose own flag differs. Empty when nothing is overridden. */}}
+{{- define "slicelet.overrideNotes" -}}
+{{- $configs := dict -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if not (hasKey $cfg "Error") -}}{{- $_ := set $configs $name $cfg -}}{{- end -}}
+{{- end -}}
+{{- range $o := list (list "migStrategy" "MIG_STRATEGY" "string" "migStrategy") (list "failOnInitError" "FAIL_ON_INIT_ERROR" "bool" "failOnInitError") (list "compatWithCPUManager" "PASS_DEVICE_SPECS" "bool" "plugin.passDeviceSpecs") (list "deviceListStrategy" "DEVICE_LIST_STRATEGY" "string" "plugin.deviceListStrategy") (list "deviceIDStrategy" "DEVICE_ID_STRATEGY" "string" "plugin.deviceIDStrategy") (list "nvidiaDriverRoot" "NVIDIA_DRIVER_ROOT" "string" "nvidiaDriverRoot") (list "nvidiaDevRoot" "NVIDIA_DEV_ROOT" "string" "nvidiaDevRoot") (list "gdrcopyEnabled" "GDRCOPY_ENABLED" "bool" "gdrcopyEnabled") (list "gdsEnabled" "GDS_ENABLED" "bool" "gdsEnabled") (list "mofedEnabled" "MOFED_ENABLED" "bool" "mofedEnabled") (list "deviceDiscoveryStrategy" "DEVICE_DISCOVERY_STRATEGY" "string" "deviceDiscoveryStrategy") }}
+{{- $value := index $.Values (index $o 0) }}
+{{- if typeIs (index $o 2) $value }}
+{{- $differ := list }}
+{{- range $name, $cfg := $configs }}
+{{- $own := dig "flags" "" $cfg }}
+{{- range $part := splitList "." (index $o 3) }}
+{{- if kindIs "map" $own }}{{- $own = dig $part "" $own }}{{- else }}{{- $own = "" }}{{- end }}
+{{- end }}
+{{- if kindIs "slice" $own }}{{- $own = join "," $own }}{{- end }}
+{{- if and (ne (toString $own) "") (ne (toString $own) (toString $value)) }}
+{{- $differ = append $differ (printf "%s says %v" $name $own) }}
+{{- end }}
+{{- end }}
+  {{ index $o 0 }}={{ $value }}: {{ index $o 1 }}={{ $value }} on every node wins over flags.{{ index $o 3 }} of every config
+{{- if $differ }} (config.map's {{ join ", " $differ }}){{ end }}
+{{- if $.Values.config.name }} (the configs of {{ $.Values.config.name }}, which the chart cannot read){{ end }}
+{{- end }}
+{{- end }}
+{{- range $name, $cfg := $configs }}
+{{- $own := dig "flags" "mpsRoot" "" $cfg }}
+{{- if and (ne (toString $own) "") (ne (toString $own) $.Values.mps.root) }}
+  mps.root={{ $.Values.mps.root }}: MPS_ROOT={{ $.Values.mps.root }} on every node wins over config.map's {{ $name }} flags.mpsRoot ({{ $own }})
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Mounts shared by both DaemonSets: the policy (a directory, never subPath: a subPath mount
 never sees ConfigMap updates), the MIG caps, the simulated node. */}}
 {{- define "slicelet.configMounts" -}}
