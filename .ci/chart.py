@@ -32,7 +32,9 @@ must select configs by node label with the node RBAC and their own env (NVIDIA_E
 ci/gpu-operator-values.yaml must read deployments/gpu-operator/clusterpolicy-patch.yaml's
 ConfigMap, which is validated with jsonschema against clusterpolicy-patch.schema.json. Each
 example also passes `helm lint --strict`. Then it checks that bad values are refused with a
-message naming them, among them configs of config.map with a fault the chart can see (a key
+message naming them, that NOTES.txt names every chart value that overrides a config's own flag
+(and the configs whose flag it replaces), that every namespaced object goes into the release
+namespace (-n; -n default refused), among them configs of config.map with a fault the chart can see (a key
 the policy does not have, a version other than v1, replicas that are no whole number of at
 least 1): the message names the config and the field. The daemon's test policies
 (fixtures/policies, config/policy*.yaml) go in as config.map: each one slicelet accepts must
