@@ -32,7 +32,14 @@ must select configs by node label with the node RBAC and their own env (NVIDIA_E
 ci/gpu-operator-values.yaml must read deployments/gpu-operator/clusterpolicy-patch.yaml's
 ConfigMap, which is validated with jsonschema against clusterpolicy-patch.schema.json. Each
 example also passes `helm lint --strict`. Then it checks that bad values are refused with a
-message naming them. Exit 1 on any failure.
+message naming them, that NOTES.txt names every chart value that overrides a config's own flag
+(and the configs whose flag it replaces), that every namespaced object goes into the release
+namespace (-n; -n default refused), among them configs of config.map with a fault the chart can see (a key
+the policy does not have, a version other than v1, replicas that are no whole number of at
+least 1): the message names the config and the field. The daemon's test policies
+(fixtures/policies, config/policy*.yaml) go in as config.map: each one slicelet accepts must
+render, each one it rejects must be refused naming the path the daemon names. Exit 1 on any
+failure.
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ from helm_python import _native
 os.environ["KUBECONFIG"] = os.devnull
 
 RELEASE = "slicelet"
-RELEASE_NAMESPACE = "default"
+# The namespace Helm runs in (-n), as the chart's README installs: every namespaced object the
+# chart renders goes there unless namespace.name or namespaceOverride says otherwise.
+RELEASE_NAMESPACE = "slicelet-system"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 DRA_RULES = [
@@ -67,12 +76,20 @@ DRA_RULES = [
 DEFAULT_CONFIG: dict[str, Any] = {}
 
 
-def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> str:
-    """The manifest `helm template RELEASE CHART -f values --kube-version V` prints."""
-    cfg = helm.Config(storage_driver="memory", namespace=RELEASE_NAMESPACE)
+def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str,
+           namespace: str = RELEASE_NAMESPACE) -> str:
+    """The manifest `helm template RELEASE CHART -n NAMESPACE -f values --kube-version V` prints."""
+    return render_release(chart, values, kube_version, namespace)["manifest"]
+
+
+def render_release(chart: pathlib.Path, values: dict[str, Any], kube_version: str,
+                   namespace: str = RELEASE_NAMESPACE) -> dict[str, Any]:
+    """The dry-run release: its `manifest` and its `notes` (NOTES.txt, which `helm install`
+    prints and `helm template` leaves out)."""
+    cfg = helm.Config(storage_driver="memory", namespace=namespace)
     try:
         opts = {
-            "namespace": RELEASE_NAMESPACE,
+            "namespace": namespace,
             "dry_run": "client",
             "kube_version": f"v{kube_version}",
         }
@@ -89,7 +106,7 @@ def render(chart: pathlib.Path, values: dict[str, Any], kube_version: str) -> st
         )
     finally:
         cfg.close()
-    return json.loads(payload)["manifest"]
+    return json.loads(payload)
 
 
 class Checks:
@@ -149,13 +166,14 @@ def qualified(name: Any) -> str:
 
 def dra_resources(p: dict[str, Any]) -> set[str]:
     """The DRA resources of one config: `dra.resources`, and the advertised name of every
-    sharing entry with `dra: true` (rename, else <name>.shared under renameByDefault, else name)."""
+    sharing entry with `dra: true` or `dra: capacity` (rename, else <name>.shared under
+    renameByDefault, else name)."""
     out = {qualified(n) for n in ((p.get("dra") or {}).get("resources") or [])}
     sharing = p.get("sharing") or {}
     for kind in ("timeSlicing", "mps"):
         section = sharing.get(kind) or {}
         for e in section.get("resources") or []:
-            if isinstance(e, dict) and e.get("dra") is True:
+            if isinstance(e, dict) and (e.get("dra") is True or e.get("dra") == "capacity"):
                 name = e.get("rename") or (f"{e['name']}.shared" if section.get("renameByDefault") is True else e["name"])
                 out.add(qualified(name))
     return out
@@ -431,6 +449,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                f"{what}: privileged exactly where MPS daemons run")
         c.that((env.get("NVIDIA_MIG_MONITOR_DEVICES") == "all") == mig, f"{what}: MIG env")
         c.that(("/host/proc/driver/nvidia-caps" in mounts) == mig, f"{what}: the nvidia-caps mount exactly with MIG")
+        caps = [vol for vol in volumes.values() if vol.get("hostPath", {}).get("path") == "/proc/driver/nvidia-caps"]
+        c.that(all(vol["hostPath"].get("type") == "Directory" for vol in caps),
+               f"{what}: the host's /proc/driver/nvidia-caps mounted as type Directory (the driver's; never created)")
         if not is_mps_ds and not v.get("securityContext"):
             caps = (container["securityContext"].get("capabilities") or {}).get("add") or []
             c.that(("SYS_ADMIN" in caps) == (mig and mps != "in-process"),
@@ -663,6 +684,15 @@ NVIDIA_EXAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+# One time-sliced entry (the REFUSED cases below break it one field at a time).
+TS_ENTRY = """version: v1
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4"""
+
+
 # A config with memory limits on an MPS entry (memory on time-slicing entries: ci/memory-limits-values.yaml).
 MEMORY_CONFIG = """version: v1
 sharing:
@@ -688,6 +718,34 @@ REFUSED = [
     # One key, but no fallback that takes it (NVIDIA's `empty` would): refused, as NVIDIA's chart.
     ({"config": {"fallbackStrategies": ["named"], "map": {"a": "version: v1"}}}, "set config.default to one of the keys"),
     ({"config": {"map": {"a": "version: [v1"}}}, "config.map.a is not YAML"),
+    # Each config as slicelet reads it (src/policy/schema.rs), as far as the template engine
+    # can: the config's key and the field named.
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replica: 4")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replica is not a key of a sharing.timeSlicing entry"),
+    ({"config": {"map": {"default": TS_ENTRY + "\nsharin: {}"}}}, "config.map.default: sharin is not a key of a policy"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("version: v1", "version: v2")}}}, "config.map.default: version v2"),
+    ({"config": {"map": {"default": TS_ENTRY + "\nflags:\n  renameByDefault: true"}}},
+     "config.map.default: flags.renameByDefault is not a key of flags"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("timeSlicing:", "timeSlicing:\n    failRequestsGreaterThan1: true")}}},
+     "config.map.default: sharing.timeSlicing.failRequestsGreaterThan1 is not a key of sharing.timeSlicing"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("timeSlicing:", "timeslicing:")}}},
+     "config.map.default: sharing.timeslicing is not a key of sharing"),
+    ({"config": {"default": "ok", "map": {"ok": TS_ENTRY, "ts": TS_ENTRY + "\n      activeThreadPercentage: 25"}}},
+     "config.map.ts: sharing.timeSlicing.resources[0].activeThreadPercentage is not a key of a sharing.timeSlicing entry"),
+    ({"config": {"map": {"default": MEMORY_CONFIG.replace("replicas: 2", "replicas: 2\n      activeThreadPercent: 25")}}},
+     "config.map.default: sharing.mps.resources[0].activeThreadPercent is not a key of a sharing.mps entry"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: 0")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas 0: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: '4'")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas 4: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "replicas: 1.5")}}},
+     "sharing.timeSlicing.resources[0].replicas 1.5: a whole number"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("replicas: 4", "rename: gpu-x")}}},
+     "config.map.default: sharing.timeSlicing.resources[0].replicas is missing"),
+    ({"config": {"map": {"default": TS_ENTRY + "\n      dra: capacty"}}},
+     "config.map.default: sharing.timeSlicing.resources[0].dra capacty: true, false or capacity"),
+    ({"config": {"map": {"default": TS_ENTRY.replace("- name: nvidia.com/gpu", "- rename: gpu-x")}}},
+     "config.map.default: sharing.timeSlicing.resources[0] has no name"),
     # NVIDIA's values, type-checked by the schema.
     ({"migStrategy": "bogus"}, "migStrategy"),
     ({"deviceListStrategy": "envvar,bogus"}, "deviceListStrategy"),
@@ -745,13 +803,15 @@ REFUSED = [
         "dp": "version: v1", "dra": "version: v1\ndra:\n  resources: [mig-1g.10gb]"}}},
      "(their DRA resources: nvidia.com/mig-1g.10gb)"),
     # What the chart reads as a config's DRA resources: renameByDefault's <name>.shared, an MPS
-    # entry's rename, `nvidia.com/` added to a bare name; not an entry without `dra: true`.
+    # entry's rename, `nvidia.com/` added to a bare name, an entry with `dra: capacity`; not an
+    # entry without `dra: true` or `dra: capacity`.
     ({"dra": {"enabled": True, "extendedResources": ["nvidia.com/gpu"]}, "config": {"default": "ts", "map": {
         "ts": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    resources:\n"
               "    - name: nvidia.com/gpu\n      replicas: 2\n      dra: true",
         "mps": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      rename: gpu-mps\n"
-               "      replicas: 2\n      dra: true\n    - name: nvidia.com/gpu\n      rename: gpu-plugin\n      replicas: 2"}}},
-     "(their DRA resources: nvidia.com/gpu-mps, nvidia.com/gpu.shared)"),
+               "      replicas: 2\n      dra: true\n    - name: nvidia.com/gpu\n      rename: gpu-plugin\n      replicas: 2\n"
+               "    - name: nvidia.com/gpu\n      rename: example.com/gpu-cap\n      replicas: 2\n      dra: capacity"}}},
+     "(their DRA resources: example.com/gpu-cap, nvidia.com/gpu-mps, nvidia.com/gpu.shared)"),
     ({"dra": {"extendedResources": ["nvidia.com/gpu-shared"]}}, "dra.extendedResources needs dra.enabled=true"),
     ({"config": {"name": "theirs"}, "dra": {"enabled": True, "extendedResources": ["a.b/c", "a-b/c"]}},
      "a.b/c and a-b/c both give the DeviceClass name a-b-c.bridge.gpu.slicelet.io"),
@@ -796,7 +856,9 @@ FEATURES = {
     "cdi.enabled": lambda v: v["cdi"].get("enabled") is True,
     "metrics.serviceMonitor.enabled": lambda v: v["metrics"]["serviceMonitor"]["enabled"],
     "simulate.enabled": lambda v: v["simulate"]["enabled"],
-    "namespace.create false": lambda v: not v["namespace"]["create"],
+    "namespace.create true (the Namespace with its Pod Security label)": lambda v: v["namespace"]["create"],
+    "namespace.name another namespace than the release's":
+        lambda v: bool(v["namespace"]["name"]) and not v.get("namespaceOverride"),
     "runtimeClassName": lambda v: bool(v.get("runtimeClassName")),
     "nodeSelector": lambda v: bool(v.get("nodeSelector")),
     "usage.perPodAttribution.enabled": lambda v: v["usage"]["perPodAttribution"]["enabled"],
@@ -808,6 +870,11 @@ FEATURES = {
     "dra.enabled with cdi.enabled": lambda v: v["dra"]["enabled"] and effective_cdi(v),
     "dra.extendedResources (the migration bridge) checked against config.map":
         lambda v: v["dra"]["enabled"] and bool(v["dra"]["extendedResources"]) and bool(v["config"]["map"]),
+    "dra.extendedResources bridging a `dra: capacity` entry":
+        lambda v: v["dra"]["enabled"] and any(
+            e.get("dra") == "capacity" and qualified(e.get("rename") or e.get("name")) in v["dra"]["extendedResources"]
+            for p in policies(v) for kind in ("timeSlicing", "mps")
+            for e in (((p.get("sharing") or {}).get(kind) or {}).get("resources") or []) if isinstance(e, dict)),
     "memory limits from a config's memory (memoryLimits.enabled unset)":
         lambda v: v["memoryLimits"].get("enabled") is None and needs(v)["memory"],
     "memory limits with the spec directory one of the CDI mounts":
@@ -865,6 +932,70 @@ def gpu_operator(chart: pathlib.Path, values: dict[str, Any], docs: list[dict[st
     return c.failures
 
 
+def loaded_merge(chart: pathlib.Path, values: dict[str, Any]) -> dict[str, Any]:
+    """values coalesced with the chart's defaults, as the templates see them."""
+    with helm.Chart.load(chart) as loaded:
+        return loaded.merge_values(values)
+
+
+def policy_files(repo: pathlib.Path) -> list[tuple[str, str, str | None]]:
+    """The policies the daemon's own tests read (tests/integration/fixtures.rs): each of
+    fixtures/policies/*.yaml with its header's verdict (`# accept` or `# reject`, and the path
+    `The error must name ...`), and config/policy*.yaml, each valid."""
+    out: list[tuple[str, str, str | None]] = []
+    for f in sorted((repo / "fixtures" / "policies").glob("*.yaml")) + sorted((repo / "config").glob("policy*.yaml")):
+        text = f.read_text()
+        header = " ".join(line for line in text.splitlines() if line.startswith("#"))
+        verdict = "reject" if "# reject" in header else "accept"
+        must = header.split("The error must name ")[1].split()[0].rstrip(".") if "The error must name " in header else None
+        out.append((str(f.relative_to(repo)), verdict, must))
+    return out
+
+
+def notes_check(name: str, notes: str, v: dict[str, Any]) -> list[str]:
+    """NOTES.txt names every chart value that overrides the configs' own flags: each of NVIDIA's
+    values that is set (the variable wins over the file on every node), with the configs of
+    config.map whose own flag differs, and nothing when no value is set; with migStrategy
+    single|mixed over readable configs, that every node gets CAP_SYS_ADMIN."""
+    c = Checks(f"{name} NOTES")
+    any_set = False
+    for key, var, kind in NVIDIA_ENV:
+        value = v.get(key)
+        if isinstance(value, kind):
+            any_set = True
+            text = nvidia_env_value(value) if isinstance(value, bool) else str(value)
+            line = f"  {key}={text}: {var}={text} on every node wins over flags."
+            c.that(line in notes, f"names the override of {key}={text} ({var}): {line!r}")
+    flags_of = {"migStrategy": ("migStrategy",), "failOnInitError": ("failOnInitError",),
+                "compatWithCPUManager": ("plugin", "passDeviceSpecs"),
+                "deviceListStrategy": ("plugin", "deviceListStrategy"),
+                "deviceIDStrategy": ("plugin", "deviceIDStrategy")}
+    for (config, text), p in zip((v["config"].get("map") or {}).items(), policies(v)):
+        for key, path in flags_of.items():
+            value = v.get(key)
+            own: Any = p.get("flags") or {}
+            for part in path:
+                own = own.get(part) if isinstance(own, dict) else None
+            if isinstance(own, list):
+                own = ",".join(own)
+            if own is None or value is None or nvidia_env_value(own) == nvidia_env_value(value):
+                continue
+            c.that(f"{config} says {nvidia_env_value(own)}" in notes,
+                   f"names config.map's {config}, whose flags.{'.'.join(path)} {own} {key}={value} overrides")
+        root = (p.get("flags") or {}).get("mpsRoot")
+        if root is not None and root != v["mps"]["root"]:
+            any_set = True
+            c.that(f"wins over config.map's {config} flags.mpsRoot ({root})" in notes,
+                   f"names config.map's {config} flags.mpsRoot {root}, which mps.root overrides")
+    c.that(("Chart values that override the configs' own flags" in notes) == any_set,
+           "the override section exactly when a value overrides a flag")
+    mig_note = "every node's slicelet pod has\nCAP_SYS_ADMIN"
+    c.that((mig_note in notes) == (v.get("migStrategy") in ("single", "mixed") and effective_mig(v)
+                                   and not v["config"]["name"]),
+           "the note that migStrategy gives every node CAP_SYS_ADMIN exactly with migStrategy single|mixed")
+    return c.failures
+
+
 def main() -> int:
     chart = pathlib.Path(sys.argv[1])
     out = pathlib.Path(sys.argv[2])
@@ -881,15 +1012,18 @@ def main() -> int:
             merged = loaded.merge_values(values)
             covered |= {f for f, on in FEATURES.items() if on(merged)}
             # `helm lint --strict`: warnings (severity 2) and errors (3) fail.
-            report = helm.lint(chart, values, strict=True, kube_version=f"v{versions[-1]}")
+            report = helm.lint(chart, values, strict=True, namespace=RELEASE_NAMESPACE,
+                               kube_version=f"v{versions[-1]}")
             failures += [f"{name}: helm lint: {m['path']}: {m['error']}"
                          for m in report["messages"] if m["severity"] >= 2]
             for version in versions:
                 try:
-                    manifest = render(chart, values, version)
+                    release = render_release(chart, values, version)
                 except helm.HelmError as e:
                     failures.append(f"{name} (Kubernetes {version}): {e}")
                     continue
+                manifest = release["manifest"]
+                failures += notes_check(f"{name} (Kubernetes {version})", release["notes"], merged)
                 (out / f"{name}-{version}.yaml").write_text(manifest)
                 docs = [d for d in yaml.safe_load_all(manifest) if d]
                 failures += check(f"{name} (Kubernetes {version})", docs, merged)
@@ -906,6 +1040,61 @@ def main() -> int:
             if word not in str(e):
                 failures.append(f"refused: {values}: the message does not name {word!r}: {e}")
     print(f"refused: {len(REFUSED)} bad values")
+    # The release namespace is the chart's: -n default is refused (as NVIDIA's chart), naming
+    # the -n to use; any other release namespace gets every namespaced object, the top Role,
+    # the ServiceMonitor and the admission policy's ServiceAccount included.
+    try:
+        render(chart, {}, versions[-1], namespace="default")
+        failures.append("-n default rendered without allowDefaultNamespace")
+    except helm.HelmError as e:
+        if "-n slicelet-system --create-namespace" not in str(e):
+            failures.append(f"-n default: the message does not name -n slicelet-system --create-namespace: {e}")
+    everything = {"dra": {"enabled": True}, "metrics": {"serviceMonitor": {"enabled": True}},
+                  "top": {"rbac": {"create": True, "subjects": [{"kind": "Group", "name": "gpu-admins"}]}},
+                  "config": {"map": {"default": TS_ENTRY}}}
+    for ns, values in (("gpu-team", everything), ("default", {**everything, "allowDefaultNamespace": True})):
+        release = render_release(chart, values, versions[-1], namespace=ns)
+        docs = [d for d in yaml.safe_load_all(release["manifest"]) if d]
+        for d in docs:
+            if d["kind"] not in CLUSTER_SCOPED:
+                where = d["metadata"].get("namespace")
+                if where != ns:
+                    failures.append(f"-n {ns}: {d['kind']} {d['metadata']['name']} in {where}")
+        text = release["manifest"] + release["notes"]
+        for wrong in {"slicelet-system", RELEASE_NAMESPACE} - {ns}:
+            if wrong in text:
+                failures.append(f"-n {ns}: the rendering or NOTES name {wrong}")
+        if f"system:serviceaccount:{ns}:{RELEASE}" not in text or f"- {ns}\n" not in text:
+            failures.append(f"-n {ns}: the admission policy's ServiceAccount or the ServiceMonitor's namespace is not {ns}")
+    # The user's case: a time-sliced config saying migStrategy none under NVIDIA's top-level
+    # migStrategy mixed: NOTES names the config and that every node gets CAP_SYS_ADMIN.
+    user = {"migStrategy": "mixed", "config": {"default": "ts", "map": {
+        "ts": TS_ENTRY + "\nflags:\n  migStrategy: none", "mig": "version: v1\nflags:\n  migStrategy: mixed"}}}
+    notes = render_release(chart, user, versions[-1])["notes"]
+    failures += notes_check("migStrategy over a config's none", notes, loaded_merge(chart, user))
+    if "(config.map's ts says none)" not in notes:
+        failures.append(f"migStrategy over a config's none: NOTES do not name config.map's ts: {notes}")
+    templates = chart / "templates"
+    for f in sorted(templates.iterdir()):
+        # (A `fail` message may show the install command, naming it as an example.)
+        if any("slicelet-system" in line and "fail " not in line for line in f.read_text().splitlines()):
+            failures.append(f"{f}: names slicelet-system (the namespace is the release's)")
+    # The daemon's own test policies as config.map's one config: every valid one renders (the
+    # chart's checks refuse nothing slicelet accepts), every invalid one is refused naming the
+    # config and the path the daemon's error names.
+    repo = chart.resolve().parent.parent.parent
+    for rel, verdict, must in policy_files(repo):
+        values = {"config": {"map": {"default": (repo / rel).read_text()}}}
+        try:
+            render(chart, values, versions[-1])
+            if verdict == "reject":
+                failures.append(f"{rel} (rejected by slicelet) renders as config.map.default")
+        except helm.HelmError as e:
+            if verdict == "accept":
+                failures.append(f"{rel} (accepted by slicelet) is refused as config.map.default: {e}")
+            elif not must or f"config.map.default: {must}" not in str(e):
+                failures.append(f"{rel}: the refusal does not name config.map.default: {must}: {e}")
+    print(f"policies: {len(policy_files(repo))} of fixtures/policies and config as config.map")
     for f in sorted(set(FEATURES) - covered):
         failures.append(f"no example in {chart / 'ci'} turns on {f}")
     for f in failures:

@@ -1514,3 +1514,41 @@ async fn the_daemon_prepares_capacity_shares_of_gpu_0_with_their_own_mps_limits(
     );
     d.stop().await;
 }
+
+/// docs/dra.md says what the cluster needs before DRA works: the feature gates slicelet's DRA
+/// uses (each by name), CDI turned on in the container runtime with slicelet's default
+/// `--cdi-output-dir` among its spec directories (containerd's `enable_cdi` and
+/// `cdi_spec_dirs`, CRI-O), and how to see that a bridge class kept its
+/// `spec.extendedResourceName`.
+#[test]
+fn dra_doc_says_what_the_cluster_needs() {
+    let doc = crate::common::read(&crate::common::repo().join("docs/dra.md"));
+    let section = doc
+        .split("\n## What the cluster needs\n")
+        .nth(1)
+        .expect("docs/dra.md has a section \"What the cluster needs\"");
+    let section = section.split("\n## ").next().unwrap();
+    for gate in [
+        "DRAConsumableCapacity",
+        "DRAPartitionableDevices",
+        "DRADeviceTaints",
+        "DRAExtendedResource",
+        "ResourceHealthStatus",
+    ] {
+        assert!(section.contains(&format!("`{gate}`")), "the gate {gate}");
+    }
+    for needed in [
+        "enable_cdi = true",
+        "cdi_spec_dirs",
+        "CRI-O",
+        dra::DEFAULT_CDI_OUTPUT_DIR,
+        "kubectl get deviceclass -o jsonpath=",
+        ".spec.extendedResourceName",
+        "status.allocatable",
+    ] {
+        assert!(
+            section.contains(needed),
+            "docs/dra.md's section lacks {needed:?}"
+        );
+    }
+}

@@ -239,3 +239,81 @@ fn shipped_mig_policy_plans_as_its_comment_says() {
 fn yaml_to_json(text: &str) -> serde_json::Value {
     yaml_serde::from_str(text).unwrap()
 }
+
+/// The keys of the YAML blocks in docs/simulated-nodes.md's "The node file" section: every
+/// `key:` at any depth (list items' `- key:` too).
+fn documented_node_keys() -> std::collections::BTreeSet<String> {
+    let doc = read(&repo().join("docs/simulated-nodes.md"));
+    let section = doc
+        .split("\n## The node file\n")
+        .nth(1)
+        .expect("docs/simulated-nodes.md has a section \"The node file\"");
+    let section = section.split("\n## ").next().unwrap();
+    let mut keys = std::collections::BTreeSet::new();
+    let mut in_yaml = false;
+    for line in section.lines() {
+        if line.starts_with("```") {
+            in_yaml = line == "```yaml";
+            continue;
+        }
+        if !in_yaml {
+            continue;
+        }
+        let item = line.trim_start().trim_start_matches("- ");
+        if let Some((key, _)) = item.split_once(':') {
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric()) {
+                keys.insert(key.to_string());
+            }
+        }
+    }
+    keys
+}
+
+/// docs/simulated-nodes.md shows every key a node file may have: for each level of the file
+/// (the node, a GPU, a process, a memory limit, MIG, a MIG device, a link) the parser's own
+/// list of the keys it expects (its unknown-key error names them) is in the documented blocks.
+#[test]
+fn simulated_nodes_doc_shows_every_node_file_key() {
+    let documented = documented_node_keys();
+    let gpu = "gpus:\n  - model: X\n    memoryMiB: 1\n";
+    let probes = [
+        ("the node", format!("{gpu}bogusKey: 1\n")),
+        ("a GPU", format!("{gpu}    bogusKey: 1\n")),
+        (
+            "a process",
+            format!("{gpu}    processes:\n      - pid: 1\n        bogusKey: 1\n"),
+        ),
+        (
+            "a memory limit",
+            format!("{gpu}    memoryLimits:\n      - cgroup: /a\n        hardMiB: 1\n        bogusKey: 1\n"),
+        ),
+        ("MIG", format!("{gpu}    mig:\n      bogusKey: 1\n")),
+        (
+            "a MIG device",
+            format!("{gpu}    mig:\n      devices:\n        - profile: 1g.10gb\n          bogusKey: 1\n"),
+        ),
+        (
+            "a link",
+            format!("{gpu}{}links:\n  - gpus: [0, 1]\n    bogusKey: 1\n", &gpu[6..]),
+        ),
+    ];
+    for (level, text) in probes {
+        let e = simulated::parse(std::path::Path::new("n.yaml"), &text)
+            .expect_err(level)
+            .to_string();
+        let expected = e
+            .split("expected one of ")
+            .nth(1)
+            .or_else(|| e.split("expected ").nth(1))
+            .unwrap_or_else(|| panic!("{level}: the error lists no expected keys: {e}"));
+        let keys: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert!(!keys.is_empty(), "{level}: no keys read from {e}");
+        for key in keys {
+            assert!(
+                documented.contains(key),
+                "docs/simulated-nodes.md \"The node file\" does not show `{key}` of {level} \
+                 (documented: {documented:?})"
+            );
+        }
+    }
+}

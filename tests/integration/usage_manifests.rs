@@ -18,7 +18,7 @@ const EXAMPLES: &str = "manifests/examples";
 /// The examples issue 13 adds; each must exist (a rename would otherwise skip its checks).
 const USAGE_EXAMPLES: [&str; 3] = [
     "podmonitor.yaml",
-    "keda-scaledobject.yaml",
+    "keda/scaledobject.yaml",
     "grafana-dashboard.json",
 ];
 /// The docs page with the metric table, and the section that holds it.
@@ -172,14 +172,24 @@ fn documented_metrics() -> BTreeSet<String> {
         .collect()
 }
 
-/// Every PromQL expression of every example, by file name.
+/// The YAML and JSON files of `dir` and of its directories (the KEDA example's kustomization).
+fn example_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(example_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "json") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Every PromQL expression of every example, by file name (relative to the examples).
 fn example_queries() -> Vec<(String, Vec<String>)> {
     let dir = repo().join(EXAMPLES);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "json"))
-        .collect();
+    let mut files = example_files(&dir);
     files.sort();
     for name in USAGE_EXAMPLES {
         assert!(
@@ -194,7 +204,8 @@ fn example_queries() -> Vec<(String, Vec<String>)> {
             for doc in documents(f) {
                 promql(&doc, &mut exprs);
             }
-            (f.file_name().unwrap().to_string_lossy().into_owned(), exprs)
+            let name = f.strip_prefix(&dir).unwrap().to_string_lossy().into_owned();
+            (name, exprs)
         })
         .collect()
 }
@@ -342,19 +353,40 @@ fn examples_and_docs_use_only_registered_metrics() {
 
 #[test]
 fn scaled_object_scales_an_inference_deployment_to_zero_woken_by_the_queue() {
-    let so = one_of_kind("keda-scaledobject.yaml", "ScaledObject");
+    let so = one_of_kind("keda/scaledobject.yaml", "ScaledObject");
     assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
     let spec = &so["spec"];
     assert_eq!(spec["minReplicaCount"], 0, "scale to zero");
     assert!(spec["maxReplicaCount"].as_u64().is_some_and(|n| n >= 1));
 
-    // The target is the shared-GPU Deployment of inference.yaml, in the same namespace.
+    // The target is the shared-GPU Deployment of inference.yaml, in the same namespace, and the
+    // kustomization's scale-target (what `kustomize edit set configmap` changes) names both.
     let target = spec["scaleTargetRef"]["name"].as_str().unwrap();
+    let kustomization = one_of_kind("keda/kustomization.yaml", "Kustomization");
+    let literals: Vec<&str> = kustomization["configMapGenerator"][0]["literals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kustomization["configMapGenerator"][0]["name"],
+        "scale-target"
+    );
     assert_eq!(spec["scaleTargetRef"]["kind"], "Deployment");
     let deployment = one_of_kind("inference.yaml", "Deployment");
     assert_eq!(deployment["metadata"]["name"], target);
     let namespace = so["metadata"]["namespace"].as_str().unwrap();
     assert_eq!(deployment["metadata"]["namespace"], namespace);
+    for want in [
+        format!("namespace={namespace}"),
+        format!("deployment={target}"),
+    ] {
+        assert!(
+            literals.contains(&want.as_str()),
+            "scale-target has {want}: {literals:?}"
+        );
+    }
     let limits = &deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
     assert!(
         limits.get("nvidia.com/gpu-shared").is_some() || limits.get("nvidia.com/gpu").is_some(),
@@ -374,24 +406,33 @@ fn scaled_object_scales_an_inference_deployment_to_zero_woken_by_the_queue() {
         "one slicelet trigger, one other"
     );
 
-    // The GPU trigger: the Deployment's pods' average SM use.
+    // The GPU trigger: the Deployment's pods' average SM use. Each selection takes the
+    // namespace's series and keeps the Deployment's pods (its name read from the pod's).
     let g = query(gpu[0]);
-    let pods = format!("pod=~\"{target}-.*\"");
     let ns = format!("namespace=\"{namespace}\"");
+    let pods = format!("label_replace(vector(1), \"deployment\", \"{target}\", \"\", \"\")");
     assert!(g.contains("slicelet_container_gpu_sm_util_percent{"), "{g}");
-    assert!(
-        g.contains(&pods) && g.contains(&ns),
-        "{g} selects {pods}, {ns}"
+    assert_eq!(
+        (g.matches(&ns).count(), g.matches(&pods).count()),
+        (3, 3),
+        "{g} selects {ns} and the Deployment {target} in each of its three selections"
     );
     assert!(
-        g.contains("avg by (namespace)") && g.contains("sum by (namespace, pod)"),
+        g.contains("avg(") && g.contains("sum by (pod)"),
         "{g}: the average over pods of each pod's sum"
+    );
+    // Unknown is not idle, on the nodes the Deployment runs on only: the fallback pairs each
+    // of its pods' allocations with its own node's slicelet_attribution_up (one scrape target).
+    assert!(
+        g.contains("and on (instance) (slicelet_attribution_up == 0)")
+            && !g.contains("min(slicelet_attribution_up)"),
+        "{g}: the fallback is scoped to the Deployment's nodes, not cluster-wide"
     );
     // An average is compared as it is, not divided by the replica count again.
     assert_eq!(gpu[0]["metricType"], "Value");
     // Idle time ends the GPU trigger's activity: time() - last active, bounded.
     assert!(
-        g.contains("time() - max by (namespace)")
+        g.contains("time() - max(")
             && g.contains("slicelet_container_gpu_last_active_timestamp_seconds{"),
         "{g}: scale to zero after idle seconds"
     );
@@ -409,7 +450,7 @@ fn scaled_object_scales_an_inference_deployment_to_zero_woken_by_the_queue() {
         .parse::<f64>()
         .unwrap();
     // Both say why, where an operator reads it.
-    let text = read(&repo().join(EXAMPLES).join("keda-scaledobject.yaml"));
+    let text = read(&repo().join(EXAMPLES).join("keda/scaledobject.yaml"));
     assert!(
         text.contains("Why GPU use cannot wake the Deployment at zero replicas"),
         "the comment on why GPU use cannot wake it"

@@ -121,9 +121,96 @@ here. */}}
 {{- toJson $needs -}}
 {{- end -}}
 
+{{/* Each config of config.map checked as far as the template engine can, as slicelet reads
+it (src/policy/schema.rs): YAML, `version` v1 when given (NVIDIA's and slicelet's default when
+absent), only the top-level keys the policy has, only known `flags` keys, and in
+sharing.timeSlicing and sharing.mps only their keys and their entries' keys, each entry with
+`name` and `replicas` a whole number of at least 1 and `dra` true, false or capacity. The first
+fault fails the render, naming the config and the field (`slicelet validate --config FILE`
+checks the rest: names, device lists, quantities, what the node has). */}}
+{{- define "slicelet.checkConfigs" -}}
+{{- $top := list "version" "flags" "resources" "sharing" "imex" "health" "dra" -}}
+{{- $flags := list "migStrategy" "failOnInitError" "restartOnDeviceUnhealthy" "nvidiaDriverRoot" "nvidiaDevRoot" "mpsRoot" "gdrcopyEnabled" "gdsEnabled" "mofedEnabled" "useNodeFeatureAPI" "deviceDiscoveryStrategy" "plugin" "gfd" -}}
+{{- $entry := list "name" "rename" "devices" "replicas" "dra" "memory" -}}
+{{- $sections := dict "timeSlicing" (dict "keys" (list "renameByDefault" "failRequestsGreaterThanOne" "resources") "entry" $entry) "mps" (dict "keys" (list "renameByDefault" "failRequestsGreaterThanOne" "exclusiveProcess" "allowPreVolta" "resources") "entry" (concat $entry (list "activeThreadPercentage" "pinnedDeviceMemoryLimit"))) -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if hasKey $cfg "Error" -}}
+{{- fail (printf "config.map.%s is not YAML: %s" $name (get $cfg "Error")) -}}
+{{- end -}}
+{{- $where := printf "config.map.%s" $name -}}
+{{- range $key := keys $cfg | sortAlpha -}}
+{{- if not (has $key $top) -}}
+{{- fail (printf "%s: %s is not a key of a policy (its keys: %s)" $where $key (join ", " $top)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" (index $cfg "version"))) (ne (toString (index $cfg "version")) "v1") -}}
+{{- fail (printf "%s: version %v: the only version is v1" $where (index $cfg "version")) -}}
+{{- end -}}
+{{- $f := index $cfg "flags" -}}
+{{- if kindIs "map" $f -}}
+{{- range $key := keys $f | sortAlpha -}}
+{{- if not (has $key $flags) -}}
+{{- fail (printf "%s: flags.%s is not a key of flags (its keys: %s)" $where $key (join ", " $flags)) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $f) -}}
+{{- fail (printf "%s: flags is not a map" $where) -}}
+{{- end -}}
+{{- $sharing := index $cfg "sharing" -}}
+{{- if kindIs "map" $sharing -}}
+{{- range $kind := keys $sharing | sortAlpha -}}
+{{- if not (hasKey $sections $kind) -}}
+{{- fail (printf "%s: sharing.%s is not a key of sharing (its keys: mps, timeSlicing)" $where $kind) -}}
+{{- end -}}
+{{- $rules := get $sections $kind -}}
+{{- $section := index $sharing $kind -}}
+{{- if kindIs "map" $section -}}
+{{- range $key := keys $section | sortAlpha -}}
+{{- if not (has $key $rules.keys) -}}
+{{- fail (printf "%s: sharing.%s.%s is not a key of sharing.%s (its keys: %s)" $where $kind $key $kind (join ", " $rules.keys)) -}}
+{{- end -}}
+{{- end -}}
+{{- $entries := index $section "resources" -}}
+{{- if kindIs "slice" $entries -}}
+{{- range $i, $e := $entries -}}
+{{- $at := printf "sharing.%s.resources[%d]" $kind $i -}}
+{{- if not (kindIs "map" $e) -}}
+{{- fail (printf "%s: %s is not a map (name, replicas, ...)" $where $at) -}}
+{{- end -}}
+{{- range $key := keys $e | sortAlpha -}}
+{{- if not (has $key $rules.entry) -}}
+{{- fail (printf "%s: %s.%s is not a key of a sharing.%s entry (its keys: %s)" $where $at $key $kind (join ", " $rules.entry)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (index $e "name") -}}
+{{- fail (printf "%s: %s has no name (the resource shared, e.g. nvidia.com/gpu)" $where $at) -}}
+{{- end -}}
+{{- $replicas := index $e "replicas" -}}
+{{- if not (and (kindIs "float64" $replicas) (ge $replicas 1.0) (eq (floor $replicas) $replicas)) -}}
+{{- fail (printf "%s: %s.replicas %v: a whole number of replicas of at least 1 is required" $where $at (ternary "is missing" (toString $replicas) (kindIs "invalid" $replicas))) -}}
+{{- end -}}
+{{- if and (hasKey $e "dra") (not (has (toString (index $e "dra")) (list "true" "false" "capacity"))) -}}
+{{- fail (printf "%s: %s.dra %v: true, false or capacity" $where $at (index $e "dra")) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $entries) -}}
+{{- fail (printf "%s: sharing.%s.resources is not a list" $where $kind) -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $section) -}}
+{{- fail (printf "%s: sharing.%s is not a map" $where $kind) -}}
+{{- end -}}
+{{- end -}}
+{{- else if not (kindIs "invalid" $sharing) -}}
+{{- fail (printf "%s: sharing is not a map" $where) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The DRA resources of the chart's configs (config.map's, or files/policy.yaml without
 it), as a sorted JSON list of names as slicelet advertises them: each `dra.resources` item and
-the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` (its
+the advertised name of every sharing.timeSlicing or sharing.mps entry with `dra: true` or
+`dra: capacity` (one device per replica, or one shared device per GPU: both are DRA's; its
 `rename`, else `<name>.shared` under that section's renameByDefault, else its `name`), with
 `nvidia.com/` added to a name without `/`, as slicelet does. A config that is not YAML counts
 as none here (slicelet.configNeeds refuses it). */}}
@@ -148,7 +235,7 @@ as none here (slicelet.configNeeds refuses it). */}}
 {{- $entries := get $section "resources" -}}
 {{- if kindIs "slice" $entries -}}
 {{- range $e := $entries -}}
-{{- if and (kindIs "map" $e) (eq (toString (get $e "dra")) "true") -}}
+{{- if and (kindIs "map" $e) (has (toString (get $e "dra")) (list "true" "capacity")) -}}
 {{- $advertised := toString (get $e "name") -}}
 {{- if get $e "rename" -}}
 {{- $advertised = toString (get $e "rename") -}}
@@ -389,6 +476,44 @@ same flag of the config file, as in NVIDIA's plugin. */}}
 {{- end }}
 {{- end -}}
 
+{{/* NOTES' lines for the chart values that override the configs' own flags: each of
+NVIDIA's top-level values that is set becomes the variable NVIDIA's chart sets (slicelet.nvidiaEnv),
+which wins over that flag of every config on every node, as in NVIDIA's plugin; and mps.root
+(MPS_ROOT, always set) where a config's flags.mpsRoot says otherwise. Each line names the configs
+of config.map whose own flag differs. Empty when nothing is overridden. */}}
+{{- define "slicelet.overrideNotes" -}}
+{{- $configs := dict -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $cfg := fromYaml (toString $text) -}}
+{{- if not (hasKey $cfg "Error") -}}{{- $_ := set $configs $name $cfg -}}{{- end -}}
+{{- end -}}
+{{- range $o := list (list "migStrategy" "MIG_STRATEGY" "string" "migStrategy") (list "failOnInitError" "FAIL_ON_INIT_ERROR" "bool" "failOnInitError") (list "compatWithCPUManager" "PASS_DEVICE_SPECS" "bool" "plugin.passDeviceSpecs") (list "deviceListStrategy" "DEVICE_LIST_STRATEGY" "string" "plugin.deviceListStrategy") (list "deviceIDStrategy" "DEVICE_ID_STRATEGY" "string" "plugin.deviceIDStrategy") (list "nvidiaDriverRoot" "NVIDIA_DRIVER_ROOT" "string" "nvidiaDriverRoot") (list "nvidiaDevRoot" "NVIDIA_DEV_ROOT" "string" "nvidiaDevRoot") (list "gdrcopyEnabled" "GDRCOPY_ENABLED" "bool" "gdrcopyEnabled") (list "gdsEnabled" "GDS_ENABLED" "bool" "gdsEnabled") (list "mofedEnabled" "MOFED_ENABLED" "bool" "mofedEnabled") (list "deviceDiscoveryStrategy" "DEVICE_DISCOVERY_STRATEGY" "string" "deviceDiscoveryStrategy") }}
+{{- $value := index $.Values (index $o 0) }}
+{{- if typeIs (index $o 2) $value }}
+{{- $differ := list }}
+{{- range $name, $cfg := $configs }}
+{{- $own := dig "flags" "" $cfg }}
+{{- range $part := splitList "." (index $o 3) }}
+{{- if kindIs "map" $own }}{{- $own = dig $part "" $own }}{{- else }}{{- $own = "" }}{{- end }}
+{{- end }}
+{{- if kindIs "slice" $own }}{{- $own = join "," $own }}{{- end }}
+{{- if and (ne (toString $own) "") (ne (toString $own) (toString $value)) }}
+{{- $differ = append $differ (printf "%s says %v" $name $own) }}
+{{- end }}
+{{- end }}
+  {{ index $o 0 }}={{ $value }}: {{ index $o 1 }}={{ $value }} on every node wins over flags.{{ index $o 3 }} of every config
+{{- if $differ }} (config.map's {{ join ", " $differ }}){{ end }}
+{{- if $.Values.config.name }} (the configs of {{ $.Values.config.name }}, which the chart cannot read){{ end }}
+{{- end }}
+{{- end }}
+{{- range $name, $cfg := $configs }}
+{{- $own := dig "flags" "mpsRoot" "" $cfg }}
+{{- if and (ne (toString $own) "") (ne (toString $own) $.Values.mps.root) }}
+  mps.root={{ $.Values.mps.root }}: MPS_ROOT={{ $.Values.mps.root }} on every node wins over config.map's {{ $name }} flags.mpsRoot ({{ $own }})
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Mounts shared by both DaemonSets: the policy (a directory, never subPath: a subPath mount
 never sees ConfigMap updates), the MIG caps, the simulated node. */}}
 {{- define "slicelet.configMounts" -}}
@@ -418,10 +543,12 @@ never sees ConfigMap updates), the MIG caps, the simulated node. */}}
   configMap:
     name: {{ include "slicelet.configMapName" . }}
 {{- if include "slicelet.migEnabled" . }}
+# Directory: the driver creates it (procfs); a node without it has no MIG to serve, and the
+# pod says so (FailedMount) instead of getting an empty directory.
 - name: nvidia-caps
   hostPath:
     path: /proc/driver/nvidia-caps
-    type: DirectoryOrCreate
+    type: Directory
 {{- end }}
 {{- if .Values.simulate.enabled }}
 - name: simulated-node
