@@ -4,6 +4,7 @@ container saw (its log file, written by containerd under the kubelet's pod-log d
 """
 
 import json
+import os
 import re
 import selectors
 import subprocess
@@ -66,6 +67,43 @@ class Kube:
         if p.returncode != 0:
             detail = why() if why else self.story(target, namespace)
             raise Failure(f"{target} never reached {condition} within {timeout} s: {p.stderr.strip()}\n{detail}")
+
+    def watch_until(self, kind, name, predicate, timeout, namespace=None, what=None):
+        """Watches one object (`kubectl get --watch -o json`: its state now, then every
+        change) until `predicate(obj)` holds; returns that object, or raises a Failure with the
+        last state seen after `timeout` s."""
+        args = [str(self.c.bin / "kubectl"), "--kubeconfig", str(self.c.kubeconfig), "get", kind, name,
+                "--watch", "-o", "json"]
+        if namespace:
+            args += ["-n", namespace]
+        w = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        os.set_blocking(w.stdout.fileno(), False)
+        buf, last = "", None
+        decoder = json.JSONDecoder()
+        sel = selectors.DefaultSelector()
+        sel.register(w.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if not sel.select(timeout=left):
+                    continue
+                chunk = w.stdout.read()
+                if not chunk:
+                    break
+                buf += chunk.decode()
+                while buf.strip():
+                    try:
+                        obj, end = decoder.raw_decode(buf.lstrip())
+                    except ValueError:
+                        break
+                    buf = buf.lstrip()[end:]
+                    last = obj
+                    if predicate(obj):
+                        return obj
+        finally:
+            w.kill()
+            w.wait()
+        raise Failure(f"{kind}/{name}: {what or 'condition'} not reached within {timeout:.1f} s; last seen: {json.dumps(last)[:2000]}")
 
     def story(self, target, namespace):
         """What the cluster says about `kind/name`: its events and, for a pod, its status."""
