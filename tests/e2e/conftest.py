@@ -34,8 +34,6 @@ def cluster():
     try:
         c.start()
         print(f"\ncluster up in {c.up_seconds:.1f} s ({c.dir})")
-        kube = Kube(c)
-        kube.apply_file(REPO / "manifests/overlays/dra/deviceclasses.yaml")
         yield c
     finally:
         c.stop()
@@ -48,8 +46,9 @@ def kube(cluster):
 
 @pytest.fixture
 def daemons():
-    """The slicelet daemons a scenario started: stopped after its namespace is emptied (the
-    kubelet unprepares the pods' claims through them), so `ns` depends on this fixture."""
+    """What serves the node in a scenario (slicelet daemons, installed DaemonSets: anything
+    with stop()): stopped after its namespace is emptied (the kubelet unprepares the pods'
+    claims through them), so `ns` depends on this fixture."""
     started = []
     yield started
     for d in started:
@@ -72,11 +71,13 @@ def ns(request, kube, daemons):
 
 
 @pytest.fixture
-def slicelet(cluster, daemons):
+def slicelet(cluster, kube, daemons):
     """Starts `slicelet run` on the node: slicelet(config, node_file, *extra flags), stopped
-    after the scenario (see `daemons`)."""
+    after the scenario (see `daemons`). The DeviceClasses of manifests/overlays/dra are
+    applied first (an installed chart's, deleted with it, are the same)."""
 
     def start(config, node_file, *extra, name="slicelet"):
+        kube.apply_file(REPO / "manifests/overlays/dra/deviceclasses.yaml")
         d = Slicelet(cluster, _env("SLICELET_BIN"), config, node_file, extra, name)
         daemons.append(d)
         return d
@@ -98,7 +99,9 @@ def pytest_runtest_makereport(item, call):
     if rep.when == "call" and rep.failed and "cluster" in item.fixturenames:
         c = item.funcargs.get("cluster")
         if c:
-            for name in sorted(os.listdir(c.logs)):
-                if name.startswith(("slicelet", "kubelet")):
-                    text = (c.logs / name).read_text(errors="replace").splitlines()[-25:]
-                    rep.sections.append((f"log {name}", "\n".join(text)))
+            logs = [c.logs / n for n in sorted(os.listdir(c.logs)) if n.startswith(("slicelet", "kubelet"))]
+            # The DaemonSet's slicelet, from containerd's log files while its pod exists.
+            logs += sorted(c.pod_logs.glob("slicelet-system_*/*/*.log"))
+            for log in logs:
+                text = log.read_text(errors="replace").splitlines()[-25:]
+                rep.sections.append((f"log {log.relative_to(c.dir) if c.dir in log.parents else log.name}", "\n".join(text)))

@@ -22,15 +22,19 @@ def slice_devices(kube):
     return out
 
 
-def allocated(kube, ns, pod_obj):
-    """The devices allocated to the pod's claims: [(device name, its published attributes)]."""
-    devices = slice_devices(kube)
+def claimed(kube, ns, pod_obj):
+    """The allocation results of the pod's claims (one per device)."""
     out = []
     for st in pod_obj["status"].get("resourceClaimStatuses", []):
         claim = kube.get("resourceclaim", st["resourceClaimName"], ns)
-        for r in claim["status"]["allocation"]["devices"]["results"]:
-            out.append((r["device"], devices[r["device"]]["attributes"], r))
+        out += claim["status"]["allocation"]["devices"]["results"]
     return out
+
+
+def allocated(kube, ns, pod_obj):
+    """The devices allocated to the pod's claims: [(device name, its published attributes)]."""
+    devices = slice_devices(kube)
+    return [(r["device"], devices[r["device"]]["attributes"], r) for r in claimed(kube, ns, pod_obj)]
 
 
 def attr(attrs, name):
