@@ -396,6 +396,9 @@ state = '{d}/state'
             "port": free_port(),
             "resolvConf": "/etc/resolv.conf",
             "podLogsDir": str(self.pod_logs),
+            # Device-plugin capacity reaches the node's status at the next status update:
+            # every second here (10 s by default), so scenarios wait for it less.
+            "nodeStatusUpdateFrequency": "1s",
         }))
         self.kubelet_args = [
             self.bin / "kubelet", "--config", config, "--kubeconfig", self.kubeconfig,

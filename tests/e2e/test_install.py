@@ -213,3 +213,65 @@ def test_rolling_update_and_kubelet_restart_keep_running_pods(cluster, kube, ns,
     held = {i for v in before.values() for i in v["ids"] if "::" not in i}
     kube.watch_until("resourceslice", first, lambda s: held <= {d["name"] for d in s["spec"].get("devices", [])},
                      20, what=f"devices {sorted(held)} published again")
+
+
+def bridged(p):
+    """Whether the pod got its extended resource through the bridge (a claim the scheduler made)."""
+    return bool((p["status"].get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+
+
+def test_node_moves_to_dra_by_label_once_its_holders_end(cluster, kube, ns, installed):
+    tag = import_image(cluster, None)
+    since = len(kubelet_log(cluster))
+    installed(render_chart(day2_values(cluster, tag)))
+    kube.wait(f"node/{NODE}", f"{GPU_SHARED}=16", timeout=30)
+    wait_dra_connected(cluster, kube, since)
+    kube.apply(pod("old", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    kube.pod_running(ns, "old")
+    [old] = holders(cluster, kube, ns, ["old"])["old"]["ids"]
+    old_gpu = old.split("::")[0]
+
+    # The node's label chooses the `dra` config while `old` holds a replica: the resource stays
+    # with the device plugin, the held GPU's free replicas are withdrawn (draining), and DRA
+    # publishes none of it.
+    kube.c.kubectl("label", "node", NODE, "nvidia.com/device-plugin.config=dra", "--overwrite")
+    kube.wait(f"node/{NODE}", f"{GPU_SHARED}=13", timeout=30)  # 16 less the 3 free replicas of old's GPU
+    published = [d for d in slice_devices_of(kube) if attr_of(d, "resource") == "nvidia.com/gpu-shared"]
+    assert published == [], published
+    kube.apply(pod("meanwhile", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    p = kube.pod_running(ns, "meanwhile")
+    assert not bridged(p), p["status"]
+    [mid] = holders(cluster, kube, ns, ["meanwhile"])["meanwhile"]["ids"]
+    assert not mid.startswith(old_gpu + "::"), (old, mid)
+
+    # Its holders end: the device plugin stops serving the name, its devices are DRA's.
+    kube.delete("pod", "old", ns)
+    kube.delete("pod", "meanwhile", ns)
+    kube.wait(f"node/{NODE}", f"{GPU_SHARED}=0", timeout=30)
+    kube.watch_until("resourceslice", f"{NODE}-gpu-slicelet-io-0",
+                     lambda s: sum(attr_of(d, "resource") == "nvidia.com/gpu-shared" for d in s["spec"].get("devices", [])) == 16,
+                     20, what="the 16 nvidia.com/gpu-shared devices published through DRA")
+    # New pods asking the name now land through the bridge: the kubelet lists the stopped
+    # device plugin's resource at 0, which sends the request to DRA.
+    kube.apply(pod("after", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    p = kube.pod_running(ns, "after")
+    assert bridged(p), p["status"]
+    kube.delete("pod", "after", ns)
+
+    # Labelled back: the device plugin serves the name again, DRA withdraws it.
+    kube.c.kubectl("label", "node", NODE, "nvidia.com/device-plugin.config=device-plugin", "--overwrite")
+    kube.wait(f"node/{NODE}", f"{GPU_SHARED}=16", timeout=30)
+    kube.apply(pod("back", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
+    assert not bridged(kube.pod_running(ns, "back"))
+    devices = slice_devices_of(kube)
+    assert not [d for d in devices if attr_of(d, "resource") == "nvidia.com/gpu-shared"], devices
+
+
+def slice_devices_of(kube):
+    return [d for s in kube.get("resourceslices")["items"] if s["spec"].get("nodeName") == NODE
+            for d in s["spec"].get("devices", [])]
+
+
+def attr_of(device, name):
+    v = device.get("attributes", {}).get(name)
+    return next(iter(v.values())) if v else None
