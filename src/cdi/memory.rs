@@ -23,6 +23,10 @@ pub const SPEC_FILE: &str = "slicelet-memory.json";
 /// the path the spec's hooks name.
 pub const DEFAULT_HOOK_BINARY: &str = "/var/lib/slicelet/bin/slicelet";
 
+/// The environment variable that tells a container its GPU memory hard limit, MiB (on each
+/// GPU it is limited on).
+pub const LIMIT_ENV: &str = "SLICELET_GPU_MEMORY_LIMIT_MIB";
+
 /// How the spec's hooks call the binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookConfig {
@@ -161,7 +165,7 @@ pub fn spec(plan: &Plan, hook: &HookConfig) -> Option<String> {
                 devices.push(Device {
                     name: device_name(d, m.limits.hard_mib, k),
                     container_edits: Edits {
-                        env: vec![format!("SLICELET_GPU_MEMORY_LIMIT_MIB={hard}")],
+                        env: vec![format!("{LIMIT_ENV}={hard}")],
                         hooks: vec![hook_entry(hook, &d.gpu_uuid, hard, soft, m.limits.enforce)],
                     },
                 });
