@@ -97,9 +97,9 @@ pub struct PreparedDevice {
 pub struct Share {
     /// `status.allocation.devices.results[].shareID` (empty when the API gave none).
     pub id: String,
-    /// Memory, MiB (rounded up).
+    /// Memory, MiB (the consumed quantity rounded up to whole MiB).
     pub memory_mib: u64,
-    /// Percent of the unit's SMs.
+    /// Percent of the unit's SMs (a whole number from 1 to 100).
     pub cores: u32,
 }
 
@@ -242,6 +242,22 @@ pub enum PrepareError {
         value: String,
         /// What it should be.
         unit: &'static str,
+    },
+    /// A consumed capacity outside the `validRange` the slice publishes for it (memory at
+    /// least 1Mi; cores a whole percent from 1 to 100): the scheduler allocates no such share,
+    /// so it is refused rather than rounded into one (a 0 MiB or 0 % share).
+    #[error("claim {claim}: device {device}: consumedCapacity {name} {value:?} is outside the slice's validRange ({range})")]
+    CapacityOutOfRange {
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
+        /// The device.
+        device: String,
+        /// The capacity's name.
+        name: String,
+        /// The value, cut to 64 characters.
+        value: String,
+        /// The range published, e.g. `1 to 100 in steps of 1`.
+        range: String,
     },
     /// Allocate refused the devices (MPS replicas of two GPUs, say).
     #[error("claim {claim}: {source}")]
@@ -484,22 +500,50 @@ pub fn prepare(
     })
 }
 
-/// A capacity quantity as MiB, rounded up (`20Gi` → 20480; `1.5Gi` → 1536; bytes → MiB).
-fn quantity_mib(q: &str) -> Option<u64> {
-    let bytes = crate::policy::quantity::parse_bytes(q).ok()?;
-    let mib = bytes.div_ceil(crate::policy::quantity::MIB);
-    u64::try_from(mib).ok()
+/// Why a consumed capacity is not taken.
+enum BadQuantity {
+    /// Not a Kubernetes quantity.
+    NotAQuantity,
+    /// A quantity outside the published `validRange`.
+    OutOfRange,
 }
 
-/// A `cores` quantity as a whole percent (`25`; `250m` rounds up to 1).
-fn quantity_cores(q: &str) -> Option<u32> {
-    let milli = match q.strip_suffix('m') {
-        Some(m) => m.parse::<u128>().ok()?,
-        None => crate::policy::quantity::parse_bytes(q)
-            .ok()?
-            .saturating_mul(1000),
+/// A consumed `memory` quantity as whole MiB, rounded up (`20Gi` → 20480, `1.5Mi` → 2), when
+/// it lies in the slice's `validRange` (at least [`super::slices::MEMORY_MIN_MIB`] MiB,
+/// compared exactly before rounding: `0.5`, `1e-3` and `1048575` bytes are below it).
+fn quantity_mib(q: &str) -> Result<u64, BadQuantity> {
+    use crate::policy::quantity::{parse_fraction, QuantityError, MIB};
+    let f = match parse_fraction(q) {
+        Ok(f) => f,
+        Err(QuantityError::NotAQuantity(_)) => return Err(BadQuantity::NotAQuantity),
+        Err(_) => return Err(BadQuantity::OutOfRange),
     };
-    u32::try_from(milli.div_ceil(1000)).ok()
+    if f.floor() < u128::from(super::slices::MEMORY_MIN_MIB) * MIB {
+        return Err(BadQuantity::OutOfRange);
+    }
+    u64::try_from(f.ceil().div_ceil(MIB)).map_err(|_| BadQuantity::OutOfRange)
+}
+
+/// A consumed `cores` quantity as a percent, when it lies in the slice's `validRange`: a whole
+/// number from [`super::slices::CORES_MIN`] to [`super::slices::CORES_MAX`] (step 1; `1000m`
+/// is 1, `250m` and `0.9` are refused, never rounded).
+fn quantity_cores(q: &str) -> Result<u32, BadQuantity> {
+    use super::slices::{CORES_MAX, CORES_MIN, CORES_STEP};
+    use crate::policy::quantity::{parse_fraction, QuantityError};
+    let f = match parse_fraction(q) {
+        Ok(f) => f,
+        Err(QuantityError::NotAQuantity(_)) => return Err(BadQuantity::NotAQuantity),
+        Err(_) => return Err(BadQuantity::OutOfRange),
+    };
+    let v = f.floor();
+    if !f.is_whole()
+        || v < u128::from(CORES_MIN)
+        || v > u128::from(CORES_MAX)
+        || !(v - u128::from(CORES_MIN)).is_multiple_of(u128::from(CORES_STEP))
+    {
+        return Err(BadQuantity::OutOfRange);
+    }
+    u32::try_from(v).map_err(|_| BadQuantity::OutOfRange)
 }
 
 /// The share allocation `r` holds of a capacity device (of a resource with `c`, on a unit of
@@ -515,22 +559,36 @@ fn share_of(
     let shares = u64::from(c.shares.max(1));
     let consumed = r.consumed_capacity.as_ref();
     let get = |name: &str| consumed.and_then(|m| m.get(name)).map(|q| q.0.as_str());
-    let bad = |name: &str, value: &str, unit| PrepareError::BadCapacity {
-        claim: want.to_string(),
-        device: r.device.clone(),
-        name: name.to_string(),
-        value: value.chars().take(64).collect(),
-        unit,
+    let bad = |name: &str, value: &str, why: BadQuantity, unit, range: String| match why {
+        BadQuantity::NotAQuantity => PrepareError::BadCapacity {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            name: name.to_string(),
+            value: value.chars().take(64).collect(),
+            unit,
+        },
+        BadQuantity::OutOfRange => PrepareError::CapacityOutOfRange {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            name: name.to_string(),
+            value: value.chars().take(64).collect(),
+            range,
+        },
     };
     let memory_mib = match get(super::slices::MEMORY) {
-        Some(v) => quantity_mib(v).ok_or_else(|| bad(super::slices::MEMORY, v, "bytes"))?,
-        None => (total_mib / shares).max(1),
+        Some(v) => quantity_mib(v).map_err(|why| {
+            let range = format!("at least {}Mi", super::slices::MEMORY_MIN_MIB);
+            bad(super::slices::MEMORY, v, why, "bytes", range)
+        })?,
+        None => (total_mib / shares).max(super::slices::MEMORY_MIN_MIB),
     };
     let cores = match get(super::slices::CORES) {
-        Some(v) => quantity_cores(v)
-            .filter(|c| *c <= 100)
-            .ok_or_else(|| bad(super::slices::CORES, v, "percent (1-100)"))?,
-        None => (100 / c.shares.max(1)).max(1),
+        Some(v) => quantity_cores(v).map_err(|why| {
+            use super::slices::{CORES_MAX, CORES_MIN, CORES_STEP};
+            let range = format!("{CORES_MIN} to {CORES_MAX} in steps of {CORES_STEP}");
+            bad(super::slices::CORES, v, why, "percent", range)
+        })?,
+        None => (super::slices::CORES_MAX / c.shares.max(1)).max(super::slices::CORES_MIN),
     };
     Ok(Share {
         id: r.share_id.clone().unwrap_or_default(),

@@ -761,26 +761,76 @@ fn a_share_without_consumed_capacity_takes_the_default_and_bad_quantities_are_re
         env_value(&p, "SLICELET_GPU_SHARE_MEMORY_MIB").as_deref(),
         Some("20389")
     );
-    // 1.5Gi rounds to MiB; 250m of cores rounds up to 1 %.
-    let c = share_claim(UID, &gpu0, "s", Some("1.5Gi"), Some("250m"));
-    let s = prepare(&c, &want(UID), &ctx, &Held::default())
-        .unwrap()
-        .devices[0]
-        .share
-        .clone()
-        .unwrap();
-    assert_eq!((s.memory_mib, s.cores), (1536, 1));
-    for (memory, cores, says) in [
-        (Some("lots"), None, "memory"),
-        (None, Some("101"), "cores"),
-        (None, Some("x"), "cores"),
+    // Memory rounds up to whole MiB; cores are whole percents (`1000m` is 1).
+    for (memory, cores, taken) in [
+        ("1.5Gi", "25", (1536, 25)),
+        ("1.5Mi", "1000m", (2, 1)),
+        ("1048577", "100", (2, 100)),
+        ("1Mi", "1", (1, 1)),
+        ("1e9", "5e1", (954, 50)),
     ] {
+        let c = share_claim(UID, &gpu0, "s", Some(memory), Some(cores));
+        let s = prepare(&c, &want(UID), &ctx, &Held::default())
+            .unwrap()
+            .devices[0]
+            .share
+            .clone()
+            .unwrap();
+        assert_eq!((s.memory_mib, s.cores), taken, "{memory} {cores}");
+    }
+    for (memory, cores, says) in [(Some("lots"), None, "memory"), (None, Some("x"), "cores")] {
         let c = share_claim(UID, &gpu0, "s", memory, cores);
         let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
         assert!(
             matches!(e, PrepareError::BadCapacity { .. }) && e.to_string().contains(says),
             "{e}"
         );
+    }
+}
+
+/// A consumed capacity below (or above) the `validRange` the slice publishes is the claim's
+/// error naming the claim, the device, the value and the range, never rounded into a share of
+/// 0 MiB or 0 % (fifty of which would fit one GPU): memory from 1Mi, compared before
+/// rounding; cores whole percents from 1 to 100.
+#[test]
+fn consumed_capacity_outside_the_published_range_is_refused() {
+    let inv = h100(None);
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let gpu0 = device_name(&inv.gpus[0].uuid);
+    let ctx = context(&plan, &inv, None);
+    // The range refused is the one published.
+    let caps = crate::dra::slices::capacities(81559, 4);
+    let memory = caps["memory"].request_policy.as_ref().unwrap();
+    assert_eq!(memory.valid_range.as_ref().unwrap().min.0, "1Mi");
+    let cores = caps["cores"].request_policy.as_ref().unwrap();
+    let range = cores.valid_range.as_ref().unwrap();
+    assert_eq!(
+        (
+            range.min.0.as_str(),
+            range.max.as_ref().unwrap().0.as_str(),
+            range.step.as_ref().unwrap().0.as_str()
+        ),
+        ("1", "100", "1")
+    );
+    let mut cases: Vec<(Option<&str>, Option<&str>, &str, &str)> = Vec::new();
+    for m in ["0", "0.5", "1e-3", "1048575", "0.5Mi", "1e-50", "-1Gi"] {
+        cases.push((Some(m), Some("25"), "memory", "at least 1Mi"));
+    }
+    for c in ["0", "0.9", "250m", "1.5", "101", "1e3", "-1"] {
+        cases.push((Some("1Gi"), Some(c), "cores", "1 to 100 in steps of 1"));
+    }
+    for (memory, cores, name, range) in cases {
+        let c = share_claim(UID, &gpu0, "s", memory, cores);
+        let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
+        let msg = e.to_string();
+        let value = if name == "memory" { memory } else { cores }.unwrap();
+        assert!(
+            matches!(e, PrepareError::CapacityOutOfRange { .. }),
+            "{memory:?} {cores:?}: {msg}"
+        );
+        for part in [UID, gpu0.as_str(), name, &format!("{value:?}"), range] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
     }
 }
 
