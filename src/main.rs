@@ -105,7 +105,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 enforce: a.enforce,
                 nvml_library: a.nvml_library,
                 cgroup_root: a.cgroup_root,
+                deadline: a.deadline_seconds,
             };
+            slicelet::hook::start_watchdog(&req);
             match slicelet::hook::set_memory_limits(&req, std::io::stdin().lock()) {
                 Ok((cgroup, l)) => {
                     eprintln!(

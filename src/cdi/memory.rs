@@ -27,6 +27,12 @@ pub const DEFAULT_HOOK_BINARY: &str = "/var/lib/slicelet/bin/slicelet";
 /// GPU it is limited on).
 pub const LIMIT_ENV: &str = "SLICELET_GPU_MEMORY_LIMIT_MIB";
 
+/// The `timeout` of the spec's hook entries, seconds (CDI's hook `timeout`, which the runtime
+/// enforces by killing the hook): past the hook's own deadline
+/// ([`crate::hook::DEFAULT_DEADLINE`], 25 s), so that under `best-effort` the hook's watchdog
+/// exits 0 first; this only ends a hook that cannot run its watchdog at all.
+pub const HOOK_TIMEOUT_SECONDS: u32 = 30;
+
 /// How the spec's hooks call the binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookConfig {
@@ -92,6 +98,8 @@ struct Hook {
     args: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     env: Vec<String>,
+    /// Seconds the runtime lets the hook run ([`HOOK_TIMEOUT_SECONDS`]).
+    timeout: u32,
 }
 
 /// The CDI `createContainer` hook entry that sets `hard_mib`/`soft_mib` (0: none) on GPU
@@ -125,10 +133,11 @@ fn hook_entry(
         path: path_string(&hook.binary),
         args,
         env: hook.env.clone(),
+        timeout: HOOK_TIMEOUT_SECONDS,
     }
 }
 
-/// [`hook_entry`] as a CDI spec's JSON (`{"hookName", "path", "args", "env"}`), for specs
+/// [`hook_entry`] as a CDI spec's JSON (`{"hookName", "path", "args", "env", "timeout"}`), for specs
 /// written elsewhere (a DRA claim's share: [`crate::dra::prepare`]).
 pub fn hook(
     hook: &HookConfig,

@@ -10,6 +10,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::binary::{bin, fake_nvml};
+use crate::common::WAIT;
 
 const GPU: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
 const MIG: &str = "MIG-bbbbbbbb-0000-0000-0000-000000000000";
@@ -50,8 +51,14 @@ fn setup(driver: &str) -> Setup {
 }
 
 async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
+    hook_with(s, gpu, enforce, &[]).await
+}
+
+/// [`hook`] with more arguments.
+async fn hook_with(s: &Setup, gpu: &str, enforce: &str, more: &[&str]) -> std::process::Output {
     let mut child = Command::new(bin())
         .args(["hook", "set-memory-limits", "--gpu", gpu])
+        .args(more)
         .args([
             "--hard-mib",
             "20480",
@@ -69,6 +76,7 @@ async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
@@ -150,6 +158,43 @@ async fn required_fails_container_creation_where_the_driver_cannot_and_best_effo
     let out = hook(&s, GPU, "required").await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
+}
+
+/// A hook that blocks (here a FIFO in place of the bundle's `config.json`, as NVML's init on a
+/// GPU that fell off the bus would) never hangs container creation: past its deadline the
+/// watchdog ends it, exit 0 under `best-effort` with a line saying the limit was not set, exit
+/// 1 under `required` with the reason. The test's own bound is [`WAIT`]; nothing sleeps.
+#[tokio::test]
+async fn a_blocked_hook_gives_up_at_its_deadline() {
+    use std::time::{Duration, Instant};
+    let s = setup("615.20");
+    let config = s.dir.path().join("bundle/config.json");
+    std::fs::remove_file(&config).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&config)
+        .status()
+        .unwrap()
+        .success());
+    for (enforce, code, says) in [
+        ("best-effort", 0, "not enforced (best-effort)"),
+        ("required", 1, "not set under enforce: required"),
+    ] {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            WAIT,
+            hook_with(&s, GPU, enforce, &["--deadline-seconds", "0.5"]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{enforce}: the hook hung past {WAIT:?}"));
+        let took = started.elapsed();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{enforce}: {err}");
+        for part in [says, GPU, "no answer within 0.5 s", "the limit was not set"] {
+            assert!(err.contains(part), "{enforce}: {part} not in {err}");
+        }
+        assert!(took >= Duration::from_millis(500), "{enforce}: {took:?}");
+    }
+    assert!(records(s.dir.path()).is_empty());
 }
 
 async fn install_hook(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {

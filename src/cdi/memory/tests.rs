@@ -44,6 +44,12 @@ fn one_device_per_resource_unit_and_replica_count_with_its_hook() {
     assert_eq!(two["env"][0], "SLICELET_GPU_MEMORY_LIMIT_MIB=40960");
     let h = &two["hooks"][0];
     assert_eq!(h["hookName"], "createContainer");
+    // The runtime's bound on the hook, past the hook's own deadline.
+    assert_eq!(h["timeout"], HOOK_TIMEOUT_SECONDS);
+    assert!(
+        u64::from(HOOK_TIMEOUT_SECONDS) > crate::hook::DEFAULT_DEADLINE.as_secs(),
+        "the watchdog must end a best-effort hook before the runtime kills it"
+    );
     assert_eq!(h["path"], DEFAULT_HOOK_BINARY);
     let args: Vec<&str> = h["args"]
         .as_array()
