@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::plan::memory::PlannedMemory;
 use crate::plan::{Plan, ResourcePlan, VirtualDevice};
 
 /// The CDI kind of slicelet's memory-limit devices.
@@ -55,10 +56,16 @@ impl Default for HookConfig {
     }
 }
 
-/// The device name for `count` replicas of `res` on `d`'s unit: `<unit uuid>-<hard MiB>mib-x<count>`
-/// (CDI device names allow letters, digits, `-`, `_`, `.`, `:`).
-pub fn device_name(d: &VirtualDevice, hard_mib: u64, count: u32) -> String {
-    format!("{}-{hard_mib}mib-x{count}", d.gpu_uuid)
+/// The device name for `count` replicas of a resource with limits `m` on `d`'s unit:
+/// `<unit uuid>-<hard MiB>mib-x<count>`, and `-<tag>` where the resource has a
+/// [`PlannedMemory::name_tag`] (another memory-limited resource of a unit has the same size);
+/// CDI device names allow letters, digits, `-`, `_`, `.`, `:`.
+pub fn device_name(d: &VirtualDevice, m: &PlannedMemory, count: u32) -> String {
+    let hard_mib = m.limits.hard_mib;
+    match &m.name_tag {
+        None => format!("{}-{hard_mib}mib-x{count}", d.gpu_uuid),
+        Some(tag) => format!("{}-{hard_mib}mib-x{count}-{tag}", d.gpu_uuid),
+    }
 }
 
 /// The fully qualified name Allocate returns for `count` replicas of `res` on `d`'s unit, or
@@ -66,7 +73,7 @@ pub fn device_name(d: &VirtualDevice, hard_mib: u64, count: u32) -> String {
 pub fn qualified_name(res: &ResourcePlan, d: &VirtualDevice, count: u32) -> Option<String> {
     let m = res.memory.as_ref()?;
     m.enforced(d)
-        .then(|| format!("{KIND}={}", device_name(d, m.limits.hard_mib, count)))
+        .then(|| format!("{KIND}={}", device_name(d, m, count)))
 }
 
 #[derive(Serialize)]
@@ -172,7 +179,7 @@ pub fn spec(plan: &Plan, hook: &HookConfig) -> Option<String> {
                 let hard = m.limits.hard_mib * u64::from(k);
                 let soft = m.limits.soft_mib.unwrap_or(0) * u64::from(k);
                 devices.push(Device {
-                    name: device_name(d, m.limits.hard_mib, k),
+                    name: device_name(d, m, k),
                     container_edits: Edits {
                         env: vec![format!("{LIMIT_ENV}={hard}")],
                         hooks: vec![hook_entry(hook, &d.gpu_uuid, hard, soft, m.limits.enforce)],

@@ -508,6 +508,7 @@ pub(crate) fn limited_plan(unenforced: bool) -> Plan {
             enforce: crate::policy::Enforce::BestEffort,
         },
         unenforced: Default::default(),
+        name_tag: None,
     };
     if unenforced {
         planned.unenforced.insert(GPU0.into(), "cgroup v1".into());
