@@ -9,7 +9,10 @@
 //! or systemd's `slice:prefix:name`), and asks NVML to limit the GPU's memory for that cgroup
 //! (`nvmlDeviceSetMemoryLimits_v1`: the cgroup's full sysfs path, soft and hard limits in
 //! bytes; driver R615 and later, cgroup v2, no MIG handles), then reads the limits back
-//! (`nvmlDeviceGetMemoryLimits_v1`) and checks they hold.
+//! (`nvmlDeviceGetMemoryLimits_v1`) and checks they hold. NVML keeps one limit per GPU and
+//! cgroup: the hook adds its limits to those another hook of the same container set on the
+//! GPU (the runtime runs them one after the other on the new cgroup), so a container given
+//! two memory-limited resources, or two claims' shares, of one GPU is limited to their sum.
 //!
 //! Under `--enforce required` any failure exits non-zero, which fails container creation
 //! (the runtime reports the hook's stderr); under `best-effort` the hook says why on stderr
@@ -129,15 +132,27 @@ struct Linux {
     cgroups_path: Option<String>,
 }
 
-/// Runs the hook: `state` is the runtime's stdin. Ok: the cgroup directory and the limits
-/// read back.
+/// What the hook set: the container's cgroup directory, the limits another of its hooks had
+/// set on the GPU before (bytes; `None`: none), and the limits read back (bytes: this hook's
+/// added to those).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The cgroup directory.
+    pub cgroup: PathBuf,
+    /// The limits found on the GPU for the cgroup before, bytes.
+    pub before: Option<LimitReading>,
+    /// The limits read back, bytes.
+    pub read: LimitReading,
+}
+
+/// Runs the hook: `state` is the runtime's stdin. The request's limits are added to any the
+/// container's cgroup has on the GPU already ([`limits::add_and_read_back`]: a container given
+/// two memory-limited resources or two claims' shares of one GPU gets one hook for each, and
+/// its limit there is their sum).
 ///
 /// # Errors
 /// [`HookError`]; the caller decides from [`Request::enforce`] whether it fails the container.
-pub fn set_memory_limits(
-    req: &Request,
-    state: impl Read,
-) -> Result<(PathBuf, LimitReading), HookError> {
+pub fn set_memory_limits(req: &Request, state: impl Read) -> Result<Outcome, HookError> {
     let mut text = String::new();
     state
         .take(MAX_STATE_BYTES + 1)
@@ -164,16 +179,17 @@ pub fn set_memory_limits(
         .and_then(|l| l.cgroups_path)
         .ok_or_else(|| HookError::Cgroup(format!("{what} has no linux.cgroupsPath")))?;
     let dir = cgroup_dir(&path, &req.cgroup_root)?;
-    let want = LimitReading {
+    let own = LimitReading {
         soft: req.soft_mib.saturating_mul(MIB),
         hard: req.hard_mib.saturating_mul(MIB),
         used: 0,
     };
-    let read = limits::set_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, want)
+    let added = limits::add_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, own)
         .map_err(|message| HookError::Nvml {
             gpu: req.gpu.clone(),
             message,
         })?;
+    let (want, read) = (added.want, added.read);
     if read.hard != want.hard || read.soft != want.soft {
         return Err(HookError::Readback {
             gpu: req.gpu.clone(),
@@ -183,7 +199,11 @@ pub fn set_memory_limits(
             read_soft: read.soft,
         });
     }
-    Ok((dir, read))
+    Ok(Outcome {
+        cgroup: dir,
+        before: added.before,
+        read,
+    })
 }
 
 /// Starts the watchdog: a thread that, once `req.deadline` has passed, writes why on stderr

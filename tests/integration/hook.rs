@@ -56,17 +56,23 @@ async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
 
 /// [`hook`] with more arguments.
 async fn hook_with(s: &Setup, gpu: &str, enforce: &str, more: &[&str]) -> std::process::Output {
+    hook_sized(s, gpu, enforce, (20480, 16384), more).await
+}
+
+/// [`hook`] setting `(hard, soft)` MiB, with more arguments.
+async fn hook_sized(
+    s: &Setup,
+    gpu: &str,
+    enforce: &str,
+    (hard, soft): (u64, u64),
+    more: &[&str],
+) -> std::process::Output {
     let mut child = Command::new(bin())
         .args(["hook", "set-memory-limits", "--gpu", gpu])
         .args(more)
-        .args([
-            "--hard-mib",
-            "20480",
-            "--soft-mib",
-            "16384",
-            "--enforce",
-            enforce,
-        ])
+        .args(["--hard-mib", &hard.to_string()])
+        .args(["--soft-mib", &soft.to_string()])
+        .args(["--enforce", enforce])
         .arg("--nvml-library")
         .arg(fake_nvml())
         .arg("--cgroup-root")
@@ -158,6 +164,43 @@ async fn required_fails_container_creation_where_the_driver_cannot_and_best_effo
     let out = hook(&s, GPU, "required").await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
+}
+
+/// NVML keeps one limit per GPU and cgroup. A container given two memory-limited devices of
+/// one GPU (a 10 GiB resource and a 20 GiB one, through two Allocate calls; or two DRA claims'
+/// shares) gets two hooks, run one after the other on its new cgroup: the second adds its
+/// limits to the first's, so the container has 30 GiB, not the last hook's 20 GiB.
+#[tokio::test]
+async fn two_hooks_of_one_container_on_one_gpu_add_up() {
+    let s = setup("615.20");
+    let first = hook_sized(&s, GPU, "required", (10240, 0), &[]).await;
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        records(s.dir.path()),
+        [(
+            GPU.to_string(),
+            s.cgroup.display().to_string(),
+            0,
+            10240 * MIB
+        )]
+    );
+    let second = hook_sized(&s, GPU, "required", (20480, 8192), &[]).await;
+    let err = stderr(&second);
+    assert!(second.status.success(), "{err}");
+    assert!(
+        err.contains("30720 MiB hard, 8192 MiB soft")
+            && err.contains("20480 MiB added to the 10240 MiB"),
+        "{err}"
+    );
+    assert_eq!(
+        records(s.dir.path()),
+        [(
+            GPU.to_string(),
+            s.cgroup.display().to_string(),
+            8192 * MIB,
+            30720 * MIB
+        )]
+    );
 }
 
 /// A hook that blocks (here a FIFO in place of the bundle's `config.json`, as NVML's init on a
