@@ -719,8 +719,8 @@ impl Edits {
     /// and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the daemon's defaults are the whole unit, so the
     /// client's own values are what hold); on a node whose driver partitions memory per cgroup
     /// the sum of a GPU's shares' memory is also the container's hard limit there, set by one
-    /// hook per GPU (NVML keeps one limit per GPU and cgroup: two hooks would overwrite each
-    /// other), and `SLICELET_GPU_MEMORY_LIMIT_MIB` says it (MiB; set where every limited GPU of
+    /// hook per GPU (NVML keeps one limit per GPU and cgroup), and
+    /// `SLICELET_GPU_MEMORY_LIMIT_MIB` says it (MiB; set where every limited GPU of
     /// the claim has the same limit). `SLICELET_GPU_SHARE_MEMORY_MIB` (MiB) /
     /// `SLICELET_GPU_SHARE_CORES` (percent) tell the workload all its shares whatever the mode
     /// (time-slicing only accounts for them).
