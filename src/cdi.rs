@@ -23,7 +23,10 @@
 //! Only `kind` and `devices[].name` are read (a few serde structs); every other field is left
 //! to the runtime. [`read_specs`] is blocking file I/O and runs off the async runtime; it is
 //! bounded: each file through [`crate::policy::read_bounded`] (a regular file, at most
-//! [`MAX_SPEC_BYTES`]), at most [`MAX_DIR_BYTES`] of specs per directory (DRA claim specs skipped).
+//! [`MAX_SPEC_BYTES`]; a larger one is refused naming its path), at most [`MAX_DIR_BYTES`] of
+//! specs and [`MAX_DIR_NAMES`] device names per directory (DRA claim specs skipped). A file's
+//! text lives only while it is parsed; what is kept of it is its device names, each with the
+//! number of the file that defines it (not a copy of the file's path per name).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -37,17 +40,21 @@ pub use crate::policy::cdi::{check_device_name, parse_kind, NameError, DEFAULT_K
 
 /// The default spec directories, lowest priority first (the CDI defaults).
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
-/// The largest spec file read, bytes (a spec for 64 GPUs with MIG devices is far smaller).
-pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
+/// The largest spec file read, bytes (1 MiB: the toolkit's spec for 8 GPUs is tens of KiB, one
+/// for 64 GPUs with seven MIG devices each a few hundred KiB).
+pub const MAX_SPEC_BYTES: u64 = 1024 * 1024;
 /// The most of a spec's parse error quoted, characters (the parsers quote a bad scalar whole;
 /// see [`crate::errors::shorten`]).
 pub const MAX_ERROR_CHARS: usize = 200;
-/// The most spec bytes read per directory, in all (64 MiB: sixteen specs at the largest; the
-/// toolkit's spec for 64 GPUs with MIG devices is far smaller); the rest are reported and
-/// skipped. A budget of bytes, not of files: slicelet's own claim specs (one per prepared DRA
-/// claim, skipped, [`is_claim_spec`]) and anything else small can never crowd the node's
-/// NVIDIA spec out.
-pub const MAX_DIR_BYTES: u64 = 64 * 1024 * 1024;
+/// The most spec bytes read per directory, in all (8 MiB: eight specs at the largest); the
+/// rest are reported and skipped. A budget of bytes, not of files: slicelet's own claim specs
+/// (one per prepared DRA claim, skipped, [`is_claim_spec`]) and anything else small can never
+/// crowd the node's NVIDIA spec out.
+pub const MAX_DIR_BYTES: u64 = 8 * 1024 * 1024;
+/// The most device names kept per directory (16,384: the toolkit names 64 GPUs with seven MIG
+/// devices each with about 1,000); a spec that would pass it and the rest of the directory are
+/// reported and skipped. With [`MAX_DIR_BYTES`] it bounds what an index holds.
+pub const MAX_DIR_NAMES: usize = 16_384;
 /// The most directory entries looked at per directory (bounds the listing's memory).
 pub const MAX_DIR_ENTRIES: usize = 100_000;
 /// What a claim spec's file name holds between the driver and the claim's UID.
@@ -102,9 +109,9 @@ pub enum SpecError {
         /// Why.
         error: String,
     },
-    /// More spec bytes than [`MAX_DIR_BYTES`], or more entries than [`MAX_DIR_ENTRIES`], in
-    /// one directory.
-    #[error("{} holds more than {MAX_DIR_BYTES} bytes of spec files or {MAX_DIR_ENTRIES} entries; the rest are not read", dir.display())]
+    /// More spec bytes than [`MAX_DIR_BYTES`], more entries than [`MAX_DIR_ENTRIES`] or more
+    /// device names than [`MAX_DIR_NAMES`] in one directory.
+    #[error("{} holds more than {MAX_DIR_BYTES} bytes of spec files, {MAX_DIR_ENTRIES} entries or {MAX_DIR_NAMES} device names; the rest are not read", dir.display())]
     TooMany {
         /// The directory.
         dir: PathBuf,
@@ -174,11 +181,12 @@ pub fn parse_spec(file: &Path, text: &str) -> Result<Spec, SpecError> {
     Ok(Spec { kind, devices })
 }
 
-/// Where one name is defined: the directory's position in the list and the file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where one name is defined: the directory's position in the list and the file's in
+/// [`SpecIndex::paths`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Definition {
     dir: usize,
-    file: PathBuf,
+    file: usize,
 }
 
 /// A CDI name the runtime would not resolve.
@@ -213,6 +221,8 @@ pub struct SpecIndex {
     pub dirs: Vec<PathBuf>,
     /// Qualified name → its definitions.
     names: BTreeMap<String, Vec<Definition>>,
+    /// The spec files read, in reading order (what [`Definition::file`] numbers).
+    paths: Vec<PathBuf>,
     /// Specs skipped, and why.
     pub errors: Vec<SpecError>,
     /// How many spec files were read.
@@ -231,15 +241,22 @@ impl SpecIndex {
     /// Records `spec`, read from `file` in the directory at position `dir` of [`Self::dirs`].
     pub fn add(&mut self, dir: usize, file: &Path, spec: &Spec) {
         self.files += 1;
+        let def = Definition {
+            dir,
+            file: self.paths.len(),
+        };
+        self.paths.push(file.to_path_buf());
         for d in &spec.devices {
             self.names
                 .entry(format!("{}={d}", spec.kind))
                 .or_default()
-                .push(Definition {
-                    dir,
-                    file: file.to_path_buf(),
-                });
+                .push(def);
         }
+    }
+
+    /// How many device names the index holds (each once, however many specs define it).
+    pub fn names(&self) -> usize {
+        self.names.len()
     }
 
     /// The spec file that defines `name` (a fully qualified `kind=name`), as the runtime
@@ -278,11 +295,11 @@ impl SpecIndex {
         let mut winners = defs.iter().filter(|d| d.dir == top);
         let first = winners.next().expect("top is some definition's directory");
         match winners.next() {
-            None => Ok(&first.file),
+            None => Ok(&self.paths[first.file]),
             Some(second) => Err(Unresolved::Conflict {
                 name: name.to_string(),
-                first: first.file.display().to_string(),
-                second: second.file.display().to_string(),
+                first: self.paths[first.file].display().to_string(),
+                second: self.paths[second.file].display().to_string(),
             }),
         }
     }
@@ -292,11 +309,11 @@ impl SpecIndex {
 /// A directory that does not exist holds no specs (as for runtimes); everything else that
 /// cannot be used is in [`SpecIndex::errors`].
 pub fn read_specs(dirs: &[PathBuf]) -> SpecIndex {
-    read_specs_within(dirs, MAX_DIR_BYTES)
+    read_specs_within(dirs, MAX_DIR_BYTES, MAX_DIR_NAMES)
 }
 
-/// [`read_specs`] with a per-directory budget of `max_dir_bytes`.
-fn read_specs_within(dirs: &[PathBuf], max_dir_bytes: u64) -> SpecIndex {
+/// [`read_specs`] with a per-directory budget of `max_dir_bytes` and `max_dir_names`.
+fn read_specs_within(dirs: &[PathBuf], max_dir_bytes: u64, max_dir_names: usize) -> SpecIndex {
     let mut index = SpecIndex::new(dirs);
     let limits = policy::Limits {
         max_bytes: MAX_SPEC_BYTES,
@@ -330,6 +347,7 @@ fn read_specs_within(dirs: &[PathBuf], max_dir_bytes: u64) -> SpecIndex {
         }
         files.sort();
         let mut spent = 0u64;
+        let mut names = 0usize;
         for file in files {
             // A subdirectory named `x.yaml` is not a spec (runtimes skip subdirectories).
             let Ok(meta) = std::fs::metadata(&file) else {
@@ -351,7 +369,14 @@ fn read_specs_within(dirs: &[PathBuf], max_dir_bytes: u64) -> SpecIndex {
                 .map_err(|e| SpecError::Read(crate::errors::chain(&e)))
                 .and_then(|text| parse_spec(&file, &text));
             match spec {
-                Ok(spec) => index.add(pos, &file, &spec),
+                Ok(spec) => {
+                    names = names.saturating_add(spec.devices.len());
+                    if names > max_dir_names {
+                        index.errors.push(SpecError::TooMany { dir: dir.clone() });
+                        break;
+                    }
+                    index.add(pos, &file, &spec);
+                }
                 Err(e) => index.errors.push(e),
             }
         }

@@ -101,6 +101,21 @@ pub struct SetMemoryLimitsArgs {
     /// Where the cgroup v2 hierarchy is mounted.
     #[arg(long, env = "SLICELET_HOOK_CGROUP_ROOT", default_value = crate::hook::DEFAULT_CGROUP_ROOT)]
     pub cgroup_root: PathBuf,
+    /// Seconds the hook may take before it gives up (best-effort: exit 0 without the limit;
+    /// required: exit 1), so that a blocked NVML never hangs container creation.
+    #[arg(long, env = "SLICELET_HOOK_DEADLINE_SECONDS", default_value = "25", value_parser = parse_deadline)]
+    pub deadline_seconds: std::time::Duration,
+}
+
+/// A deadline in seconds: a positive number, fractions allowed (`0.5`), at most a day.
+fn parse_deadline(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{s:?}: give more than 0 and at most 86400 seconds"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 fn parse_enforce(s: &str) -> Result<crate::policy::Enforce, String> {

@@ -573,22 +573,7 @@ impl Shell {
             match action {
                 Action::Publish(plan) => {
                     self.plans.send_replace(Arc::clone(&plan));
-                    if let Some(tx) = &self.dra_inputs {
-                        let prev = tx.borrow().clone();
-                        let input = crate::dra::DraInput::new(
-                            Arc::clone(&plan),
-                            Arc::new(state.inventory.clone().unwrap_or_default()),
-                            state
-                                .policy
-                                .as_ref()
-                                .map(|p| p.dra_xid_taint_effect)
-                                .unwrap_or_default(),
-                            &|res, d| Some(dra_cause(state, res, d)),
-                            prev.as_deref(),
-                            std::time::SystemTime::now(),
-                        );
-                        tx.send_replace(Some(Arc::new(input)));
-                    }
+                    self.send_dra_input(state, &plan);
                     self.metrics.set_plan(&plan);
                     if self.plugin_mode {
                         // Before the servers: Allocate may name a device only this spec has.
@@ -612,6 +597,16 @@ impl Shell {
                 Action::Transition(t) => self.metrics.transition(&t.uuid, t.health),
                 Action::PolicyApplied(g) => self.metrics.policy_applied(g),
                 Action::PolicyRejected => self.metrics.policy_rejected(),
+                // The same plan, other causes: DRA's taints and health stream follow.
+                Action::Causes => {
+                    let dra_started = self
+                        .dra_inputs
+                        .as_ref()
+                        .is_some_and(|tx| tx.borrow().is_some());
+                    if dra_started {
+                        self.send_dra_input(state, &Arc::clone(&state.plan));
+                    }
+                }
             }
         }
         if relabel {
@@ -622,6 +617,27 @@ impl Shell {
                 .allocation(&state.plan, &state.in_use, &self.metrics.usage);
         }
         self.publish_status(state);
+    }
+
+    /// Hands DRA the input for `plan`: its devices' health folded over the last input's (so a
+    /// taint's `timeAdded` stays put while its cause does), each Unhealthy device's cause from
+    /// the tracker as it is now.
+    fn send_dra_input(&self, state: &State, plan: &Arc<crate::plan::Plan>) {
+        let Some(tx) = &self.dra_inputs else { return };
+        let prev = tx.borrow().clone();
+        let input = crate::dra::DraInput::new(
+            Arc::clone(plan),
+            Arc::new(state.inventory.clone().unwrap_or_default()),
+            state
+                .policy
+                .as_ref()
+                .map(|p| p.dra_xid_taint_effect)
+                .unwrap_or_default(),
+            &|res, d| Some(dra_cause(state, res, d)),
+            prev.as_deref(),
+            std::time::SystemTime::now(),
+        );
+        tx.send_replace(Some(Arc::new(input)));
     }
 
     /// A GPU use sample from the hardware actor: attributed to the containers holding the

@@ -128,6 +128,20 @@ impl Tracker {
             .then_some(Cause::MpsNotReady)
     }
 
+    /// Every Unhealthy device's cause and reason ([`Tracker::cause`], [`Tracker::reason`]), by
+    /// UUID: what DRA's device taints and health stream show, which may change while the
+    /// device stays Unhealthy (a later Xid of another number, another condition taking over).
+    pub fn conditions(&self) -> BTreeMap<String, (Cause, String)> {
+        self.lost
+            .keys()
+            .chain(self.unwatched.keys())
+            .chain(self.cdi.keys())
+            .chain(self.sick.keys())
+            .chain(self.mps_wanted.iter())
+            .filter_map(|u| Some((u.clone(), (self.cause(u)?, self.reason(u)?.to_string()))))
+            .collect()
+    }
+
     /// The device's health as far as every source goes.
     pub fn health(&self, uuid: &str) -> Health {
         Health::from_bool(self.reason(uuid).is_none())

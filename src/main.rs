@@ -105,15 +105,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 enforce: a.enforce,
                 nvml_library: a.nvml_library,
                 cgroup_root: a.cgroup_root,
+                deadline: a.deadline_seconds,
             };
+            slicelet::hook::start_watchdog(&req);
             match slicelet::hook::set_memory_limits(&req, std::io::stdin().lock()) {
-                Ok((cgroup, l)) => {
+                Ok(o) => {
+                    let mib = |b: u64| b / (1024 * 1024);
+                    let added = o.before.map_or(String::new(), |b| {
+                        format!(
+                            " ({} MiB added to the {} MiB another device of the container set)",
+                            req.hard_mib,
+                            mib(b.hard)
+                        )
+                    });
                     eprintln!(
-                        "slicelet hook: GPU {}: {} MiB hard, {} MiB soft set for {}",
+                        "slicelet hook: GPU {}: {} MiB hard, {} MiB soft set for {}{added}",
                         req.gpu,
-                        l.hard / (1024 * 1024),
-                        l.soft / (1024 * 1024),
-                        cgroup.display()
+                        mib(o.read.hard),
+                        mib(o.read.soft),
+                        o.cgroup.display()
                     );
                     Ok(())
                 }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::plan::memory::PlannedMemory;
 use crate::plan::{Plan, ResourcePlan, VirtualDevice};
 
 /// The CDI kind of slicelet's memory-limit devices.
@@ -22,6 +23,16 @@ pub const SPEC_FILE: &str = "slicelet-memory.json";
 /// Where the DaemonSet puts the hook binary on the host (an init container copies it there),
 /// the path the spec's hooks name.
 pub const DEFAULT_HOOK_BINARY: &str = "/var/lib/slicelet/bin/slicelet";
+
+/// The environment variable that tells a container its GPU memory hard limit, MiB (on each
+/// GPU it is limited on).
+pub const LIMIT_ENV: &str = "SLICELET_GPU_MEMORY_LIMIT_MIB";
+
+/// The `timeout` of the spec's hook entries, seconds (CDI's hook `timeout`, which the runtime
+/// enforces by killing the hook): past the hook's own deadline
+/// ([`crate::hook::DEFAULT_DEADLINE`], 25 s), so that under `best-effort` the hook's watchdog
+/// exits 0 first; this only ends a hook that cannot run its watchdog at all.
+pub const HOOK_TIMEOUT_SECONDS: u32 = 30;
 
 /// How the spec's hooks call the binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,10 +56,16 @@ impl Default for HookConfig {
     }
 }
 
-/// The device name for `count` replicas of `res` on `d`'s unit: `<unit uuid>-<hard MiB>mib-x<count>`
-/// (CDI device names allow letters, digits, `-`, `_`, `.`, `:`).
-pub fn device_name(d: &VirtualDevice, hard_mib: u64, count: u32) -> String {
-    format!("{}-{hard_mib}mib-x{count}", d.gpu_uuid)
+/// The device name for `count` replicas of a resource with limits `m` on `d`'s unit:
+/// `<unit uuid>-<hard MiB>mib-x<count>`, and `-<tag>` where the resource has a
+/// [`PlannedMemory::name_tag`] (another memory-limited resource of a unit has the same size);
+/// CDI device names allow letters, digits, `-`, `_`, `.`, `:`.
+pub fn device_name(d: &VirtualDevice, m: &PlannedMemory, count: u32) -> String {
+    let hard_mib = m.limits.hard_mib;
+    match &m.name_tag {
+        None => format!("{}-{hard_mib}mib-x{count}", d.gpu_uuid),
+        Some(tag) => format!("{}-{hard_mib}mib-x{count}-{tag}", d.gpu_uuid),
+    }
 }
 
 /// The fully qualified name Allocate returns for `count` replicas of `res` on `d`'s unit, or
@@ -56,7 +73,7 @@ pub fn device_name(d: &VirtualDevice, hard_mib: u64, count: u32) -> String {
 pub fn qualified_name(res: &ResourcePlan, d: &VirtualDevice, count: u32) -> Option<String> {
     let m = res.memory.as_ref()?;
     m.enforced(d)
-        .then(|| format!("{KIND}={}", device_name(d, m.limits.hard_mib, count)))
+        .then(|| format!("{KIND}={}", device_name(d, m, count)))
 }
 
 #[derive(Serialize)]
@@ -88,6 +105,8 @@ struct Hook {
     args: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     env: Vec<String>,
+    /// Seconds the runtime lets the hook run ([`HOOK_TIMEOUT_SECONDS`]).
+    timeout: u32,
 }
 
 /// The CDI `createContainer` hook entry that sets `hard_mib`/`soft_mib` (0: none) on GPU
@@ -121,10 +140,11 @@ fn hook_entry(
         path: path_string(&hook.binary),
         args,
         env: hook.env.clone(),
+        timeout: HOOK_TIMEOUT_SECONDS,
     }
 }
 
-/// [`hook_entry`] as a CDI spec's JSON (`{"hookName", "path", "args", "env"}`), for specs
+/// [`hook_entry`] as a CDI spec's JSON (`{"hookName", "path", "args", "env", "timeout"}`), for specs
 /// written elsewhere (a DRA claim's share: [`crate::dra::prepare`]).
 pub fn hook(
     hook: &HookConfig,
@@ -159,9 +179,9 @@ pub fn spec(plan: &Plan, hook: &HookConfig) -> Option<String> {
                 let hard = m.limits.hard_mib * u64::from(k);
                 let soft = m.limits.soft_mib.unwrap_or(0) * u64::from(k);
                 devices.push(Device {
-                    name: device_name(d, m.limits.hard_mib, k),
+                    name: device_name(d, m, k),
                     container_edits: Edits {
-                        env: vec![format!("SLICELET_GPU_MEMORY_LIMIT_MIB={hard}")],
+                        env: vec![format!("{LIMIT_ENV}={hard}")],
                         hooks: vec![hook_entry(hook, &d.gpu_uuid, hard, soft, m.limits.enforce)],
                     },
                 });

@@ -338,7 +338,7 @@ fn a_directory_is_read_within_its_byte_budget() {
         );
     }
     let one = std::fs::metadata(dir.join("0.yaml")).unwrap().len();
-    let index = read_specs_within(std::slice::from_ref(&dir), one * 2 + one / 2);
+    let index = read_specs_within(std::slice::from_ref(&dir), one * 2 + one / 2, MAX_DIR_NAMES);
     assert_eq!(index.files, 2);
     assert_eq!(index.errors, vec![SpecError::TooMany { dir: dir.clone() }]);
     assert!(index.resolve("nvidia.com/gpu=1").is_ok());
@@ -358,4 +358,62 @@ fn a_huge_bad_scalar_is_quoted_short() {
         assert!(msg.len() < 1_000, "{file}: {} bytes", msg.len());
         assert!(msg.contains(file), "{msg}");
     }
+}
+
+/// A valid YAML spec of at least `bytes`, its devices named `<prefix>-<n>`.
+fn big_spec(prefix: &str, bytes: usize) -> String {
+    let mut text = String::from("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n");
+    let mut n = 0;
+    while text.len() < bytes {
+        text.push_str(&format!(
+            "  - name: {prefix}-{n}\n    containerEdits:\n      deviceNodes:\n        - path: /dev/nvidia{n}\n"
+        ));
+        n += 1;
+    }
+    text
+}
+
+/// A valid spec larger than [`MAX_SPEC_BYTES`] (1 MiB; 1.5 MiB here: twelve specs of 4 MiB,
+/// which the old limit let through, took about 0.2 GB of resident memory to index) is refused
+/// naming its path, and the specs beside it are still read; one within the limit is read.
+#[test]
+fn a_valid_spec_over_the_size_limit_is_refused_with_its_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    let mib = 1024 * 1024;
+    write(&dir, "a-large.yaml", &big_spec("large", mib + mib / 2));
+    write(&dir, "b-fits.yaml", &big_spec("fits", mib - 200));
+    write(&dir, "c-small.yaml", &yaml_spec("nvidia.com/gpu", &["0"]));
+    let index = read_specs(std::slice::from_ref(&dir));
+    let errors: Vec<String> = index.errors.iter().map(ToString::to_string).collect();
+    let large = dir.join("a-large.yaml");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains(&large.display().to_string()) && errors[0].contains("larger than"),
+        "{errors:?}"
+    );
+    assert_eq!(index.files, 2);
+    assert!(index.resolve("nvidia.com/gpu=0").is_ok());
+    assert!(index.resolve("nvidia.com/gpu=fits-0").is_ok());
+    assert!(index.resolve("nvidia.com/gpu=large-0").is_err());
+    // One path per file read, not one per name.
+    assert_eq!(index.paths.len(), 2);
+    assert!(index.names() > 1000, "{}", index.names());
+}
+
+/// The read is bounded by device names per directory too: a spec that would pass the count
+/// and the rest of the directory are reported and skipped.
+#[test]
+fn a_directory_is_read_within_its_name_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cdi");
+    write(&dir, "0.yaml", &yaml_spec("nvidia.com/gpu", &["0", "1"]));
+    write(&dir, "1.yaml", &yaml_spec("nvidia.com/gpu", &["2", "3"]));
+    write(&dir, "2.yaml", &yaml_spec("nvidia.com/gpu", &["4"]));
+    let index = read_specs_within(std::slice::from_ref(&dir), MAX_DIR_BYTES, 3);
+    assert_eq!(index.files, 1);
+    assert_eq!(index.errors, vec![SpecError::TooMany { dir: dir.clone() }]);
+    assert!(index.resolve("nvidia.com/gpu=1").is_ok());
+    assert!(index.resolve("nvidia.com/gpu=2").is_err());
+    assert!(index.errors[0].to_string().contains("16384 device names"));
 }

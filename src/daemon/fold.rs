@@ -114,6 +114,10 @@ pub enum Action {
     PolicyApplied(u64),
     /// A policy was rejected (metrics).
     PolicyRejected,
+    /// Why a device is Unhealthy changed while the plan did not (a later Xid of another
+    /// number, another condition taking over): rebuild what shows the cause (DRA's device
+    /// taints and health stream) from the last plan.
+    Causes,
 }
 
 /// The environment the state is built with: NVIDIA's health variables, as read at start.
@@ -176,6 +180,8 @@ pub struct State {
     in_use_wanted: bool,
     /// The next plan may withdraw devices: what is in use was read after the change.
     in_use_fresh: bool,
+    /// The tracker's causes and reasons when last published ([`Tracker::conditions`]).
+    conditions: BTreeMap<String, (crate::health::Cause, String)>,
 }
 
 impl State {
@@ -209,6 +215,7 @@ impl State {
             in_use_error: None,
             in_use_wanted: false,
             in_use_fresh: false,
+            conditions: BTreeMap::new(),
         }
     }
 
@@ -265,6 +272,14 @@ impl State {
                 }
             }
             Input::Mps(ev) => self.mps_event(ev, now, &mut out),
+        }
+        // A plan is published with the causes of now; without one, say when they changed.
+        let conditions = self.tracker.conditions();
+        if conditions != self.conditions {
+            self.conditions = conditions;
+            if !out.iter().any(|a| matches!(a, Action::Publish(_))) {
+                out.push(Action::Causes);
+            }
         }
         out
     }

@@ -11,6 +11,10 @@
 //!   ([`super::slices::published`]: a DRA resource's device, by its DNS-label name) that is
 //!   Healthy, and that no other prepared claim holds: a whole GPU, a MIG device and one
 //!   replica are each one device, held by one claim at a time.
+//! - A consumable-capacity device is shared instead: each allocation result naming it is one
+//!   share (its `shareID` and `consumedCapacity`), recorded and answered on its own, and all
+//!   of the claim's shares of the device together must fit what the other prepared claims'
+//!   shares leave of it (a claim may hold two: two requests, or `count: 2`).
 //! - The container edits are what the device plugin's Allocate gives a container for the same
 //!   devices ([`crate::allocate::allocate`], per resource, merged): `NVIDIA_VISIBLE_DEVICES`
 //!   and `CUDA_VISIBLE_DEVICES` with each GPU or MIG UUID once however many replicas of it the
@@ -93,9 +97,9 @@ pub struct PreparedDevice {
 pub struct Share {
     /// `status.allocation.devices.results[].shareID` (empty when the API gave none).
     pub id: String,
-    /// Memory, MiB (rounded up).
+    /// Memory, MiB (the consumed quantity rounded up to whole MiB).
     pub memory_mib: u64,
-    /// Percent of the unit's SMs.
+    /// Percent of the unit's SMs (a whole number from 1 to 100).
     pub cores: u32,
 }
 
@@ -209,15 +213,16 @@ pub enum PrepareError {
         /// The claim holding it.
         holder: String,
     },
-    /// A share that does not fit what the device has left (the other prepared shares and this
-    /// one ask for more memory or cores than the unit has).
-    #[error("claim {claim}: device {device}: the share asks {want}, but the unit has {total} and other prepared claims hold {used} (the policy may have changed since scheduling)")]
+    /// The claim's shares of a device do not fit what it has left (the other prepared shares
+    /// and the claim's, together, ask for more memory or cores than the unit has).
+    #[error("claim {claim}: device {device}: the claim asks {want}, but the unit has {total} and other prepared claims hold {used} (the policy may have changed since scheduling)")]
     ShareDoesNotFit {
         /// The claim (`namespace/name (uid)`).
         claim: String,
         /// The device.
         device: String,
-        /// What this share asks, e.g. `20480 MiB of memory`.
+        /// What the claim's shares of the device ask together, e.g. `20480 MiB of memory` or
+        /// `46080 MiB of memory in 2 shares`.
         want: String,
         /// The unit's capacity, e.g. `81559 MiB`.
         total: String,
@@ -237,6 +242,22 @@ pub enum PrepareError {
         value: String,
         /// What it should be.
         unit: &'static str,
+    },
+    /// A consumed capacity outside the `validRange` the slice publishes for it (memory at
+    /// least 1Mi; cores a whole percent from 1 to 100): the scheduler allocates no such share,
+    /// so it is refused rather than rounded into one (a 0 MiB or 0 % share).
+    #[error("claim {claim}: device {device}: consumedCapacity {name} {value:?} is outside the slice's validRange ({range})")]
+    CapacityOutOfRange {
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
+        /// The device.
+        device: String,
+        /// The capacity's name.
+        name: String,
+        /// The value, cut to 64 characters.
+        value: String,
+        /// The range published, e.g. `1 to 100 in steps of 1`.
+        range: String,
     },
     /// Allocate refused the devices (MPS replicas of two GPUs, say).
     #[error("claim {claim}: {source}")]
@@ -373,6 +394,8 @@ pub fn prepare(
         }
     }
     let mut devices: Vec<PreparedDevice> = Vec::new();
+    // Each consumable-capacity device of the claim → its unit's memory, MiB.
+    let mut capacity_mib: BTreeMap<&str, u64> = BTreeMap::new();
     let mut per_resource: BTreeMap<&str, (&ResourcePlan, Vec<String>)> = BTreeMap::new();
     for r in results {
         if r.pool != node {
@@ -406,21 +429,30 @@ pub fn prepare(
             });
         }
         let share = match res.capacity {
-            Some(c) => Some(share_of(want, r, d, c, ctx.inventory, held)?),
+            Some(c) => {
+                let total_mib = super::slices::unit_memory_mib(d, ctx.inventory).unwrap_or(0);
+                capacity_mib.insert(r.device.as_str(), total_mib);
+                Some(share_of(want, r, c, total_mib)?)
+            }
             None => None,
         };
-        // One device allocated for two requests (subrequests) is one device with two names.
-        if let Some(p) = devices.iter_mut().find(|p| p.device == r.device) {
-            if !p.requests.contains(&r.request) {
-                p.requests.push(r.request.clone());
+        // One device allocated for two requests (subrequests) is one device with two names;
+        // each result on a consumable-capacity device is a share of its own, with its own ID.
+        if share.is_none() {
+            if let Some(p) = devices.iter_mut().find(|p| p.device == r.device) {
+                if !p.requests.contains(&r.request) {
+                    p.requests.push(r.request.clone());
+                }
+                continue;
             }
-            continue;
         }
-        per_resource
+        let ids = &mut per_resource
             .entry(res.name.as_str())
             .or_insert_with(|| (res, Vec::new()))
-            .1
-            .push(d.id.clone());
+            .1;
+        if !ids.contains(&d.id) {
+            ids.push(d.id.clone());
+        }
         devices.push(PreparedDevice {
             requests: vec![r.request.clone()],
             pool: r.pool.clone(),
@@ -430,6 +462,9 @@ pub fn prepare(
             id: d.id.clone(),
             share,
         });
+    }
+    for (&device, &total_mib) in &capacity_mib {
+        check_fit(want, device, total_mib, &devices, held)?;
     }
     let mut edits = Edits::default();
     for (res, ids) in per_resource.values() {
@@ -465,68 +500,135 @@ pub fn prepare(
     })
 }
 
-/// A capacity quantity as MiB, rounded up (`20Gi` → 20480; `1.5Gi` → 1536; bytes → MiB).
-fn quantity_mib(q: &str) -> Option<u64> {
-    let bytes = crate::policy::quantity::parse_bytes(q).ok()?;
-    let mib = bytes.div_ceil(crate::policy::quantity::MIB);
-    u64::try_from(mib).ok()
+/// Why a consumed capacity is not taken.
+enum BadQuantity {
+    /// Not a Kubernetes quantity.
+    NotAQuantity,
+    /// A quantity outside the published `validRange`.
+    OutOfRange,
 }
 
-/// A `cores` quantity as a whole percent (`25`; `250m` rounds up to 1).
-fn quantity_cores(q: &str) -> Option<u32> {
-    let milli = match q.strip_suffix('m') {
-        Some(m) => m.parse::<u128>().ok()?,
-        None => crate::policy::quantity::parse_bytes(q)
-            .ok()?
-            .saturating_mul(1000),
+/// A consumed `memory` quantity as whole MiB, rounded up (`20Gi` → 20480, `1.5Mi` → 2), when
+/// it lies in the slice's `validRange` (at least [`super::slices::MEMORY_MIN_MIB`] MiB,
+/// compared exactly before rounding: `0.5`, `1e-3` and `1048575` bytes are below it).
+fn quantity_mib(q: &str) -> Result<u64, BadQuantity> {
+    use crate::policy::quantity::{parse_fraction, QuantityError, MIB};
+    let f = match parse_fraction(q) {
+        Ok(f) => f,
+        Err(QuantityError::NotAQuantity(_)) => return Err(BadQuantity::NotAQuantity),
+        Err(_) => return Err(BadQuantity::OutOfRange),
     };
-    u32::try_from(milli.div_ceil(1000)).ok()
+    if f.floor() < u128::from(super::slices::MEMORY_MIN_MIB) * MIB {
+        return Err(BadQuantity::OutOfRange);
+    }
+    u64::try_from(f.ceil().div_ceil(MIB)).map_err(|_| BadQuantity::OutOfRange)
 }
 
-/// The share allocation `r` holds of capacity device `d` (of `res`, `c`): the consumed
-/// capacity the scheduler recorded (the capacity's default share where it recorded none),
-/// checked against what the unit has left after the other prepared claims' shares.
+/// A consumed `cores` quantity as a percent, when it lies in the slice's `validRange`: a whole
+/// number from [`super::slices::CORES_MIN`] to [`super::slices::CORES_MAX`] (step 1; `1000m`
+/// is 1, `250m` and `0.9` are refused, never rounded).
+fn quantity_cores(q: &str) -> Result<u32, BadQuantity> {
+    use super::slices::{CORES_MAX, CORES_MIN, CORES_STEP};
+    use crate::policy::quantity::{parse_fraction, QuantityError};
+    let f = match parse_fraction(q) {
+        Ok(f) => f,
+        Err(QuantityError::NotAQuantity(_)) => return Err(BadQuantity::NotAQuantity),
+        Err(_) => return Err(BadQuantity::OutOfRange),
+    };
+    let v = f.floor();
+    if !f.is_whole()
+        || v < u128::from(CORES_MIN)
+        || v > u128::from(CORES_MAX)
+        || !(v - u128::from(CORES_MIN)).is_multiple_of(u128::from(CORES_STEP))
+    {
+        return Err(BadQuantity::OutOfRange);
+    }
+    u32::try_from(v).map_err(|_| BadQuantity::OutOfRange)
+}
+
+/// The share allocation `r` holds of a capacity device (of a resource with `c`, on a unit of
+/// `total_mib` MiB): the consumed capacity the scheduler recorded (the capacity's default
+/// share where it recorded none). Whether it fits is [`check_fit`]'s, over all of the claim's
+/// shares of the device.
 fn share_of(
     want: &ClaimRef,
     r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
-    d: &VirtualDevice,
     c: CapacityPlan,
-    inventory: &Inventory,
-    held: &Held,
+    total_mib: u64,
 ) -> Result<Share, PrepareError> {
-    let total_mib = super::slices::unit_memory_mib(d, inventory).unwrap_or(0);
     let shares = u64::from(c.shares.max(1));
     let consumed = r.consumed_capacity.as_ref();
     let get = |name: &str| consumed.and_then(|m| m.get(name)).map(|q| q.0.as_str());
-    let bad = |name: &str, value: &str, unit| PrepareError::BadCapacity {
-        claim: want.to_string(),
-        device: r.device.clone(),
-        name: name.to_string(),
-        value: value.chars().take(64).collect(),
-        unit,
+    let bad = |name: &str, value: &str, why: BadQuantity, unit, range: String| match why {
+        BadQuantity::NotAQuantity => PrepareError::BadCapacity {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            name: name.to_string(),
+            value: value.chars().take(64).collect(),
+            unit,
+        },
+        BadQuantity::OutOfRange => PrepareError::CapacityOutOfRange {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            name: name.to_string(),
+            value: value.chars().take(64).collect(),
+            range,
+        },
     };
     let memory_mib = match get(super::slices::MEMORY) {
-        Some(v) => quantity_mib(v).ok_or_else(|| bad(super::slices::MEMORY, v, "bytes"))?,
-        None => (total_mib / shares).max(1),
+        Some(v) => quantity_mib(v).map_err(|why| {
+            let range = format!("at least {}Mi", super::slices::MEMORY_MIN_MIB);
+            bad(super::slices::MEMORY, v, why, "bytes", range)
+        })?,
+        None => (total_mib / shares).max(super::slices::MEMORY_MIN_MIB),
     };
     let cores = match get(super::slices::CORES) {
-        Some(v) => quantity_cores(v)
-            .filter(|c| *c <= 100)
-            .ok_or_else(|| bad(super::slices::CORES, v, "percent (1-100)"))?,
-        None => (100 / c.shares.max(1)).max(1),
+        Some(v) => quantity_cores(v).map_err(|why| {
+            use super::slices::{CORES_MAX, CORES_MIN, CORES_STEP};
+            let range = format!("{CORES_MIN} to {CORES_MAX} in steps of {CORES_STEP}");
+            bad(super::slices::CORES, v, why, "percent", range)
+        })?,
+        None => (super::slices::CORES_MAX / c.shares.max(1)).max(super::slices::CORES_MIN),
     };
+    Ok(Share {
+        id: r.share_id.clone().unwrap_or_default(),
+        memory_mib,
+        cores,
+    })
+}
+
+/// Whether the claim's shares of capacity device `device` (a unit of `total_mib` MiB and 100 %
+/// of the cores), all of them together, fit what the other prepared claims' shares leave.
+fn check_fit(
+    want: &ClaimRef,
+    device: &str,
+    total_mib: u64,
+    devices: &[PreparedDevice],
+    held: &Held,
+) -> Result<(), PrepareError> {
+    let mine: Vec<&Share> = devices
+        .iter()
+        .filter(|p| p.device == device)
+        .filter_map(|p| p.share.as_ref())
+        .collect();
+    let memory_mib: u64 = mine.iter().map(|s| s.memory_mib).sum();
+    let cores: u32 = mine.iter().map(|s| s.cores).sum();
     let others = held
         .shares
-        .get(&r.device)
+        .get(device)
         .map(Vec::as_slice)
         .unwrap_or_default();
     let used_mib: u64 = others.iter().map(|(_, s)| s.memory_mib).sum();
     let used_cores: u32 = others.iter().map(|(_, s)| s.cores).sum();
+    let in_shares = match mine.len() {
+        1 => String::new(),
+        n => format!(" in {n} shares"),
+    };
     if used_mib.saturating_add(memory_mib) > total_mib {
         return Err(PrepareError::ShareDoesNotFit {
             claim: want.to_string(),
-            device: r.device.clone(),
-            want: format!("{memory_mib} MiB of memory"),
+            device: device.to_string(),
+            want: format!("{memory_mib} MiB of memory{in_shares}"),
             total: format!("{total_mib} MiB"),
             used: format!("{used_mib} MiB"),
         });
@@ -534,17 +636,13 @@ fn share_of(
     if used_cores.saturating_add(cores) > 100 {
         return Err(PrepareError::ShareDoesNotFit {
             claim: want.to_string(),
-            device: r.device.clone(),
-            want: format!("{cores} % of the cores"),
+            device: device.to_string(),
+            want: format!("{cores} % of the cores{in_shares}"),
             total: "100 %".to_string(),
             used: format!("{used_cores} %"),
         });
     }
-    Ok(Share {
-        id: r.share_id.clone().unwrap_or_default(),
-        memory_mib,
-        cores,
-    })
+    Ok(())
 }
 
 /// A claim holding shares of `device`'s unit, when `device` is not itself a capacity device
@@ -588,6 +686,21 @@ pub fn reserved_pods(claim: &ResourceClaim) -> Vec<ReservedPod> {
     out
 }
 
+/// A claim's shares of one GPU, summed ([`Edits::apply_shares`]).
+#[derive(Debug, Default)]
+struct GpuShares<'a> {
+    /// The GPU's (or MIG device's) UUID.
+    gpu: &'a str,
+    /// The shares' memory, MiB.
+    memory_mib: u64,
+    /// The shares' cores, percent of the unit's SMs.
+    cores: u32,
+    /// Whether the shares are of an MPS device (the client's limits are theirs).
+    mps: bool,
+    /// Whether the driver takes a memory limit for the GPU and the hook is installed.
+    limited: bool,
+}
+
 /// The merged container edits of a claim.
 #[derive(Debug, Default)]
 struct Edits {
@@ -600,17 +713,21 @@ struct Edits {
 }
 
 impl Edits {
-    /// A claim's shares of consumable-capacity devices: on an MPS device the share's cores
-    /// and memory become its client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
-    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the daemon's defaults are the whole unit, so the
+    /// A claim's shares of consumable-capacity devices, summed per GPU (a claim may hold
+    /// several shares of one GPU: two requests, or `count: 2`): on an MPS device the sum of
+    /// its shares' cores and memory become its client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+    /// and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the daemon's defaults are the whole unit, so the
     /// client's own values are what hold); on a node whose driver partitions memory per cgroup
-    /// the share's memory is also the container's hard limit, set by slicelet's hook.
-    /// `SLICELET_GPU_SHARE_MEMORY_MIB` / `SLICELET_GPU_SHARE_CORES` tell the workload its share
-    /// whatever the mode (time-slicing only accounts for them).
+    /// the sum of a GPU's shares' memory is also the container's hard limit there, set by one
+    /// hook per GPU (NVML keeps one limit per GPU and cgroup), and
+    /// `SLICELET_GPU_MEMORY_LIMIT_MIB` says it (MiB; set where every limited GPU of
+    /// the claim has the same limit). `SLICELET_GPU_SHARE_MEMORY_MIB` (MiB) /
+    /// `SLICELET_GPU_SHARE_CORES` (percent) tell the workload all its shares whatever the mode
+    /// (time-slicing only accounts for them).
     fn apply_shares(&mut self, devices: &[PreparedDevice], ctx: &Context<'_>) {
         let mut memory = 0u64;
         let mut cores = 0u32;
-        let mut hooks = Vec::new();
+        let mut per_gpu: Vec<GpuShares<'_>> = Vec::new();
         for p in devices {
             let Some(s) = &p.share else { continue };
             memory = memory.saturating_add(s.memory_mib);
@@ -619,26 +736,44 @@ impl Edits {
                 continue;
             };
             let Some(d) = res.device(&p.id) else { continue };
-            if res.strategy == Strategy::Mps {
+            let g = match per_gpu.iter().position(|g| g.gpu == d.gpu_uuid) {
+                Some(i) => &mut per_gpu[i],
+                None => {
+                    per_gpu.push(GpuShares {
+                        gpu: &d.gpu_uuid,
+                        ..GpuShares::default()
+                    });
+                    per_gpu.last_mut().expect("just pushed")
+                }
+            };
+            g.memory_mib = g.memory_mib.saturating_add(s.memory_mib);
+            g.cores = g.cores.saturating_add(s.cores);
+            g.mps |= res.strategy == Strategy::Mps;
+            g.limited |= ctx.memory_hook.is_some()
+                && crate::plan::memory::unenforceable(ctx.inventory, d, true, true).is_none();
+        }
+        let mut hooks = Vec::new();
+        let mut limits: Vec<u64> = Vec::new();
+        for g in &per_gpu {
+            if g.mps {
                 self.env.insert(
                     allocate::CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.to_string(),
-                    s.cores.to_string(),
+                    g.cores.to_string(),
                 );
                 self.env.insert(
                     allocate::CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.to_string(),
-                    format!("0={}M", s.memory_mib),
+                    format!("0={}M", g.memory_mib),
                 );
             }
-            if let Some(hook) = ctx.memory_hook {
-                if crate::plan::memory::unenforceable(ctx.inventory, d, true, true).is_none() {
-                    hooks.push(crate::cdi::memory::hook(
-                        hook,
-                        &d.gpu_uuid,
-                        s.memory_mib,
-                        0,
-                        crate::policy::Enforce::Required,
-                    ));
-                }
+            if let (true, Some(config)) = (g.limited, ctx.memory_hook) {
+                hooks.push(crate::cdi::memory::hook(
+                    config,
+                    g.gpu,
+                    g.memory_mib,
+                    0,
+                    crate::policy::Enforce::Required,
+                ));
+                limits.push(g.memory_mib);
             }
         }
         if memory > 0 {
@@ -648,6 +783,12 @@ impl Edits {
             );
             self.env
                 .insert("SLICELET_GPU_SHARE_CORES".to_string(), cores.to_string());
+        }
+        if let Some(&first) = limits.first() {
+            if limits.iter().all(|&l| l == first) {
+                self.env
+                    .insert(crate::cdi::memory::LIMIT_ENV.to_string(), first.to_string());
+            }
         }
         self.hooks = hooks;
     }

@@ -385,6 +385,16 @@ pub const MEMORY: &str = "memory";
 /// The capacity name of a unit's SMs, percent (`100` for the whole unit).
 pub const CORES: &str = "cores";
 
+/// The least `memory` a share may consume, MiB: the `validRange.min` published (`1Mi`; no
+/// step: a claim's size is rounded up to whole MiB where it is prepared).
+pub const MEMORY_MIN_MIB: u64 = 1;
+/// The least `cores` a share may consume, percent: `validRange.min`.
+pub const CORES_MIN: u32 = 1;
+/// The most `cores` a share may consume, percent: `validRange.max` (the whole unit).
+pub const CORES_MAX: u32 = 100;
+/// The step of `cores`, percent: `validRange.step` (whole percents only).
+pub const CORES_STEP: u32 = 1;
+
 /// The `memory` and `cores` capacities of a consumable-capacity unit of `memory_mib` MiB
 /// shared by default `shares` ways (see the module docs): memory `<MiB>Mi`, default
 /// `<MiB / shares>Mi`, valid from `1Mi`; cores `100`, default `100 / shares` (at least 1),
@@ -399,7 +409,7 @@ pub fn capacities(memory_mib: u64, shares: u32) -> BTreeMap<String, DeviceCapaci
                 (memory_mib / u64::from(shares)).max(1)
             ))),
             valid_range: Some(CapacityRequestPolicyRange {
-                min: Quantity("1Mi".to_string()),
+                min: Quantity(format!("{MEMORY_MIN_MIB}Mi")),
                 max: None,
                 step: None,
             }),
@@ -407,13 +417,13 @@ pub fn capacities(memory_mib: u64, shares: u32) -> BTreeMap<String, DeviceCapaci
         }),
     };
     let cores = DeviceCapacity {
-        value: Quantity("100".to_string()),
+        value: Quantity(CORES_MAX.to_string()),
         request_policy: Some(CapacityRequestPolicy {
-            default: Some(Quantity((100 / shares).max(1).to_string())),
+            default: Some(Quantity((CORES_MAX / shares).max(CORES_MIN).to_string())),
             valid_range: Some(CapacityRequestPolicyRange {
-                min: Quantity("1".to_string()),
-                max: Some(Quantity("100".to_string())),
-                step: Some(Quantity("1".to_string())),
+                min: Quantity(CORES_MIN.to_string()),
+                max: Some(Quantity(CORES_MAX.to_string())),
+                step: Some(Quantity(CORES_STEP.to_string())),
             }),
             valid_values: None,
         }),

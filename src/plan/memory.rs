@@ -30,6 +30,12 @@ pub struct PlannedMemory {
     /// Physical unit (GPU or MIG UUID) → why its limit cannot be enforced (only under
     /// `best-effort`; under `required` such a unit is a plan error).
     pub unenforced: BTreeMap<String, String>,
+    /// What the resource's memory devices carry in their CDI names beside the unit, size and
+    /// count ([`name_tag`] of its name), when another memory-limited resource of one of its
+    /// units has the same `hard` size (their devices would share names: a spec with a name
+    /// twice is refused whole, and the kubelet gives a container each name once); `None`
+    /// otherwise, so names stay as they were.
+    pub name_tag: Option<String>,
 }
 
 impl PlannedMemory {
@@ -66,6 +72,48 @@ pub fn unenforceable(
     None
 }
 
+/// The resource name `name` as a part of a CDI device name: `/` and anything else a CDI name
+/// does not take written `_` (`nvidia.com/gpu-10gb` → `nvidia.com_gpu-10gb`).
+pub fn name_tag(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Gives a [`PlannedMemory::name_tag`] to every memory-limited resource that has the same
+/// `hard` size as another on one of its units.
+fn tag_shared_sizes(resources: &mut BTreeMap<String, std::sync::Arc<ResourcePlan>>) {
+    let mut sizes: BTreeMap<(&str, u64), std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (name, res) in resources.iter() {
+        let Some(m) = &res.memory else { continue };
+        for d in &res.devices {
+            sizes
+                .entry((d.gpu_uuid.as_str(), m.limits.hard_mib))
+                .or_default()
+                .insert(name.as_str());
+        }
+    }
+    let shared: std::collections::BTreeSet<String> = sizes
+        .into_values()
+        .filter(|names| names.len() > 1)
+        .flatten()
+        .map(str::to_string)
+        .collect();
+    for name in shared {
+        if let Some(res) = resources.get_mut(&name) {
+            if let Some(m) = &mut std::sync::Arc::make_mut(res).memory {
+                m.name_tag = Some(name_tag(&name));
+            }
+        }
+    }
+}
+
 /// Marks each resource of `limits` (advertised name → entry path and limits) with its
 /// memory limits and the units that cannot enforce them; then checks that on every physical
 /// unit the hard limits of all its devices sum to at most the unit's memory.
@@ -89,6 +137,7 @@ pub(super) fn apply(
             entry: entry.clone(),
             limits: *l,
             unenforced: BTreeMap::new(),
+            name_tag: None,
         };
         let cdi = res.delivery.strategies.uses_cdi();
         for d in &res.devices {
@@ -115,6 +164,7 @@ pub(super) fn apply(
         }
         res.memory = Some(planned);
     }
+    tag_shared_sizes(resources);
     check_fits(resources, inventory)
 }
 

@@ -39,6 +39,83 @@ pub enum QuantityError {
 /// # Errors
 /// [`QuantityError`] naming `text` and what is wrong with it.
 pub fn parse_bytes(text: &str) -> Result<u128, QuantityError> {
+    let p = parts(text)?;
+    if p.exp >= 0 {
+        p.numerator
+            .checked_mul(pow10(text, p.exp)?)
+            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
+    } else {
+        // A huge negative exponent just means "less than one byte".
+        Ok(pow10(text, p.exp).map_or(0, |d| p.numerator / d))
+    }
+}
+
+/// A quantity as an exact fraction: `numerator / denominator` (the denominator a power of
+/// ten, 1 for a whole number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fraction {
+    /// The numerator.
+    pub numerator: u128,
+    /// The denominator (at least 1).
+    pub denominator: u128,
+}
+
+impl Fraction {
+    /// The value rounded down.
+    pub fn floor(self) -> u128 {
+        self.numerator / self.denominator
+    }
+
+    /// The value rounded up.
+    pub fn ceil(self) -> u128 {
+        self.numerator.div_ceil(self.denominator)
+    }
+
+    /// Whether the value is a whole number.
+    pub fn is_whole(self) -> bool {
+        self.numerator.is_multiple_of(self.denominator)
+    }
+}
+
+/// Parses a quantity exactly (`250m` is 250/1000, `1.5Gi` 1610612736/1; any quantity, not only
+/// bytes): for checks that must not round first, such as a range's bounds.
+///
+/// # Errors
+/// [`QuantityError`] naming `text`; [`QuantityError::TooSmall`] also for a fraction whose
+/// denominator does not fit 128 bits (below 10^-38).
+pub fn parse_fraction(text: &str) -> Result<Fraction, QuantityError> {
+    let p = parts(text)?;
+    if p.exp >= 0 {
+        let numerator = p
+            .numerator
+            .checked_mul(pow10(text, p.exp)?)
+            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))?;
+        return Ok(Fraction {
+            numerator,
+            denominator: 1,
+        });
+    }
+    let denominator = pow10(text, p.exp).map_err(|_| QuantityError::TooSmall(text.to_string()))?;
+    Ok(Fraction {
+        numerator: p.numerator,
+        denominator,
+    })
+}
+
+/// A quantity's value as `numerator × 10^exp`.
+struct Parts {
+    numerator: u128,
+    exp: i32,
+}
+
+/// 10^|e|, or [`QuantityError::TooLarge`] when it does not fit 128 bits.
+fn pow10(text: &str, e: i32) -> Result<u128, QuantityError> {
+    10u128
+        .checked_pow(e.unsigned_abs())
+        .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
+}
+
+fn parts(text: &str) -> Result<Parts, QuantityError> {
     let bad = || QuantityError::NotAQuantity(text.to_string());
     let s = text.strip_prefix('+').unwrap_or(text);
     if s.starts_with('-') {
@@ -94,23 +171,11 @@ pub fn parse_bytes(text: &str) -> Result<u128, QuantityError> {
     let exp = exp10
         .checked_sub(frac_len)
         .ok_or_else(|| QuantityError::TooSmall(text.to_string()))?;
-    let pow = |e: i32| -> Result<u128, QuantityError> {
-        10u128
-            .checked_pow(e.unsigned_abs())
-            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
-    };
     let numerator = mantissa
         .checked_shl(binary)
         .filter(|v| v >> binary == mantissa)
         .ok_or_else(|| QuantityError::TooLarge(text.to_string()))?;
-    if exp >= 0 {
-        numerator
-            .checked_mul(pow(exp)?)
-            .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
-    } else {
-        // A huge negative exponent just means "less than one byte".
-        Ok(pow(exp).map_or(0, |d| numerator / d))
-    }
+    Ok(Parts { numerator, exp })
 }
 
 /// Bytes in a MiB.
@@ -147,6 +212,30 @@ mod tests {
         for (text, bytes) in cases {
             assert_eq!(parse_bytes(text), Ok(*bytes), "{text}");
         }
+    }
+
+    #[test]
+    fn fractions_are_exact() {
+        let f = |t: &str| parse_fraction(t).unwrap();
+        assert_eq!(
+            f("250m"),
+            Fraction {
+                numerator: 250,
+                denominator: 1000
+            }
+        );
+        assert_eq!(f("1.5Gi").floor(), 3 * (1u128 << 30) / 2);
+        assert!(f("1.5Gi").is_whole());
+        assert!(!f("0.9").is_whole());
+        assert!(f("1000m").is_whole() && f("1000m").floor() == 1);
+        assert!(f("1e0").is_whole() && f("1e0").floor() == 1);
+        assert_eq!((f("1e-3").floor(), f("1e-3").ceil()), (0, 1));
+        assert_eq!(f("0").ceil(), 0);
+        assert!(matches!(
+            parse_fraction("1e-39"),
+            Err(QuantityError::TooSmall(_))
+        ));
+        assert!(parse_fraction("lots").is_err());
     }
 
     #[test]

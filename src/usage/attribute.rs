@@ -49,7 +49,8 @@
 //! GPU memory limits: a container holding devices of a resource with `memory` limits gets
 //! [`ContainerFigures::memory_limit`]: the policy's limits times the replicas it holds on the
 //! unit, and whether they hold, read back (by the sampler, through NVML) for the cgroups of
-//! its processes on the GPU. Not assumed: with no process on the GPU yet, its cgroup is not
+//! its processes on the GPU: the sum of its limits there over all its enforced resources (one
+//! hook each, which add up: NVML keeps one limit per GPU and cgroup). Not assumed: with no process on the GPU yet, its cgroup is not
 //! known and `enforced` is `None`; where the plan serves the unit unenforced, or the GPU takes
 //! no limits, it is `Some(false)`.
 //!
@@ -170,15 +171,10 @@ pub struct ContainerLimit {
 
 const MIB: u64 = 1024 * 1024;
 
-/// The limit of a container holding `ids` of `resource` on `gpu` (a [`GpuSample`]), its
-/// processes' cgroups being `cgroups`; `None` when the resource has no memory limits.
-fn limit_of(
-    plan: &Plan,
-    resource: &str,
-    ids: &[String],
-    gpu: &GpuSample,
-    cgroups: Option<&BTreeSet<String>>,
-) -> Option<ContainerLimit> {
+/// The limits the policy gives a container holding `ids` of `resource` (its entry's sizes
+/// times the replicas), before NVML is asked: `(hard bytes, soft bytes, whether the plan
+/// enforces them on the unit)`; `None` when the resource has no memory limits.
+fn own_limit(plan: &Plan, resource: &str, ids: &[String]) -> Option<(u64, Option<u64>, bool)> {
     let res = plan.resources.get(resource)?;
     let m = res.memory.as_ref()?;
     let device = res.device(ids.first()?)?;
@@ -188,24 +184,36 @@ fn limit_of(
         .limits
         .soft_mib
         .map(|s| s.saturating_mul(MIB).saturating_mul(n));
-    let enforced = if !m.enforced(device) || gpu.memory_limits_supported == Some(false) {
+    Some((hard_bytes, soft_bytes, m.enforced(device)))
+}
+
+/// The limit of a container with `own` limits ([`own_limit`]) on `gpu` (a [`GpuSample`]), its
+/// processes' cgroups being `cgroups`. NVML keeps one limit per GPU and cgroup, which the
+/// hooks of all of the container's enforced resources on the unit add up to: `total` (hard,
+/// soft bytes) is what must read back.
+fn limit_of(
+    own: (u64, Option<u64>, bool),
+    total: (u64, u64),
+    gpu: &GpuSample,
+    cgroups: Option<&BTreeSet<String>>,
+) -> ContainerLimit {
+    let (hard_bytes, soft_bytes, plan_enforced) = own;
+    let enforced = if !plan_enforced || gpu.memory_limits_supported == Some(false) {
         Some(false)
     } else {
         cgroups.filter(|c| !c.is_empty()).map(|cgroups| {
             cgroups.iter().all(|cgroup| {
                 gpu.cgroup_limits.iter().any(|l| {
-                    l.cgroup == *cgroup
-                        && l.reading.hard == hard_bytes
-                        && l.reading.soft == soft_bytes.unwrap_or(0)
+                    l.cgroup == *cgroup && l.reading.hard == total.0 && l.reading.soft == total.1
                 })
             })
         })
     };
-    Some(ContainerLimit {
+    ContainerLimit {
         hard_bytes,
         soft_bytes,
         enforced,
-    })
+    }
 }
 
 /// The container's key inside one GPU: (unit UUID, resource, holder).
@@ -320,8 +328,36 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                     memory_total_bytes: m.memory_total_bytes,
                 });
             }
+            // Each container's limits, and their sum per (unit, holder) over the enforced ones.
+            let own: HashMap<Key, (u64, Option<u64>, bool)> = containers
+                .iter()
+                .filter_map(|(key, c)| {
+                    Some((key.clone(), own_limit(plan, &c.resource, &c.device_ids)?))
+                })
+                .collect();
+            let mut totals: HashMap<(&str, &Holder), (u64, u64)> = HashMap::new();
+            for ((unit, _, holder), (hard, soft, enforced)) in &own {
+                if *enforced {
+                    let t = totals.entry((unit.as_str(), holder)).or_default();
+                    t.0 = t.0.saturating_add(*hard);
+                    t.1 = t.1.saturating_add(soft.unwrap_or(0));
+                }
+            }
+            // A process counts for the first of its container's resources on the GPU; its
+            // cgroup is the container's for every one of them.
+            let mut cgroups_of: HashMap<(&str, &Holder), BTreeSet<String>> = HashMap::new();
+            for ((unit, _, holder), set) in &cgroups {
+                cgroups_of
+                    .entry((unit.as_str(), holder))
+                    .or_default()
+                    .extend(set.iter().cloned());
+            }
             for (key, c) in &mut containers {
-                c.memory_limit = limit_of(plan, &c.resource, &c.device_ids, g, cgroups.get(key));
+                let at = (key.0.as_str(), &key.2);
+                c.memory_limit = own.get(key).map(|&o| {
+                    let total = totals.get(&at).copied().unwrap_or((o.0, o.1.unwrap_or(0)));
+                    limit_of(o, total, g, cgroups_of.get(&at))
+                });
             }
             GpuFigures {
                 uuid: g.uuid.clone(),

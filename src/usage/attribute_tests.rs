@@ -508,6 +508,7 @@ pub(crate) fn limited_plan(unenforced: bool) -> Plan {
             enforce: crate::policy::Enforce::BestEffort,
         },
         unenforced: Default::default(),
+        name_tag: None,
     };
     if unenforced {
         planned.unenforced.insert(GPU0.into(), "cgroup v1".into());
@@ -599,4 +600,83 @@ fn memory_limits_are_the_policys_and_enforced_only_when_read_back() {
     let f = attribute(&samples, &super::tests::plan(), &in_use);
     assert_eq!(limits(&f), [None, None]);
     assert_eq!(f.gpus[0].memory_limits_supported, Some(true));
+}
+
+/// A container holding two memory-limited resources on one GPU (`nvidia.com/gpu-a`, 10 GiB
+/// with 4 GiB soft, and `nvidia.com/gpu-b`, 20 GiB) is limited by their two hooks to the sum,
+/// 30 GiB (NVML keeps one limit per GPU and cgroup): that is what must read back for both,
+/// each still shown with its own size. A cgroup reading back one resource's size alone is not
+/// enforced.
+#[test]
+fn two_limited_resources_of_one_container_are_enforced_as_their_sum() {
+    let mut plan = Plan::default();
+    for (name, hard_gib, soft_gib) in [
+        ("nvidia.com/gpu-a", 10, Some(4)),
+        ("nvidia.com/gpu-b", 20, None),
+    ] {
+        let mut res = resource(
+            name,
+            Strategy::TimeSlicing,
+            (0..2).map(|n| replica(GPU0, 0, n)).collect(),
+        );
+        Arc::make_mut(&mut res).memory = Some(crate::plan::memory::PlannedMemory {
+            entry: format!("sharing.timeSlicing.resources[{name}]"),
+            limits: crate::policy::MemoryLimits {
+                hard_mib: hard_gib * 1024,
+                soft_mib: soft_gib.map(|s: u64| s * 1024),
+                enforce: crate::policy::Enforce::Required,
+            },
+            unenforced: Default::default(),
+            name_tag: None,
+        });
+        plan.resources.insert(name.into(), res);
+    }
+    let r0 = crate::plan::replica_id(GPU0, 0);
+    let r1 = crate::plan::replica_id(GPU0, 1);
+    let mut in_use = InUse::default();
+    in_use.insert("nvidia.com/gpu-a", &r0, holder("ml", "a", "main"));
+    in_use.insert("nvidia.com/gpu-b", &r1, holder("ml", "a", "main"));
+    let mut p = process(100, Some("uid-a"), 30, 1024);
+    p.cgroup = Some("/kubepods/pod-a/ctr".into());
+    let mut g = gpu(GPU0, 0, vec![p]);
+    g.memory_limits_supported = Some(true);
+    let reading = |hard_gib: u64, soft_gib: u64| LimitReading {
+        hard: hard_gib * 1024 * MIB,
+        soft: soft_gib * 1024 * MIB,
+        used: 0,
+    };
+    g.cgroup_limits = vec![CgroupLimits {
+        cgroup: "/kubepods/pod-a/ctr".into(),
+        reading: reading(30, 4),
+    }];
+    let mut samples = Samples {
+        at_unix_ms: 1_000_000,
+        gpus: vec![g],
+        checkpoint: Some(vec![
+            entry("uid-a", "main", "nvidia.com/gpu-a", &[&r0]),
+            entry("uid-a", "main", "nvidia.com/gpu-b", &[&r1]),
+        ]),
+        checkpoint_error: None,
+        claims: None,
+        limits_not_cleared: 0,
+    };
+    let held = |hard_gib: u64, soft_gib: Option<u64>, enforced| {
+        Some(ContainerLimit {
+            hard_bytes: hard_gib * 1024 * MIB,
+            soft_bytes: soft_gib.map(|s| s * 1024 * MIB),
+            enforced,
+        })
+    };
+    let f = attribute(&samples, &plan, &in_use);
+    assert_eq!(
+        limits(&f),
+        [held(10, Some(4), Some(true)), held(20, None, Some(true))]
+    );
+    // The last hook's size alone (20 GiB) is not the container's limit.
+    samples.gpus[0].cgroup_limits[0].reading = reading(20, 0);
+    let f = attribute(&samples, &plan, &in_use);
+    assert_eq!(
+        limits(&f),
+        [held(10, Some(4), Some(false)), held(20, None, Some(false))]
+    );
 }

@@ -1328,6 +1328,79 @@ async fn an_xid_taints_gpu_0_and_the_health_stream_reports_it_within_a_second() 
     d.stop().await;
 }
 
+/// The value of the one taint every replica of GPU 0 carries in the stored slice `v` (16
+/// devices), when all four carry the same one.
+fn gpu0_taint_value(v: &Value, g0: &str) -> Option<(String, String)> {
+    let all: Vec<Vec<Value>> = (0..4)
+        .map(|n| taints_in(v, &device_name(&format!("{g0}::{n}"))))
+        .collect();
+    let first = all.first()?.first()?;
+    let same = all.iter().all(|t| t.len() == 1 && t[0] == *first);
+    let whole = v["spec"]["devices"]
+        .as_array()
+        .is_some_and(|d| d.len() == 16);
+    (same && whole).then(|| {
+        (
+            first["value"].as_str().unwrap_or_default().to_string(),
+            first["timeAdded"].as_str().unwrap_or_default().to_string(),
+        )
+    })
+}
+
+/// The whole daemon with `--dra`: GPU 0 tainted `xid-79`, then an Xid 48 while it stays
+/// Unhealthy (a quiet period of 10 minutes): the taint's value follows the latest cause
+/// (`xid-48`, the health stream says `xid 48`), with a `timeAdded` of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_xid_of_another_number_retaints_gpu_0_with_its_cause() {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    use kubelet_emulator::dra::HealthVersion;
+    let node = Node::new(&XID_POLICY.replace("recoverySeconds: 1.5", "recoverySeconds: 600"));
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let mut d = Daemon::start(settings);
+    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let v1 = k.watch_health(HealthVersion::V1).await.unwrap();
+
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    write_h100_node(&sim, "    xid: 79\n");
+    let (_, slice) = api
+        .wait_slice_write(writes, WAIT, |v| {
+            gpu0_taint_value(v, &g0).is_some_and(|(value, _)| value == "xid-79")
+        })
+        .await
+        .unwrap();
+    let (_, first_added) = gpu0_taint_value(&slice, &g0).unwrap();
+    v1.wait_message(seen, WAIT, |m| gpu0_reported(m, &g0, "Unhealthy", "xid 79"))
+        .await
+        .unwrap();
+
+    let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());
+    write_h100_node(&sim, "    xid: 48\n");
+    let (_, slice) = api
+        .wait_slice_write(writes, WAIT, |v| {
+            gpu0_taint_value(v, &g0).is_some_and(|(value, _)| value == "xid-48")
+        })
+        .await
+        .unwrap();
+    let (_, added) = gpu0_taint_value(&slice, &g0).unwrap();
+    let at = |t: &str| t.parse::<k8s_openapi::jiff::Timestamp>().unwrap();
+    assert!(at(&added) >= at(&first_added), "{added} < {first_added}");
+    v1.wait_message(seen, WAIT, |m| gpu0_reported(m, &g0, "Unhealthy", "xid 48"))
+        .await
+        .unwrap();
+    d.stop().await;
+}
+
 /// The whole daemon against an API server that drops device taints: GPU 0's replicas are
 /// withdrawn on an Xid, `/readyz` stays 200 and says why in a note, the metric says 0, and
 /// the health stream still reports them Unhealthy.

@@ -10,6 +10,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::binary::{bin, fake_nvml};
+use crate::common::WAIT;
 
 const GPU: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
 const MIG: &str = "MIG-bbbbbbbb-0000-0000-0000-000000000000";
@@ -50,16 +51,28 @@ fn setup(driver: &str) -> Setup {
 }
 
 async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
+    hook_with(s, gpu, enforce, &[]).await
+}
+
+/// [`hook`] with more arguments.
+async fn hook_with(s: &Setup, gpu: &str, enforce: &str, more: &[&str]) -> std::process::Output {
+    hook_sized(s, gpu, enforce, (20480, 16384), more).await
+}
+
+/// [`hook`] setting `(hard, soft)` MiB, with more arguments.
+async fn hook_sized(
+    s: &Setup,
+    gpu: &str,
+    enforce: &str,
+    (hard, soft): (u64, u64),
+    more: &[&str],
+) -> std::process::Output {
     let mut child = Command::new(bin())
         .args(["hook", "set-memory-limits", "--gpu", gpu])
-        .args([
-            "--hard-mib",
-            "20480",
-            "--soft-mib",
-            "16384",
-            "--enforce",
-            enforce,
-        ])
+        .args(more)
+        .args(["--hard-mib", &hard.to_string()])
+        .args(["--soft-mib", &soft.to_string()])
+        .args(["--enforce", enforce])
         .arg("--nvml-library")
         .arg(fake_nvml())
         .arg("--cgroup-root")
@@ -69,6 +82,7 @@ async fn hook(s: &Setup, gpu: &str, enforce: &str) -> std::process::Output {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
@@ -150,6 +164,80 @@ async fn required_fails_container_creation_where_the_driver_cannot_and_best_effo
     let out = hook(&s, GPU, "required").await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
+}
+
+/// NVML keeps one limit per GPU and cgroup. A container given two memory-limited devices of
+/// one GPU (a 10 GiB resource and a 20 GiB one, through two Allocate calls; or two DRA claims'
+/// shares) gets two hooks, run one after the other on its new cgroup: the second adds its
+/// limits to the first's, so the container has 30 GiB, not the last hook's 20 GiB.
+#[tokio::test]
+async fn two_hooks_of_one_container_on_one_gpu_add_up() {
+    let s = setup("615.20");
+    let first = hook_sized(&s, GPU, "required", (10240, 0), &[]).await;
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(
+        records(s.dir.path()),
+        [(
+            GPU.to_string(),
+            s.cgroup.display().to_string(),
+            0,
+            10240 * MIB
+        )]
+    );
+    let second = hook_sized(&s, GPU, "required", (20480, 8192), &[]).await;
+    let err = stderr(&second);
+    assert!(second.status.success(), "{err}");
+    assert!(
+        err.contains("30720 MiB hard, 8192 MiB soft")
+            && err.contains("20480 MiB added to the 10240 MiB"),
+        "{err}"
+    );
+    assert_eq!(
+        records(s.dir.path()),
+        [(
+            GPU.to_string(),
+            s.cgroup.display().to_string(),
+            8192 * MIB,
+            30720 * MIB
+        )]
+    );
+}
+
+/// A hook that blocks (here a FIFO in place of the bundle's `config.json`, as NVML's init on a
+/// GPU that fell off the bus would) never hangs container creation: past its deadline the
+/// watchdog ends it, exit 0 under `best-effort` with a line saying the limit was not set, exit
+/// 1 under `required` with the reason. The test's own bound is [`WAIT`]; nothing sleeps.
+#[tokio::test]
+async fn a_blocked_hook_gives_up_at_its_deadline() {
+    use std::time::{Duration, Instant};
+    let s = setup("615.20");
+    let config = s.dir.path().join("bundle/config.json");
+    std::fs::remove_file(&config).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&config)
+        .status()
+        .unwrap()
+        .success());
+    for (enforce, code, says) in [
+        ("best-effort", 0, "not enforced (best-effort)"),
+        ("required", 1, "not set under enforce: required"),
+    ] {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            WAIT,
+            hook_with(&s, GPU, enforce, &["--deadline-seconds", "0.5"]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{enforce}: the hook hung past {WAIT:?}"));
+        let took = started.elapsed();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{enforce}: {err}");
+        for part in [says, GPU, "no answer within 0.5 s", "the limit was not set"] {
+            assert!(err.contains(part), "{enforce}: {part} not in {err}");
+        }
+        assert!(took >= Duration::from_millis(500), "{enforce}: {took:?}");
+    }
+    assert!(records(s.dir.path()).is_empty());
 }
 
 async fn install_hook(args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {

@@ -147,7 +147,13 @@ fn planned() -> (plan::Plan, String, String) {
 /// directory, resolved and injected by the CDI library as a runtime does for the name Allocate
 /// returns. The fake NVML driver knows GPU `uuid` as `gpu` says (merged into an H100's fields).
 fn prepare(c: &Container, gpu: serde_json::Value) {
-    let (plan, name, uuid) = planned();
+    let (_, name, _) = planned();
+    prepare_with(c, gpu, vec![name]);
+}
+
+/// [`prepare`] injecting the CDI devices `names` (each a resource's, as its Allocate returns).
+fn prepare_with(c: &Container, gpu: serde_json::Value, names: Vec<String>) {
+    let (plan, _, uuid) = planned();
     let mut fake_gpu = serde_json::json!({"uuid": uuid, "name": "NVIDIA H100 80GB HBM3",
         "memoryMiB": 81559, "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0"});
     for (k, v) in gpu.as_object().unwrap() {
@@ -212,15 +218,17 @@ fn prepare(c: &Container, gpu: serde_json::Value) {
     cache
         .refresh()
         .unwrap_or_else(|e| panic!("the CDI library refuses slicelet's spec: {e}"));
-    assert!(
-        cache.list_devices().contains(&name),
-        "{name} not among {:?}",
-        cache.list_devices()
-    );
+    for name in &names {
+        assert!(
+            cache.list_devices().contains(name),
+            "{name} not among {:?}",
+            cache.list_devices()
+        );
+    }
     // Allocate returns this name beside the toolkit's `nvidia.com/gpu=<uuid>`, whose spec
     // (device nodes, driver libraries) a machine without a GPU lacks: slicelet's alone here.
     cache
-        .inject_devices(Some(&mut oci), vec![name])
+        .inject_devices(Some(&mut oci), names)
         .unwrap_or_else(|e| panic!("injecting: {e}"));
     std::fs::write(&config, serde_json::to_vec_pretty(&oci).unwrap()).unwrap();
 }
@@ -296,6 +304,26 @@ async fn runc_runs_the_cdi_hook_which_limits_the_containers_cgroup() {
         .expect("the container's process does not exit")
         .unwrap();
     assert_eq!(printed, "20480\n");
+}
+
+/// A container given a replica of each of `config/policy-memory.yaml`'s two resources of GPU 0
+/// (20 GiB and 38 GiB, two Allocate calls): runc runs both devices' hooks on its cgroup, and
+/// the driver holds their sum, 58 GiB.
+#[tokio::test]
+#[ignore = "needs root and runc: run by .ci/run"]
+async fn runc_runs_two_hooks_of_one_container_which_add_up() {
+    let c = Container::new();
+    let (plan, twenty, uuid) = planned();
+    let res = &plan.resources["nvidia.com/gpu-38gb"];
+    let thirty_eight = qualified_name(res, &res.devices[0], 1).unwrap();
+    prepare_with(&c, serde_json::json!({}), vec![twenty, thirty_eight]);
+    let (ok, stderr, _stdout) = create(&c).await;
+    assert!(ok, "runc create failed: {stderr}");
+    let cgroup = cgroup2_root().join(c.cgroups_path().trim_start_matches('/'));
+    assert_eq!(
+        records(c.dir.path()),
+        [(uuid, cgroup.display().to_string(), 0, 58 * GIB)]
+    );
 }
 
 #[tokio::test]

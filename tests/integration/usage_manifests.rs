@@ -313,6 +313,7 @@ fn examples_and_docs_use_only_registered_metrics() {
                 enforce: slicelet::policy::Enforce::Required,
             },
             unenforced: Default::default(),
+            name_tag: None,
         });
     }
     samples.gpus[0].memory_limits_supported = Some(true);

@@ -44,6 +44,12 @@ fn one_device_per_resource_unit_and_replica_count_with_its_hook() {
     assert_eq!(two["env"][0], "SLICELET_GPU_MEMORY_LIMIT_MIB=40960");
     let h = &two["hooks"][0];
     assert_eq!(h["hookName"], "createContainer");
+    // The runtime's bound on the hook, past the hook's own deadline.
+    assert_eq!(h["timeout"], HOOK_TIMEOUT_SECONDS);
+    assert!(
+        u64::from(HOOK_TIMEOUT_SECONDS) > crate::hook::DEFAULT_DEADLINE.as_secs(),
+        "the watchdog must end a best-effort hook before the runtime kills it"
+    );
     assert_eq!(h["path"], DEFAULT_HOOK_BINARY);
     let args: Vec<&str> = h["args"]
         .as_array()
@@ -110,4 +116,37 @@ fn allocate_names_the_toolkit_gpu_and_the_memory_device_for_the_replicas_asked()
     let whole = &p.resources["nvidia.com/gpu"];
     let a = crate::allocate::allocate(whole, &[whole.devices[0].id.clone()], "/").unwrap();
     assert_eq!(a.cdi_devices.len(), 1);
+}
+
+/// Two memory-limited resources of one GPU with the same size (`nvidia.com/gpu-a` and
+/// `nvidia.com/gpu-b`, 10 GiB each) gave their devices the same names: the spec listed each
+/// twice (runtimes refuse such a spec whole), and a container given one of each would get the
+/// name once from the kubelet (one hook for two replicas). Their names now carry the
+/// resource; a size no other resource of the GPU has keeps its name.
+#[test]
+fn two_resources_of_one_size_on_one_gpu_get_names_of_their_own() {
+    let policy = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-a\n        devices: [0]\n        replicas: 2\n        memory: {hard: 10Gi}\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-b\n        devices: [0]\n        replicas: 2\n        memory: {hard: 10Gi}\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-20gb\n        devices: [0]\n        replicas: 1\n        memory: {hard: 20Gi}\n";
+    let p = plan(policy);
+    let text = spec(&p, &HookConfig::default()).unwrap();
+    let parsed = crate::cdi::parse_spec(Path::new(SPEC_FILE), &text).unwrap();
+    let gpu0 = p.resources["nvidia.com/gpu-a"].devices[0].gpu_uuid.clone();
+    let name = |resource: &str, count: u32| {
+        let res = &p.resources[resource];
+        qualified_name(res, &res.devices[0], count).unwrap()
+    };
+    let (a, b) = (name("nvidia.com/gpu-a", 1), name("nvidia.com/gpu-b", 1));
+    assert_ne!(a, b);
+    assert_eq!(a, format!("{KIND}={gpu0}-10240mib-x1-nvidia.com_gpu-a"));
+    assert_eq!(
+        name("nvidia.com/gpu-20gb", 1),
+        format!("{KIND}={gpu0}-20480mib-x1")
+    );
+    for n in [a, b, name("nvidia.com/gpu-b", 2)] {
+        let bare = n.strip_prefix(&format!("{KIND}=")).unwrap();
+        assert!(
+            parsed.devices.iter().any(|d| d == bare),
+            "{bare} not in the spec"
+        );
+    }
+    assert_eq!(parsed.devices.len(), 5);
 }

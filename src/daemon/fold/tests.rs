@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::health::Health;
+use crate::health::{Cause, Health};
 use crate::inventory::{test_mig, test_node};
 
 /// The UUID of `test_node`'s GPU `i`.
@@ -85,6 +85,7 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::Transition(t) => format!("Transition({}, {})", t.uuid, t.health),
             Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
             Action::PolicyRejected => "PolicyRejected".to_string(),
+            Action::Causes => "Causes".to_string(),
         })
         .collect()
 }
@@ -432,6 +433,43 @@ fn health_table() {
                         Input::RecoveryDue,
                         &[&format!("Probe([{:?}])", gpu(1))],
                         nothing,
+                    ),
+                ],
+            ),
+        ),
+        (
+            "a later Xid of another number while Unhealthy: no new plan, the cause follows it",
+            with(
+                started(TS2),
+                vec![
+                    step(
+                        10,
+                        xid(&gpu(1), 79),
+                        &[
+                            &format!("Xid({}, 79)", gpu(1)),
+                            &format!("Transition({}, Unhealthy)", gpu(1)),
+                            "Publish",
+                        ],
+                        |s, _| {
+                            assert_eq!(s.tracker.cause(&gpu(1)), Some(Cause::Xid(79)));
+                        },
+                    ),
+                    step(
+                        20,
+                        xid(&gpu(1), 48),
+                        &[&format!("Xid({}, 48)", gpu(1)), "Causes"],
+                        |s, before| {
+                            plan_kept(s, before);
+                            assert_eq!(s.tracker.cause(&gpu(1)), Some(Cause::Xid(48)));
+                            assert_eq!(s.tracker.reason(&gpu(1)), Some("xid 48"));
+                        },
+                    ),
+                    // The same Xid again changes no cause.
+                    step(
+                        30,
+                        xid(&gpu(1), 48),
+                        &[&format!("Xid({}, 48)", gpu(1))],
+                        plan_kept,
                     ),
                 ],
             ),

@@ -594,6 +594,152 @@ fn shares_of_one_gpu_get_their_own_limits_until_it_is_full() {
     assert!(e.to_string().contains("1 % of the cores"), "{e}");
 }
 
+/// The shipped 8× A100 40GB node (40,960 MiB each), optionally on an R615 driver.
+fn a100(driver: Option<&str>) -> crate::inventory::Inventory {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/nodes/a100-40gb-x8.yaml");
+    let mut inv =
+        crate::inventory::simulated::parse(&path, &std::fs::read_to_string(&path).unwrap())
+            .unwrap();
+    inv.driver_version = driver.map(str::to_string);
+    inv
+}
+
+/// A claim of several shares of `device`: per result its request, share ID, memory and
+/// cores consumed.
+fn shares_claim(uid: &str, device: &str, shares: &[(&str, &str, &str, &str)]) -> ResourceClaim {
+    let results: Vec<(&str, &str, &str, &str)> = shares
+        .iter()
+        .map(|(request, ..)| (*request, DRIVER, NODE, device))
+        .collect();
+    let mut c = claim(uid, &results);
+    let list = c
+        .status
+        .as_mut()
+        .unwrap()
+        .allocation
+        .as_mut()
+        .unwrap()
+        .devices
+        .as_mut()
+        .unwrap()
+        .results
+        .as_mut()
+        .unwrap();
+    for (r, (_, id, memory, cores)) in list.iter_mut().zip(shares) {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        r.share_id = Some(id.to_string());
+        r.consumed_capacity = Some(BTreeMap::from([
+            ("memory".to_string(), Quantity(memory.to_string())),
+            ("cores".to_string(), Quantity(cores.to_string())),
+        ]));
+    }
+    c
+}
+
+/// A claim with two shares of one GPU (two requests, or one request with `count: 2`) is
+/// checked as the sum of its shares: 20 + 25 GiB do not fit a 40 GiB A100, 20 + 15 GiB do.
+/// Each share is recorded (and held, and answered) with its own ID; the MPS client's limits,
+/// the memory hook and `SLICELET_GPU_MEMORY_LIMIT_MIB` are the sum, one hook for the GPU.
+#[test]
+fn two_shares_of_one_gpu_in_one_claim_add_up() {
+    let inv = a100(Some("615.20"));
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let g0 = inv.gpus[0].uuid.clone();
+    let gpu0 = device_name(&g0);
+    let hook = crate::cdi::memory::HookConfig::default();
+    let ctx = context(&plan, &inv, Some(&hook));
+    for requests in [["a", "b"], ["gpu", "gpu"]] {
+        let c = shares_claim(
+            UID,
+            &gpu0,
+            &[
+                (requests[0], "s-1", "20Gi", "25"),
+                (requests[1], "s-2", "25Gi", "25"),
+            ],
+        );
+        let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, PrepareError::ShareDoesNotFit { .. }), "{msg}");
+        assert!(
+            msg.contains("46080 MiB of memory in 2 shares") && msg.contains("40960 MiB"),
+            "{msg}"
+        );
+        let c = shares_claim(
+            UID,
+            &gpu0,
+            &[
+                (requests[0], "s-1", "20Gi", "25"),
+                (requests[1], "s-2", "15Gi", "50"),
+            ],
+        );
+        let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
+        let shares: Vec<(&str, &str, u64, u32)> = p
+            .devices
+            .iter()
+            .map(|d| {
+                let s = d.share.as_ref().unwrap();
+                (d.device.as_str(), s.id.as_str(), s.memory_mib, s.cores)
+            })
+            .collect();
+        assert_eq!(
+            shares,
+            [
+                (gpu0.as_str(), "s-1", 20480, 25),
+                (gpu0.as_str(), "s-2", 15360, 50)
+            ]
+        );
+        assert_eq!(p.devices[0].requests, [requests[0]]);
+        assert_eq!(p.devices[1].requests, [requests[1]]);
+        // The claim's CDI ID once per request.
+        assert_eq!(
+            p.devices[1].cdi_ids.is_empty(),
+            requests[0] == requests[1],
+            "{requests:?}"
+        );
+        // The answer: one device per share, each with its share ID.
+        let answer: Vec<crate::api::dra::v1::Device> =
+            p.devices.iter().cloned().map(Into::into).collect();
+        let ids: Vec<Option<&str>> = answer.iter().map(|d| d.share_id.as_deref()).collect();
+        assert_eq!(ids, [Some("s-1"), Some("s-2")]);
+        assert!(answer.iter().all(|d| d.device_name == gpu0));
+        for (key, value) in [
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=35840M"),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "75"),
+            ("SLICELET_GPU_SHARE_MEMORY_MIB", "35840"),
+            ("SLICELET_GPU_SHARE_CORES", "75"),
+            ("SLICELET_GPU_MEMORY_LIMIT_MIB", "35840"),
+        ] {
+            assert_eq!(env_value(&p, key).as_deref(), Some(value), "{key}");
+        }
+        let hooks = p.spec["devices"][0]["containerEdits"]["hooks"]
+            .as_array()
+            .unwrap();
+        assert_eq!(hooks.len(), 1, "one hook for GPU 0: {hooks:?}");
+        let args: Vec<&str> = hooks[0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            args.windows(2).any(|w| w == ["--hard-mib", "35840"]),
+            "{args:?}"
+        );
+        // The checkpoint holds both shares: 5 GiB more fits, 6 GiB does not.
+        let mut checkpoint = crate::dra::checkpoint::Checkpoint::new();
+        checkpoint.claims.insert(UID.to_string(), p.clone());
+        let held = checkpoint.held("other");
+        assert_eq!(held.shares[&gpu0].len(), 2);
+        let other = "99999999-0000-0000-0000-000000000000";
+        let c = share_claim(other, &gpu0, "s-9", Some("5Gi"), Some("25"));
+        prepare(&c, &want(other), &ctx, &held).unwrap();
+        let c = share_claim(other, &gpu0, "s-9", Some("6Gi"), Some("25"));
+        let e = prepare(&c, &want(other), &ctx, &held).unwrap_err();
+        assert!(e.to_string().contains("35840 MiB"), "{e}");
+    }
+}
+
 #[test]
 fn a_share_without_consumed_capacity_takes_the_default_and_bad_quantities_are_refused() {
     let inv = h100(None);
@@ -615,26 +761,76 @@ fn a_share_without_consumed_capacity_takes_the_default_and_bad_quantities_are_re
         env_value(&p, "SLICELET_GPU_SHARE_MEMORY_MIB").as_deref(),
         Some("20389")
     );
-    // 1.5Gi rounds to MiB; 250m of cores rounds up to 1 %.
-    let c = share_claim(UID, &gpu0, "s", Some("1.5Gi"), Some("250m"));
-    let s = prepare(&c, &want(UID), &ctx, &Held::default())
-        .unwrap()
-        .devices[0]
-        .share
-        .clone()
-        .unwrap();
-    assert_eq!((s.memory_mib, s.cores), (1536, 1));
-    for (memory, cores, says) in [
-        (Some("lots"), None, "memory"),
-        (None, Some("101"), "cores"),
-        (None, Some("x"), "cores"),
+    // Memory rounds up to whole MiB; cores are whole percents (`1000m` is 1).
+    for (memory, cores, taken) in [
+        ("1.5Gi", "25", (1536, 25)),
+        ("1.5Mi", "1000m", (2, 1)),
+        ("1048577", "100", (2, 100)),
+        ("1Mi", "1", (1, 1)),
+        ("1e9", "5e1", (954, 50)),
     ] {
+        let c = share_claim(UID, &gpu0, "s", Some(memory), Some(cores));
+        let s = prepare(&c, &want(UID), &ctx, &Held::default())
+            .unwrap()
+            .devices[0]
+            .share
+            .clone()
+            .unwrap();
+        assert_eq!((s.memory_mib, s.cores), taken, "{memory} {cores}");
+    }
+    for (memory, cores, says) in [(Some("lots"), None, "memory"), (None, Some("x"), "cores")] {
         let c = share_claim(UID, &gpu0, "s", memory, cores);
         let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
         assert!(
             matches!(e, PrepareError::BadCapacity { .. }) && e.to_string().contains(says),
             "{e}"
         );
+    }
+}
+
+/// A consumed capacity below (or above) the `validRange` the slice publishes is the claim's
+/// error naming the claim, the device, the value and the range, never rounded into a share of
+/// 0 MiB or 0 % (fifty of which would fit one GPU): memory from 1Mi, compared before
+/// rounding; cores whole percents from 1 to 100.
+#[test]
+fn consumed_capacity_outside_the_published_range_is_refused() {
+    let inv = h100(None);
+    let plan = plan::build(&parse(CAPACITY).unwrap(), &inv).unwrap().plan;
+    let gpu0 = device_name(&inv.gpus[0].uuid);
+    let ctx = context(&plan, &inv, None);
+    // The range refused is the one published.
+    let caps = crate::dra::slices::capacities(81559, 4);
+    let memory = caps["memory"].request_policy.as_ref().unwrap();
+    assert_eq!(memory.valid_range.as_ref().unwrap().min.0, "1Mi");
+    let cores = caps["cores"].request_policy.as_ref().unwrap();
+    let range = cores.valid_range.as_ref().unwrap();
+    assert_eq!(
+        (
+            range.min.0.as_str(),
+            range.max.as_ref().unwrap().0.as_str(),
+            range.step.as_ref().unwrap().0.as_str()
+        ),
+        ("1", "100", "1")
+    );
+    let mut cases: Vec<(Option<&str>, Option<&str>, &str, &str)> = Vec::new();
+    for m in ["0", "0.5", "1e-3", "1048575", "0.5Mi", "1e-50", "-1Gi"] {
+        cases.push((Some(m), Some("25"), "memory", "at least 1Mi"));
+    }
+    for c in ["0", "0.9", "250m", "1.5", "101", "1e3", "-1"] {
+        cases.push((Some("1Gi"), Some(c), "cores", "1 to 100 in steps of 1"));
+    }
+    for (memory, cores, name, range) in cases {
+        let c = share_claim(UID, &gpu0, "s", memory, cores);
+        let e = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap_err();
+        let msg = e.to_string();
+        let value = if name == "memory" { memory } else { cores }.unwrap();
+        assert!(
+            matches!(e, PrepareError::CapacityOutOfRange { .. }),
+            "{memory:?} {cores:?}: {msg}"
+        );
+        for part in [UID, gpu0.as_str(), name, &format!("{value:?}"), range] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
     }
 }
 

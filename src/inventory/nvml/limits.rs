@@ -152,19 +152,37 @@ impl LimitCalls {
     }
 }
 
-/// Opens NVML from `library` (default [`DEFAULT_LIBRARY`]), sets `want`'s soft and hard limits
-/// for the cgroup directory `cgroup` on GPU `uuid`, then reads them back (the hook's whole
-/// NVML part).
+/// What [`add_and_read_back`] found, set and read back, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Added {
+    /// The limits the cgroup had on the GPU before (another hook of the same container's
+    /// creation set them), `None` when it had none.
+    pub before: Option<LimitReading>,
+    /// What was set: the hook's own limits added to `before`.
+    pub want: LimitReading,
+    /// What reads back afterwards.
+    pub read: LimitReading,
+}
+
+/// Opens NVML from `library` (default [`DEFAULT_LIBRARY`]), reads the limits the cgroup
+/// directory `cgroup` has on GPU `uuid` already, sets `own`'s soft and hard limits added to
+/// them, then reads them back (the hook's whole NVML part).
+///
+/// Adding, not replacing: NVML keeps one limit per GPU and cgroup, and the runtime runs every
+/// hook of a container's creation, one after the other, against its new cgroup, so a limit
+/// found there is another hook's of the same container (another resource of the container on
+/// this GPU, through another Allocate; another DRA claim's share of it). Replacing it would
+/// leave the container the last one's limit instead of the sum.
 ///
 /// # Errors
 /// One line for the container runtime's log: NVML does not start, does not know the GPU, has
-/// no such calls, or refuses the set or the read.
-pub fn set_and_read_back(
+/// no such calls, or refuses the read, the set or the read back.
+pub fn add_and_read_back(
     library: Option<&Path>,
     uuid: &str,
     cgroup: &Path,
-    want: LimitReading,
-) -> Result<LimitReading, String> {
+    own: LimitReading,
+) -> Result<Added, String> {
     let lib: &OsStr = library.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
     let nvml = Nvml::builder()
         .lib_path(lib)
@@ -174,6 +192,28 @@ pub fn set_and_read_back(
         .device_by_uuid(uuid)
         .map_err(|e| format!("NVML does not know it: {e}"))?;
     let calls = LimitCalls::load(lib)?;
+    let reading = |what: &str| {
+        calls.get(&device, cgroup).map_err(|rc| {
+            format!(
+                "reading the limits of {} {what}: {}",
+                cgroup.display(),
+                describe(rc)
+            )
+        })
+    };
+    let before = Some(reading("before setting")?).filter(LimitReading::is_limited);
+    let want = match before {
+        None => own,
+        Some(b) => LimitReading {
+            soft: own.soft.saturating_add(b.soft),
+            hard: if b.hard == NO_HARD_LIMIT {
+                own.hard
+            } else {
+                own.hard.saturating_add(b.hard)
+            },
+            used: 0,
+        },
+    };
     calls
         .set(&device, cgroup, want.soft, want.hard)
         .map_err(|rc| {
@@ -184,11 +224,6 @@ pub fn set_and_read_back(
                 describe(rc)
             )
         })?;
-    calls.get(&device, cgroup).map_err(|rc| {
-        format!(
-            "reading the limits of {} back: {}",
-            cgroup.display(),
-            describe(rc)
-        )
-    })
+    let read = reading("back")?;
+    Ok(Added { before, want, read })
 }
