@@ -254,7 +254,14 @@ class Slicelet:
         wait_for(f"slicelet log /{pattern}/", seen, timeout)
 
     def wait_dra_registered(self, timeout=20):
-        self.wait_log(r"DRA: registered with the kubelet", timeout)
+        """Waits for the kubelet's registration of the DRA driver; on a time-out, a Failure
+        with the kubelet's own words about it."""
+        try:
+            self.wait_log(r"DRA: registered with the kubelet", timeout)
+        except TimeoutError as e:
+            kubelet = self.cluster.procs["kubelet"].log.read_text(errors="replace").splitlines()
+            said = [line for line in kubelet if "RegisterPlugin" in line and "error" in line.lower()]
+            raise Failure(f"{e}\nthe kubelet: " + "\n".join(said[-3:] or ["(no registration error logged)"])) from e
 
     def stop(self):
         self.proc.stop()
