@@ -233,21 +233,20 @@ class Cluster:
     def _certs(self):
         pki = self.dir / "pki"
         pki.mkdir()
-        ssl_cmd = ["openssl"]
-        run(*ssl_cmd, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
             "-keyout", pki / "ca.key", "-out", pki / "ca.crt", "-subj", "/CN=e2e-ca")
         (pki / "san.cnf").write_text(
             "[req]\ndistinguished_name=dn\n[dn]\n[ext]\n"
             "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
             "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
         )
-        run(*ssl_cmd, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", pki / "apiserver.key",
+        run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", pki / "apiserver.key",
             "-out", pki / "apiserver.csr", "-subj", "/CN=kube-apiserver")
-        run(*ssl_cmd, "x509", "-req", "-in", pki / "apiserver.csr", "-CA", pki / "ca.crt",
+        run("openssl", "x509", "-req", "-in", pki / "apiserver.csr", "-CA", pki / "ca.crt",
             "-CAkey", pki / "ca.key", "-CAcreateserial", "-days", "2", "-out", pki / "apiserver.crt",
             "-extfile", pki / "san.cnf", "-extensions", "ext")
-        run(*ssl_cmd, "genrsa", "-out", pki / "sa.key", "2048")
-        run(*ssl_cmd, "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
+        run("openssl", "genrsa", "-out", pki / "sa.key", "2048")
+        run("openssl", "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
         (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
         self.pki = pki
         ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
@@ -438,10 +437,8 @@ state = '{d}/state'
         if kubelet:
             kubelet.stop()
         if "containerd" in self.procs and self.procs["containerd"].alive():
-            for kind in ("tasks",):
-                ls = self.ctr(kind, "ls", "-q", check=False).stdout.split()
-                for task in ls:
-                    self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
             for c in self.ctr("containers", "ls", "-q", check=False).stdout.split():
                 self.ctr("tasks", "delete", "-f", c, check=False)
                 self.ctr("containers", "delete", c, check=False)

@@ -61,7 +61,7 @@ def ns(request, kube, daemons):
     and claims are gone (a claim left prepared would hold its GPU for the next scenario)."""
     name = "e2e-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50].strip("-")
     kube.c.kubectl("create", "namespace", name)
-    kube.wait(f"serviceaccount/default", "create", name, timeout=30)
+    kube.wait("serviceaccount/default", "create", name, timeout=30)
     yield name
     # Pods first, waiting until the kubelet has stopped them and slicelet unprepared their
     # claims; then the claims; the namespace itself goes in the background.

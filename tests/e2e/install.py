@@ -23,12 +23,12 @@ def image_tag(archive):
     return index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
 
 
-def import_image(cluster, archive, *extra_tags):
-    """Imports the archive as e2e.local/slicelet:<tag>, plus any extra tags of the same
-    image; returns the tag."""
-    tag = image_tag(os.environ["E2E_IMAGE"] if archive is None else archive)
-    cluster.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name", REPOSITORY,
-                os.environ["E2E_IMAGE"] if archive is None else archive)
+def import_image(cluster, archive=None, *extra_tags):
+    """Imports slicelet's OCI archive (default: E2E_IMAGE) as e2e.local/slicelet:<tag>, plus
+    any extra tags of the same image; returns the tag."""
+    archive = archive or os.environ["E2E_IMAGE"]
+    tag = image_tag(archive)
+    cluster.ctr("images", "import", "--local", "--snapshotter", "native", "--base-name", REPOSITORY, archive)
     for t in extra_tags:
         cluster.ctr("images", "tag", "--force", f"{REPOSITORY}:{tag}", f"{REPOSITORY}:{t}")
     return tag

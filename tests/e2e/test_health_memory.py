@@ -4,6 +4,7 @@ container.
 """
 
 import json
+import os
 import time
 
 from cluster import NODE, run
@@ -119,8 +120,6 @@ def records(state_dir):
 
 
 def test_memory_limit_hook_caps_the_containers_cgroup(cluster, kube, ns, slicelet, work, request):
-    import os
-
     binary, fake = os.environ["SLICELET_BIN"], os.environ.get("FAKE_NVML")
     if not fake:
         raise Failure("FAKE_NVML is not set (the fake NVML library, fixtures/fake-nvml)")

@@ -11,10 +11,10 @@ import textwrap
 import pytest
 import yaml
 
-from cluster import NODE
+from cluster import NODE, wait_for
 from install import (NAMESPACE, REPOSITORY, api_env, apply_objects, daemon_pod, daemonset_ready,
                      import_image, render_chart, uninstall)
-from node import PRINT_ENV, REPO, Failure, claim_template, container_env, pod
+from node import PRINT_ENV, REPO, claim_template, container_env, pod
 from test_paths import claimed
 
 GPU_SHARED = "jsonpath={.status.allocatable.nvidia\\.com/gpu-shared}"
@@ -131,8 +131,6 @@ def registrations(cluster, since):
 def wait_dra_connected(cluster, kube, since):
     """The kubelet connected to the DRA plugin (registration and its health stream) after
     byte `since` of its log: DRA pods created before are retried only after a long backoff."""
-    from cluster import wait_for
-
     wait_for("the kubelet's DRA connection",
              lambda: "Successfully started WatchResources health stream" in kubelet_log(cluster, since), 30)
 
@@ -197,8 +195,6 @@ def test_rolling_update_and_kubelet_restart_keep_running_pods(cluster, kube, ns,
     since = len(kubelet_log(cluster))
     cluster.restart_kubelet()
     wait_dra_connected(cluster, kube, since)
-    from cluster import wait_for
-
     wait_for("the device plugin's registration after the kubelet's restart",
              lambda: registrations(cluster, since)[0].get("nvidia.com/gpu-shared"), 30)
     kube.wait(f"node/{NODE}", "condition=Ready", timeout=30)

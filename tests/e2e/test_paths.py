@@ -6,7 +6,7 @@ through DRA.
 import json
 
 from cluster import NODE
-from node import PRINT_ENV, REPO, Failure, claim_template, container_env, pod
+from node import PRINT_ENV, REPO, claim_template, container_env, pod
 
 H100 = REPO / "config/nodes/h100-80gb-x8.yaml"
 POLICY = REPO / "config/policy.yaml"
