@@ -67,7 +67,8 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass
 DRA_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+     "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
 ]
 
