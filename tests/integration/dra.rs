@@ -908,7 +908,8 @@ async fn a_dra_start_failure_is_shown_and_retried_until_it_serves() {
 }
 
 /// A checkpoint that cannot be read (here a directory in its place) is set aside for
-/// inspection and DRA starts empty and serves (it never started).
+/// inspection, the record rebuilt from the API (no claim allocated: empty) and DRA serves (it
+/// never started).
 #[tokio::test]
 async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
     let inv = inventory("h100-80gb-x8.yaml");
@@ -927,6 +928,82 @@ async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
         .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
+}
+
+/// A corrupt checkpoint while the API is down: DRA stays down (retried) and the file stays
+/// where it is; once the API answers, the record is rebuilt from the claims allocated from this
+/// node: claim `ns/a` holds GPU 0's replica 0 (claim `ns/b` is refused it), and the kubelet's
+/// prepare of `ns/a` prepares it afresh, with the answer and CDI spec it had.
+#[tokio::test]
+async fn a_rebuilt_record_holds_its_devices_and_an_api_outage_keeps_the_file() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.wait_slices(1, 32).await;
+    let g0 = inv.gpus[0].uuid.clone();
+    let r0 = device_name(&format!("{g0}::0"));
+    d.api
+        .set_claim("ns", "a", UID_A, &[alloc("gpu", NODE, &r0)]);
+    d.api.reserve_claim("ns", "a", &[("pa", "pod-uid-a")]);
+    let k = d.kubelet().await;
+    let first = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    assert_eq!(first[UID_A].error, "");
+    let spec = d
+        .cdi_dir()
+        .join(format!("gpu.slicelet.io-claim_{UID_A}.json"));
+    let spec_text = crate::common::read(&spec);
+    d.stop_component().await;
+    let checkpoint = d
+        .settings()
+        .plugins_dir
+        .join(DRIVER)
+        .join("checkpoint.json");
+    std::fs::write(&checkpoint, "{").unwrap();
+    std::fs::remove_file(&spec).unwrap();
+    d.api.set_unavailable(true);
+    d.stop = CancellationToken::new();
+    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone());
+    let mut status = h.status.clone();
+    d.handle = Some(h);
+    let down = tokio::time::timeout(WAIT, status.wait_for(|s| s.down.is_some()))
+        .await
+        .expect("DRA never said it is down")
+        .unwrap()
+        .down
+        .clone()
+        .unwrap();
+    assert!(
+        down.contains("checkpoint.json") && down.contains("resourceclaims"),
+        "{down}"
+    );
+    assert_eq!(crate::common::read(&checkpoint), "{");
+    d.api.set_unavailable(false);
+    let prepared = tokio::time::timeout(
+        WAIT,
+        status.wait_for(|s| s.prepared.as_ref().is_some_and(|p| p.contains_key(&r0))),
+    )
+    .await
+    .expect("the record was never rebuilt")
+    .unwrap()
+    .prepared
+    .clone()
+    .unwrap();
+    assert_eq!(prepared[&r0][0].pod, "claim:a");
+    let record: Value = serde_json::from_str(&crate::common::read(&checkpoint)).unwrap();
+    assert_eq!(record["claims"][UID_A]["rebuilt"], true);
+    let k = d.kubelet().await;
+    d.api
+        .set_claim("ns", "b", UID_B, &[alloc("gpu", NODE, &r0)]);
+    let b = k.prepare(Version::V1, &[("ns", "b", UID_B)]).await.unwrap();
+    assert!(
+        b[UID_B].error.contains("is held by prepared claim ns/a"),
+        "{:?}",
+        b[UID_B]
+    );
+    let again = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(crate::common::read(&spec), spec_text);
+    let record: Value = serde_json::from_str(&crate::common::read(&checkpoint)).unwrap();
+    assert!(record["claims"][UID_A].get("rebuilt").is_none(), "{record}");
 }
 
 /// One holder across a restart, on a kubelet whose pod-resources reports no claims (before
