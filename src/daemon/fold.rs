@@ -540,7 +540,12 @@ impl State {
                 true
             }
             Err(e) => {
-                tracing::error!(error = %e, hash = %hash_hex, "policy rejected for this node; keeping the last good policy");
+                let keeping = if self.policy.is_some() {
+                    "keeping the last good policy"
+                } else {
+                    "nothing is advertised until it fits this node"
+                };
+                tracing::error!(error = %e, hash = %hash_hex, "policy rejected for this node; {keeping}");
                 self.policy_error = Some(e.to_string());
                 self.rejected_for_node = Some(policy);
                 out.push(Action::PolicyRejected);
