@@ -177,7 +177,7 @@ async fn from_api(settings: &DraSettings, client: &Client) -> Result<Checkpoint,
 ///
 /// A corrupt file is set aside only once the API answered (else DRA stays down, retried, and
 /// the file stays for the next try). A missing file whose rebuild fails (no `list` on
-/// ResourceClaims) starts empty, as before.
+/// ResourceClaims) starts empty.
 ///
 /// # Errors
 /// [`DraError::Checkpoint`] for a file of another version or one that cannot be read;
