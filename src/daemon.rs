@@ -782,10 +782,15 @@ fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String
                 .draining
                 .get(name)
                 .and_then(|m| m.get(&d.id));
+            let refused = r
+                .memory
+                .as_ref()
+                .and_then(|m| crate::plan::memory::required_refusal(m, d));
             let reason = state
                 .tracker
                 .reason(&d.gpu_uuid)
                 .or(draining.map(String::as_str))
+                .or(refused.as_deref())
                 .or_else(|| {
                     d.mig
                         .as_ref()

@@ -512,7 +512,8 @@ impl State {
         );
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
-        match plan::build_with(&policy, &self.tracker.effective(inv), &self.mps_applied) {
+        match plan::memory::build_serving(&policy, &self.tracker.effective(inv), &self.mps_applied)
+        {
             Ok(built) => {
                 for key in &policy.ignored_keys {
                     tracing::warn!(key = %key, "policy key is recognised (NVIDIA config v1) but slicelet does not act on it yet; ignored");
@@ -620,7 +621,7 @@ impl State {
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
         let build = |tracker: &Tracker| {
-            plan::build_with(policy, &tracker.effective(inv), &self.mps_applied)
+            plan::memory::build_serving(policy, &tracker.effective(inv), &self.mps_applied)
         };
         let mut built = match build(&self.tracker) {
             Ok(b) => b,

@@ -1032,13 +1032,12 @@ async fn one_lost_gpu_at_start_does_not_darken_the_node() {
     assert!(log.contains("left out"), "{log}");
 }
 
-/// A policy the node cannot serve at start (memory limits under `enforce: required` on a
-/// driver before R615) is rejected without claiming a last good policy there is none of.
+/// A policy the node cannot serve at start (two 50 GiB replicas on an 80 GB GPU) is rejected
+/// without claiming a last good policy there is none of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_rejected_at_start_keeps_no_last_good_policy() {
-    let policy =
-        std::fs::read_to_string(crate::common::repo().join("config/policy-memory.yaml")).unwrap();
-    let node = Node::new(&policy);
+    let policy = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-50gb\n        devices: [0]\n        replicas: 2\n        memory:\n          hard: 50Gi\n          enforce: best-effort\n";
+    let node = Node::new(policy);
     let sim = crate::common::node_file("h100-80gb-x8.yaml");
     let child = spawn_run(&node, &["--simulate", sim.to_str().unwrap()], &[]);
     let mut child = child;
