@@ -1728,7 +1728,12 @@ async fn the_daemon_prepares_capacity_shares_of_gpu_0_with_their_own_mps_limits(
     let d = Daemon::start(settings);
     // GPUs 1–7 whole through the device plugin, GPU 0 once through DRA.
     wait_lists(&emu, &[("nvidia.com/gpu", 7)]).await;
-    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 1).await);
+    // GPU 0 untainted: its MPS control daemon is ready (until then it is `mps-not-ready` and
+    // prepare refuses it).
+    let slices = parse(
+        &api.wait_slices(|s| count(&parse(s)) == 1 && !s.iter().any(any_taint))
+            .await,
+    );
     check_shape(&slices);
     let g0 = uuids(&sim)[0].clone();
     let gpu0 = device_name(&g0);
