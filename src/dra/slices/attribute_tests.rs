@@ -121,7 +121,11 @@ fn every_device_of_the_shipped_nodes_stays_within_the_api_limits() {
             );
             // Counter sets, counters and device names are lowercase RFC 1123 labels
             // (`pkg/apis/resource/validation`: a 1.36 API server refused `computeSlices`).
-            for set in s.slices.iter().flat_map(|x| x.spec.shared_counters.iter().flatten()) {
+            for set in s
+                .slices
+                .iter()
+                .flat_map(|x| x.spec.shared_counters.iter().flatten())
+            {
                 assert!(is_dns_label(&set.name), "{}: {policy}", set.name);
                 for c in set.counters.keys() {
                     assert!(is_dns_label(c), "counter {c}: {policy}");
@@ -130,7 +134,11 @@ fn every_device_of_the_shipped_nodes_stays_within_the_api_limits() {
             for d in devices(&s) {
                 assert!(is_dns_label(&d.name), "device {}: {policy}", d.name);
                 for cc in d.consumes_counters.iter().flatten() {
-                    assert!(is_dns_label(&cc.counter_set), "{}: {policy}", cc.counter_set);
+                    assert!(
+                        is_dns_label(&cc.counter_set),
+                        "{}: {policy}",
+                        cc.counter_set
+                    );
                     for c in cc.counters.keys() {
                         assert!(is_dns_label(c), "consumed counter {c}: {policy}");
                     }

@@ -196,7 +196,9 @@ mod tests {
             "ResourceSlice.resource.k8s.io \"node-a-gpu-slicelet-io-0\" is invalid: [spec.sharedCounters[0].counters: Invalid value: \"computeSlices\": a lowercase RFC 1123 label"
         ), "{e}");
         assert!(
-            e.contains("spec.devices[0].consumesCounters[0].counters: Invalid value: \"computeSlices\""),
+            e.contains(
+                "spec.devices[0].consumesCounters[0].counters: Invalid value: \"computeSlices\""
+            ),
             "{e}"
         );
         slice(&mig_slice("compute-slices")).unwrap();
