@@ -67,7 +67,8 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass
 DRA_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+     "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
 ]
 
@@ -429,8 +430,21 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
                    "SLICELET_DRA_PLUGINS_DIR": dra["pluginsDir"],
                    "SLICELET_CDI_OUTPUT_DIR": dra["cdiOutputDir"]}
         on = dra["enabled"] and not is_mps_ds
+        # Without DRA the daemon still reads (never writes) the DRA checkpoint: where it lies.
+        located = {"SLICELET_DRA_DRIVER_NAME", "SLICELET_DRA_PLUGINS_DIR"}
         for k, want in dra_env.items():
-            c.that((env.get(k) == want) == on, f"{what}: {k}={want} exactly with dra.enabled")
+            if k in located and not is_mps_ds:
+                c.that(env.get(k) == want, f"{what}: {k}={want} (the DRA checkpoint, with DRA or not)")
+            else:
+                c.that((env.get(k) == want) == on, f"{what}: {k}={want} exactly with dra.enabled")
+        driver_dir = f"{dra['pluginsDir']}/{dra['driverName']}"
+        m = mounts.get(driver_dir)
+        if dra["enabled"] or is_mps_ds:
+            c.that(m is None, f"{what}: {driver_dir} mounted on its own only without DRA")
+        else:
+            c.that(m is not None and m.get("readOnly") is True
+                   and volumes[m["name"]]["hostPath"]["path"] == driver_dir,
+                   f"{what}: DRA off: host {driver_dir} mounted read-only (the DRA checkpoint)")
         for d in (dra["registryDir"], dra["pluginsDir"], dra["cdiOutputDir"]):
             m = mounts.get(d)
             if on:

@@ -573,6 +573,11 @@ impl DraArgs {
             }),
             _ => None,
         };
+        s.dra_checkpoint = Some(
+            self.dra_plugins_dir
+                .join(&self.dra_driver_name)
+                .join(crate::dra::checkpoint::FILE),
+        );
     }
 }
 

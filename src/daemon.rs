@@ -61,6 +61,10 @@ pub const POLICY_DEBOUNCE: Duration = Duration::from_millis(100);
 /// The one overall deadline shutdown waits for servers, registrations and MPS daemons to stop
 /// before aborting (servers) or killing (daemons) what is left.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(4);
+/// How long the first plan waits for DRA's record of prepared claims when the DRA checkpoint
+/// is missing or cannot be used (DRA rebuilds it from the API): long enough for a list of
+/// ResourceClaims, short enough that an API that does not answer leaves the node served.
+pub const DRA_RECORD_WAIT: Duration = Duration::from_secs(10);
 /// How often resources whose socket could not be bound are tried again.
 const BIND_RETRY: Duration = Duration::from_secs(1);
 /// How long after an Allocate what is in use is read again (the kubelet records the devices
@@ -778,10 +782,15 @@ fn unhealthy_reasons(state: &State) -> std::collections::BTreeMap<String, String
                 .draining
                 .get(name)
                 .and_then(|m| m.get(&d.id));
+            let refused = r
+                .memory
+                .as_ref()
+                .and_then(|m| crate::plan::memory::required_refusal(m, d));
             let reason = state
                 .tracker
                 .reason(&d.gpu_uuid)
                 .or(draining.map(String::as_str))
+                .or(refused.as_deref())
                 .or_else(|| {
                     d.mig
                         .as_ref()

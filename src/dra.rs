@@ -136,6 +136,25 @@ pub enum DraError {
     /// The checkpoint could not be read.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    /// The checkpoint cannot be used and the API did not answer for the claims allocated from
+    /// this node (the file is kept; retried).
+    #[error("checkpoint {}: cannot be used, and rebuilding it needs the claims allocated from this node (list resourceclaims)", path.display())]
+    Rebuild {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The unusable checkpoint could not be renamed aside.
+    #[error("checkpoint {}: setting it aside", path.display())]
+    SetAside {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A gRPC server stopped with an error.
     #[error("serving {}", path.display())]
     Serve {
@@ -253,12 +272,14 @@ async fn run(
     let client = crate::k8s::client(settings.kubeconfig.as_deref())
         .await
         .map_err(DraError::Client)?;
+    let prepared = plugin::load_or_rebuild(&settings, &client).await?;
     let plugin = Arc::new(plugin::Plugin::new(
         settings.clone(),
         client.clone(),
         inputs.clone(),
         status.clone(),
-    )?);
+        prepared,
+    ));
     let (dra_listener, dra_bound) = plugin::bind(&plugin::dra_socket(&settings))?;
     let (reg_listener, reg_bound) = plugin::bind(&plugin::registration_socket(&settings))?;
     let (reg_tx, reg_rx) = watch::channel(0u64);

@@ -59,6 +59,38 @@ pub fn write_atomic_from(path: &Path, from: &mut impl Read, mode: u32) -> std::i
     Ok(written)
 }
 
+/// Removes the temporary files [`write_atomic`] left beside `path` when it was killed
+/// mid-write (`.<name>.<random>.tmp`; a SIGKILL gives the writer no chance to remove its own).
+/// Only files and links (a link itself, never what it points to) are removed, never
+/// directories; call it only where no other writer of `path` runs (a daemon at start).
+/// Returns how many were removed; errors (a directory that cannot be read) remove nothing.
+pub fn remove_stale_temporaries(path: &Path) -> usize {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return 0;
+    };
+    let (prefix, suffix) = (format!(".{name}."), ".tmp");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let file = file.to_string_lossy();
+        let ours = file.len() > prefix.len() + suffix.len()
+            && file.starts_with(&prefix)
+            && file.ends_with(suffix);
+        let not_dir = e.file_type().is_ok_and(|t| !t.is_dir());
+        if ours && not_dir && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +142,36 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o755);
         assert_eq!(names(dir.path()), ["bin"]);
+    }
+
+    /// What a writer killed mid-write leaves (`.<name>.<random>.tmp`, as a file or a link) is
+    /// removed; the target, other files, a directory of that shape and the bare
+    /// `.<name>.tmp` are kept.
+    #[test]
+    fn stale_temporaries_of_a_killed_writer_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        write_atomic(&path, b"{}").unwrap();
+        std::fs::write(dir.path().join(".checkpoint.json.a1B2c3.tmp"), "half").unwrap();
+        std::fs::write(dir.path().join(".other.json.x.tmp"), "x").unwrap();
+        std::fs::write(dir.path().join(".checkpoint.json.tmp"), "x").unwrap();
+        std::fs::create_dir(dir.path().join(".checkpoint.json.d.tmp")).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".checkpoint.json.l.tmp")).unwrap();
+        assert_eq!(remove_stale_temporaries(&path), 2);
+        assert_eq!(
+            names(dir.path()),
+            [
+                ".checkpoint.json.d.tmp",
+                ".checkpoint.json.tmp",
+                ".other.json.x.tmp",
+                "checkpoint.json",
+                "victim"
+            ]
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(remove_stale_temporaries(&path), 0);
     }
 
     #[test]

@@ -84,6 +84,11 @@ pub struct Settings {
     pub kubelet_checkpoint: Option<PathBuf>,
     /// DRA (`--dra` and the `--dra-*` flags): where [`crate::dra::spawn`] runs; `None`: off.
     pub dra: Option<crate::dra::DraSettings>,
+    /// slicelet's DRA checkpoint (`<--dra-plugins-dir>/<--dra-driver-name>/checkpoint.json`),
+    /// read for its holders even when DRA is off this run (never written then): a claim
+    /// prepared before keeps its devices off the device plugin. `None`: not read (without
+    /// `--dra`; the command line always sets it).
+    pub dra_checkpoint: Option<PathBuf>,
 }
 
 impl Settings {
@@ -93,6 +98,17 @@ impl Settings {
         self.kubelet_checkpoint
             .clone()
             .unwrap_or_else(|| self.device_plugin_path.join("kubelet_internal_checkpoint"))
+    }
+
+    /// The DRA checkpoint this node reads: DRA's own when it runs, else
+    /// [`Settings::dra_checkpoint`].
+    pub fn dra_checkpoint_path(&self) -> Option<PathBuf> {
+        match &self.dra {
+            Some(dra) => {
+                Some(crate::dra::plugin::driver_dir(dra).join(crate::dra::checkpoint::FILE))
+            }
+            None => self.dra_checkpoint.clone(),
+        }
     }
 
     /// Settings with the defaults for everything but the policy file and directory.
@@ -131,6 +147,7 @@ impl Settings {
             sample_interval: Some(Duration::from_secs(5)),
             kubelet_checkpoint: None,
             dra: None,
+            dra_checkpoint: None,
         }
     }
 }

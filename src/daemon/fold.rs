@@ -512,7 +512,8 @@ impl State {
         );
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
-        match plan::build_with(&policy, &self.tracker.effective(inv), &self.mps_applied) {
+        match plan::memory::build_serving(&policy, &self.tracker.effective(inv), &self.mps_applied)
+        {
             Ok(built) => {
                 for key in &policy.ignored_keys {
                     tracing::warn!(key = %key, "policy key is recognised (NVIDIA config v1) but slicelet does not act on it yet; ignored");
@@ -540,7 +541,12 @@ impl State {
                 true
             }
             Err(e) => {
-                tracing::error!(error = %e, hash = %hash_hex, "policy rejected for this node; keeping the last good policy");
+                let keeping = if self.policy.is_some() {
+                    "keeping the last good policy"
+                } else {
+                    "nothing is advertised until it fits this node"
+                };
+                tracing::error!(error = %e, hash = %hash_hex, "policy rejected for this node; {keeping}");
                 self.policy_error = Some(e.to_string());
                 self.rejected_for_node = Some(policy);
                 out.push(Action::PolicyRejected);
@@ -615,7 +621,7 @@ impl State {
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
         let build = |tracker: &Tracker| {
-            plan::build_with(policy, &tracker.effective(inv), &self.mps_applied)
+            plan::memory::build_serving(policy, &tracker.effective(inv), &self.mps_applied)
         };
         let mut built = match build(&self.tracker) {
             Ok(b) => b,

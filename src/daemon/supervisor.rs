@@ -15,7 +15,7 @@ use super::hardware::{Command, Hardware, Report, SampleRequest};
 use super::{
     labels_report, open_source, publish_label, read_policy_off_loop, servers, CdiAnswer, CdiCheck,
     DaemonError, HealthEnv, InUseReader, Input, Shell, State, Target, ALLOCATE_SETTLE, BIND_RETRY,
-    CHANNEL_CAPACITY, POLICY_DEBOUNCE, RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
+    CHANNEL_CAPACITY, DRA_RECORD_WAIT, POLICY_DEBOUNCE, RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
 };
 use crate::inventory::InventoryError;
 use crate::k8s::LabelView;
@@ -261,7 +261,7 @@ impl Supervisor {
         };
         let discovered = first.is_ok();
         self.first_in_use().await;
-        self.first_dra_prepared();
+        self.first_dra_prepared().await;
         self.fold(Input::Discovered(first));
         self.fold(first_policy);
         // The periods count from here (discovery is retried sooner while it fails).
@@ -347,19 +347,50 @@ impl Supervisor {
 
     /// What the DRA checkpoint says is prepared, read from the file before the first plan (the
     /// DRA component reports changes later): after a restart a claim's device keeps its path
-    /// and shape while the claim runs, on any kubelet. An unreadable file counts as empty here
-    /// (the DRA component sets it aside and says so).
-    fn first_dra_prepared(&mut self) {
-        let Some(dra) = self.settings.dra.as_ref() else {
+    /// and shape while the claim runs, on any kubelet, and with DRA off this run
+    /// ([`Settings::dra_checkpoint`], read only). With DRA on and the file missing or not
+    /// usable, the first plan waits (at most [`DRA_RECORD_WAIT`]) for DRA's record, rebuilt
+    /// from the API, so the device plugin never hands out a running claim's device meanwhile.
+    async fn first_dra_prepared(&mut self) {
+        let Some(path) = self.settings.dra_checkpoint_path() else {
             return;
         };
-        let path = crate::dra::plugin::driver_dir(dra).join(crate::dra::checkpoint::FILE);
-        if let Ok(c) = crate::dra::checkpoint::load(&path) {
-            let prepared = crate::dra::checkpoint::holders(&c);
-            if !prepared.is_empty() {
-                self.fold(Input::DraPrepared(prepared));
+        let loaded = if path.exists() {
+            crate::dra::checkpoint::load(&path)
+        } else {
+            Err(crate::dra::checkpoint::CheckpointError::Invalid {
+                path: path.clone(),
+                message: "missing".to_string(),
+            })
+        };
+        let error = match loaded {
+            Ok(c) => {
+                let prepared = crate::dra::checkpoint::holders(&c);
+                if !prepared.is_empty() {
+                    self.fold(Input::DraPrepared(prepared));
+                }
+                return;
             }
+            Err(e) => e,
+        };
+        if self.settings.dra.is_none() {
+            if path.exists() {
+                tracing::warn!(error = %crate::errors::chain(&error), "the DRA checkpoint cannot be read and DRA is off: the devices of claims prepared before are not known to be held");
+            }
+            return;
         }
+        let Some(rx) = self.dra_status.as_mut() else {
+            return;
+        };
+        let wait = rx.wait_for(|s| s.prepared.is_some() || s.down.is_some());
+        let recorded = tokio::select! {
+            _ = self.shutdown.cancelled() => return,
+            r = tokio::time::timeout(DRA_RECORD_WAIT, wait) => matches!(r, Ok(Ok(s)) if s.prepared.is_some()),
+        };
+        if !recorded {
+            tracing::warn!(checkpoint = %path.display(), "no usable DRA checkpoint and DRA has no record of prepared claims yet: the first plan knows no DRA holders");
+        }
+        self.on_dra(false);
     }
 
     /// Runs until shutdown: each turn waits for the next [`Event`] and handles it.
@@ -487,11 +518,7 @@ impl Supervisor {
         Command::Sample(SampleRequest {
             proc_root: self.settings.proc_root.clone(),
             checkpoint: self.settings.checkpoint_path(),
-            dra_checkpoint: self
-                .settings
-                .dra
-                .as_ref()
-                .map(|dra| crate::dra::plugin::driver_dir(dra).join(crate::dra::checkpoint::FILE)),
+            dra_checkpoint: self.settings.dra_checkpoint_path(),
         })
     }
 

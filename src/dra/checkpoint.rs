@@ -8,8 +8,13 @@
 //! [`crate::policy::read_bounded`] (a regular file, at most [`MAX_CHECKPOINT_BYTES`]); a file
 //! that cannot be used is an error naming it: one of another version (a rollback) or one that
 //! cannot be read (permissions) keeps DRA down, retried, rather than forget what was prepared;
-//! a corrupt one (not JSON, empty, not a regular file, too large) is set aside and DRA starts
-//! empty ([`CheckpointError::is_corrupt`]; the kubelet prepares its running claims again).
+//! a corrupt one (not JSON, empty, not a regular file, too large) is set aside
+//! ([`CheckpointError::is_corrupt`]) and the record is rebuilt from the API ([`rebuild`]):
+//! the kubelet does not prepare its running claims again (its own state marks them prepared),
+//! so without it the devices of running claims would look free.
+//!
+//! A restart without `--dra` never writes the file but still reads it: its holders keep their
+//! devices off the device plugin ([`crate::plan::drain`]) until DRA unprepares them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -191,6 +196,103 @@ pub fn claim_entries(c: &Checkpoint) -> Vec<crate::usage::ClaimEntry> {
         .collect()
 }
 
+/// The record of what is prepared, rebuilt from the API when the checkpoint cannot be used:
+/// every claim in `claims` reserved for a pod whose `status.allocation.devices.results` name
+/// devices of `driver` in this node's pool `node`, each such device recorded under its
+/// published name, its resource and ID read from the `slices` that publish it (the node's
+/// ResourceSlices; empty strings where no slice has the device any more), its share from the
+/// result's `shareID` and `consumedCapacity`. Each claim is marked
+/// [`PreparedClaim::rebuilt`]: it holds its devices until unprepared, and a
+/// `NodePrepareResources` for it prepares it afresh. Claims whose UID is not one slicelet
+/// accepts ([`crate::dra::prepare::valid_uid`]) are left out.
+pub fn rebuild(
+    claims: &[k8s_openapi::api::resource::v1::ResourceClaim],
+    slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+    driver: &str,
+    node: &str,
+) -> Checkpoint {
+    use crate::dra::prepare::{self, ClaimRef, PreparedDevice};
+    let mut published: BTreeMap<&str, (String, String)> = BTreeMap::new();
+    for s in slices
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.pool.name == node)
+    {
+        for d in s.spec.devices.iter().flatten() {
+            let attr = |k: &str| d.attributes.as_ref().and_then(|a| a.get(k));
+            let resource = attr("resource")
+                .and_then(|a| a.string.clone())
+                .unwrap_or_default();
+            let uuid = attr("uuid")
+                .and_then(|a| a.string.clone())
+                .unwrap_or_default();
+            let id = match attr("replica").and_then(|a| a.int) {
+                Some(n) if !uuid.is_empty() => format!("{uuid}::{n}"),
+                _ => uuid,
+            };
+            published.insert(d.name.as_str(), (resource, id));
+        }
+    }
+    let mut out = Checkpoint::new();
+    for c in claims {
+        let (Some(uid), Some(namespace), Some(name)) = (
+            c.metadata.uid.as_deref(),
+            c.metadata.namespace.as_deref(),
+            c.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let pods = prepare::reserved_pods(c);
+        if !prepare::valid_uid(uid) || pods.is_empty() {
+            continue;
+        }
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_deref())
+            .unwrap_or_default();
+        let devices: Vec<PreparedDevice> = results
+            .iter()
+            .filter(|r| r.driver == driver && r.pool == node)
+            .map(|r| {
+                let (resource, id) = published
+                    .get(r.device.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                PreparedDevice {
+                    requests: vec![r.request.clone()],
+                    pool: r.pool.clone(),
+                    device: r.device.clone(),
+                    cdi_ids: Vec::new(),
+                    resource,
+                    id,
+                    share: prepare::recorded_share(r),
+                }
+            })
+            .collect();
+        if devices.is_empty() {
+            continue;
+        }
+        out.claims.insert(
+            uid.to_string(),
+            PreparedClaim {
+                claim: ClaimRef {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    uid: uid.to_string(),
+                },
+                pods,
+                devices,
+                spec_file: prepare::spec_file(driver, uid),
+                spec: serde_json::Value::Null,
+                rebuilt: true,
+            },
+        );
+    }
+    out
+}
+
 /// Writes the checkpoint to `path` atomically.
 ///
 /// # Errors
@@ -233,6 +335,7 @@ mod tests {
             }],
             spec_file: format!("gpu.slicelet.io-claim_{uid}.json"),
             spec: serde_json::json!({"kind": "gpu.slicelet.io/claim"}),
+            rebuilt: false,
         }
     }
 
@@ -359,5 +462,97 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
         assert!(load(&path).unwrap_err().is_corrupt());
+    }
+
+    /// The record rebuilt from the API: claims reserved for a pod with results of this driver
+    /// in this node's pool, each device under its published name with its resource and ID
+    /// from the slices; other drivers', other pools' and unreserved claims are left out.
+    #[test]
+    fn the_record_is_rebuilt_from_allocated_claims_and_the_slices() {
+        let claim = |uid: &str, results: serde_json::Value, reserved: bool| {
+            let mut v = serde_json::json!({
+                "metadata": {"namespace": "ns", "name": format!("c-{uid}"), "uid": uid},
+                "spec": {},
+                "status": {"allocation": {"devices": {"results": results}}},
+            });
+            if reserved {
+                v["status"]["reservedFor"] =
+                    serde_json::json!([{"resource": "pods", "name": "p", "uid": "pod-1"}]);
+            }
+            serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(v).unwrap()
+        };
+        let r = |driver: &str, pool: &str, device: &str| serde_json::json!({"request": "gpu", "driver": driver, "pool": pool, "device": device});
+        let claims = [
+            claim(
+                "u1",
+                serde_json::json!([
+                    r("gpu.slicelet.io", "node", "gpu-aa-r1"),
+                    r("other.example.com", "node", "x"),
+                    r("gpu.slicelet.io", "node-2", "gpu-bb"),
+                ]),
+                true,
+            ),
+            claim(
+                "u2",
+                serde_json::json!([r("gpu.slicelet.io", "node", "gpu-cc")]),
+                false,
+            ),
+            claim(
+                "u3",
+                serde_json::json!([{"request": "gpu", "driver": "gpu.slicelet.io", "pool": "node",
+                    "device": "gpu-dd", "shareID": "s-1",
+                    "consumedCapacity": {"memory": "20Gi", "cores": "25"}}]),
+                true,
+            ),
+        ];
+        let slice: k8s_openapi::api::resource::v1::ResourceSlice =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "node-gpu-slicelet-io-0"},
+                "spec": {"driver": "gpu.slicelet.io", "nodeName": "node",
+                    "pool": {"name": "node", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "gpu-aa-r1", "attributes": {
+                        "resource": {"string": "nvidia.com/gpu"},
+                        "uuid": {"string": "GPU-AA"},
+                        "replica": {"int": 1}}}]},
+            }))
+            .unwrap();
+        let c = rebuild(&claims, &[slice], "gpu.slicelet.io", "node");
+        assert_eq!(c.claims.keys().collect::<Vec<_>>(), ["u1", "u3"]);
+        let u1 = &c.claims["u1"];
+        assert!(u1.rebuilt);
+        assert_eq!(u1.spec_file, "gpu.slicelet.io-claim_u1.json");
+        assert_eq!(u1.pods[0].uid, "pod-1");
+        assert_eq!(u1.devices.len(), 1);
+        assert_eq!(
+            (
+                u1.devices[0].device.as_str(),
+                u1.devices[0].resource.as_str(),
+                u1.devices[0].id.as_str()
+            ),
+            ("gpu-aa-r1", "nvidia.com/gpu", "GPU-AA::1")
+        );
+        let held = c.held("");
+        assert_eq!(held.exclusive["gpu-aa-r1"], "ns/c-u1");
+        assert_eq!(
+            held.shares["gpu-dd"][0].1,
+            crate::dra::prepare::Share {
+                id: "s-1".into(),
+                memory_mib: 20480,
+                cores: 25
+            }
+        );
+        // Written and read back with its mark; an entry prepared as usual has none in the file.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        save(&path, &c).unwrap();
+        assert_eq!(load(&path).unwrap(), c);
+        let mut plain = Checkpoint::new();
+        plain.claims.insert("u9".into(), claim_of("u9"));
+        save(&path, &plain).unwrap();
+        assert!(!std::fs::read_to_string(&path).unwrap().contains("rebuilt"));
+    }
+
+    fn claim_of(uid: &str) -> PreparedClaim {
+        claim(uid, "gpu-a")
     }
 }

@@ -122,22 +122,106 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Bound), DraError> {
 }
 
 /// A checkpoint that cannot be read (corrupt, empty, a directory or FIFO in its place) is
-/// renamed to `checkpoint.json.corrupt-<unix seconds>` (kept for inspection) and the driver
-/// starts empty: the kubelet prepares the claims of its running pods again, and each is
-/// rebuilt from the API's allocation then. Only a rename that fails keeps DRA down.
-fn set_aside(path: &Path, e: checkpoint::CheckpointError) -> Result<Checkpoint, DraError> {
+/// renamed to `checkpoint.json.corrupt-<unix seconds>` (kept for inspection). Only a rename
+/// that fails keeps DRA down.
+fn set_aside(path: &Path, e: &checkpoint::CheckpointError) -> Result<PathBuf, DraError> {
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let aside = path.with_file_name(format!("{}.corrupt-{at}", checkpoint::FILE));
-    match std::fs::rename(path, &aside) {
-        Ok(()) => {
-            tracing::error!(error = %crate::errors::chain(&e), moved_to = %aside.display(),
-                "DRA: the checkpoint cannot be used; set aside, starting empty (the kubelet prepares its running claims again)");
-            Ok(Checkpoint::new())
+    std::fs::rename(path, &aside).map_err(|source| DraError::SetAside {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    tracing::error!(error = %crate::errors::chain(e), moved_to = %aside.display(),
+        "DRA: the checkpoint cannot be used; set aside, the record of prepared claims rebuilt from the API (the kubelet does not prepare its running claims again)");
+    Ok(aside)
+}
+
+/// The claims allocated from this node's pool by this driver, as the API has them
+/// ([`checkpoint::rebuild`]): a cluster-wide `list` of ResourceClaims, and the node's
+/// ResourceSlices for each device's resource and ID (a failed slice list leaves those empty).
+///
+/// # Errors
+/// The claim list's error.
+async fn from_api(settings: &DraSettings, client: &Client) -> Result<Checkpoint, kube::Error> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let claims: Api<ResourceClaim> = Api::all(client.clone());
+    let claims = claims.list(&kube::api::ListParams::default()).await?.items;
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let selector = format!(
+        "spec.nodeName={},spec.driver={}",
+        settings.node, settings.driver
+    );
+    let slices = match slices
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await
+    {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::warn!(error = %crate::errors::chain(&e), "DRA: the node's ResourceSlices could not be listed; the rebuilt claims' devices are held by name only");
+            Vec::new()
         }
-        Err(_) => Err(DraError::Checkpoint(e)),
+    };
+    Ok(checkpoint::rebuild(
+        &claims,
+        &slices,
+        &settings.driver,
+        &settings.node,
+    ))
+}
+
+/// The prepared claims at start: the checkpoint at `path`; where it is missing or cannot be
+/// used, the record rebuilt from the API ([`from_api`]) and written back. Temporary files of
+/// the checkpoint's atomic writer left by a crash mid-write are removed first.
+///
+/// A corrupt file is set aside only once the API answered (else DRA stays down, retried, and
+/// the file stays for the next try). A missing file whose rebuild fails (no `list` on
+/// ResourceClaims) starts empty.
+///
+/// # Errors
+/// [`DraError::Checkpoint`] for a file of another version or one that cannot be read;
+/// [`DraError::Rebuild`] when the API does not answer for a corrupt file; a failed rename or
+/// write.
+pub async fn load_or_rebuild(
+    settings: &DraSettings,
+    client: &Client,
+) -> Result<Checkpoint, DraError> {
+    let path = driver_dir(settings).join(checkpoint::FILE);
+    let removed = crate::files::remove_stale_temporaries(&path);
+    if removed > 0 {
+        tracing::info!(removed, path = %path.display(), "DRA: temporary files of an interrupted checkpoint write removed");
     }
+    let corrupt = if path.exists() {
+        match checkpoint::load(&path) {
+            Ok(state) => return Ok(state),
+            Err(e) if e.is_corrupt() => Some(e),
+            Err(e) => return Err(DraError::Checkpoint(e)),
+        }
+    } else {
+        None
+    };
+    let rebuilt = match (from_api(settings, client).await, &corrupt) {
+        (Ok(c), _) => c,
+        (Err(source), Some(_)) => {
+            return Err(DraError::Rebuild { path, source });
+        }
+        (Err(e), None) => {
+            tracing::warn!(error = %crate::errors::chain(&e), path = %path.display(),
+                "DRA: no checkpoint, and the claims allocated from this node cannot be listed; starting with none prepared");
+            return Ok(Checkpoint::new());
+        }
+    };
+    if let Some(e) = &corrupt {
+        set_aside(&path, e)?;
+    }
+    if rebuilt.claims.is_empty() {
+        return Ok(rebuilt);
+    }
+    tracing::warn!(claims = rebuilt.claims.len(), path = %path.display(),
+        "DRA: no usable checkpoint; the claims allocated from this node's pool and reserved for pods recorded as prepared from the API");
+    checkpoint::save(&path, &rebuilt)?;
+    Ok(rebuilt)
 }
 
 /// The plugin's state: the checkpoint, and where things go.
@@ -153,22 +237,16 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// Loads the checkpoint from `<plugins dir>/<driver>/checkpoint.json`.
-    ///
-    /// # Errors
-    /// [`DraError::Checkpoint`] when it cannot be read or parsed.
+    /// The plugin over `state`, the prepared claims [`load_or_rebuild`] read from
+    /// `<plugins dir>/<driver>/checkpoint.json`.
     pub fn new(
         settings: DraSettings,
         client: Client,
         inputs: watch::Receiver<Option<Arc<DraInput>>>,
         status: watch::Sender<super::publish::PublishStatus>,
-    ) -> Result<Self, DraError> {
+        mut state: Checkpoint,
+    ) -> Self {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
-        let mut state = match checkpoint::load(&checkpoint_path) {
-            Ok(state) => state,
-            Err(e) if e.is_corrupt() => set_aside(&checkpoint_path, e)?,
-            Err(e) => return Err(DraError::Checkpoint(e)),
-        };
         // Paths come from validated UIDs only: an entry whose UID is not one, or whose spec
         // file is not the one its UID names (`../` in a tampered checkpoint), is dropped, so
         // prepare never writes and unprepare never removes outside `--cdi-output-dir`.
@@ -185,14 +263,14 @@ impl Plugin {
         }
         let prepared = checkpoint::holders(&state);
         status.send_modify(|s| s.prepared = Some(prepared));
-        Ok(Plugin {
+        Plugin {
             settings,
             client,
             inputs,
             checkpoint_path,
             state: Mutex::new(state),
             status,
-        })
+        }
     }
 
     /// Publishes what `state` has prepared ([`super::publish::PublishStatus::prepared`]).
@@ -222,7 +300,7 @@ impl Plugin {
     /// The checkpointed answer for `uid`, its spec rewritten when missing.
     fn already(&self, uid: &str) -> Option<Result<Vec<PreparedDevice>, String>> {
         let state = self.lock();
-        let c = state.claims.get(uid)?;
+        let c = state.claims.get(uid).filter(|c| !c.rebuilt)?;
         let path = self.spec_path(uid);
         if !path.exists() {
             if let Err(e) = write_spec(&path, &c.spec) {
@@ -266,10 +344,12 @@ impl Plugin {
             .clone()
             .ok_or_else(|| format!("claim {c}: no plan yet; the kubelet retries"))?;
         let mut state = self.lock();
-        // Prepared meanwhile by a concurrent call: the same answer.
-        if let Some(p) = state.claims.get(&c.uid) {
+        // Prepared meanwhile by a concurrent call: the same answer. A record rebuilt from the
+        // API is prepared afresh (it has no answer), and replaced.
+        if let Some(p) = state.claims.get(&c.uid).filter(|p| !p.rebuilt) {
             return Ok(p.devices.clone());
         }
+        let before = state.claims.get(&c.uid).cloned();
         let held = state.held(&c.uid);
         let ctx = prepare::Context {
             plan: &input.plan,
@@ -285,7 +365,10 @@ impl Plugin {
         let devices = prepared.devices.clone();
         state.claims.insert(c.uid.clone(), prepared);
         if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
-            state.claims.remove(&c.uid);
+            match before {
+                Some(b) => state.claims.insert(c.uid.clone(), b),
+                None => state.claims.remove(&c.uid),
+            };
             let _ = std::fs::remove_file(&path);
             return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
         }

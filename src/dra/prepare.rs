@@ -131,8 +131,14 @@ pub struct PreparedClaim {
     pub devices: Vec<PreparedDevice>,
     /// The CDI spec file name (inside `--cdi-output-dir`).
     pub spec_file: String,
-    /// The CDI spec (JSON).
+    /// The CDI spec (JSON); `null` in a record rebuilt from the API.
     pub spec: Value,
+    /// Rebuilt from the API's allocation ([`super::checkpoint::rebuild`]) because the
+    /// checkpoint could not be used: the claim holds its devices, but its answer and spec are
+    /// not known, so a `NodePrepareResources` for it prepares it afresh. Left out of the file
+    /// when false (so an older slicelet reads the checkpoint as before).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebuilt: bool,
 }
 
 /// Why a claim cannot be prepared: reported in the response's `error` for that claim.
@@ -496,6 +502,7 @@ pub fn prepare(
         pods: reserved_pods(claim),
         devices,
         spec_file: spec_file(driver, &want.uid),
+        rebuilt: false,
         spec: edits.spec(&kind, &want.uid),
     })
 }
@@ -594,6 +601,28 @@ fn share_of(
         id: r.share_id.clone().unwrap_or_default(),
         memory_mib,
         cores,
+    })
+}
+
+/// The share allocation `r` records (its `shareID` and `consumedCapacity`), for a record
+/// rebuilt from the API: a consumed capacity missing or not read counts as 0 (the claim holds
+/// a share of the device all the same).
+pub(crate) fn recorded_share(
+    r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+) -> Option<Share> {
+    if r.share_id.is_none() && r.consumed_capacity.is_none() {
+        return None;
+    }
+    let consumed = r.consumed_capacity.as_ref();
+    let get = |name: &str| consumed.and_then(|m| m.get(name)).map(|q| q.0.as_str());
+    Some(Share {
+        id: r.share_id.clone().unwrap_or_default(),
+        memory_mib: get(super::slices::MEMORY)
+            .and_then(|v| quantity_mib(v).ok())
+            .unwrap_or(0),
+        cores: get(super::slices::CORES)
+            .and_then(|v| quantity_cores(v).ok())
+            .unwrap_or(0),
     })
 }
 

@@ -27,8 +27,9 @@ pub struct PlannedMemory {
     pub entry: String,
     /// Per replica, MiB.
     pub limits: MemoryLimits,
-    /// Physical unit (GPU or MIG UUID) → why its limit cannot be enforced (only under
-    /// `best-effort`; under `required` such a unit is a plan error).
+    /// Physical unit (GPU or MIG UUID) → why its limit cannot be enforced (under `best-effort`;
+    /// under `required` such a unit is a plan error, or in the daemon its devices are held
+    /// Unhealthy: [`build_serving`]).
     pub unenforced: BTreeMap<String, String>,
     /// What the resource's memory devices carry in their CDI names beside the unit, size and
     /// count ([`name_tag`] of its name), when another memory-limited resource of one of its
@@ -166,6 +167,93 @@ pub(super) fn apply(
     }
     tag_shared_sizes(resources);
     check_fits(resources, inventory)
+}
+
+/// [`super::build_with`] as the daemon serves it: a memory limit under `enforce: required` that
+/// a unit cannot enforce fails closed on that unit only. The entry is planned as under
+/// `best-effort`, then every device of a unit that cannot enforce it is advertised Unhealthy
+/// and its [`PlannedMemory::limits`] say `required` again (so [`required_refusal`] gives the
+/// reason: `/readyz` and the log name it); the other GPUs and resources are served. `slicelet
+/// plan` and `validate` keep refusing such a policy ([`super::build`]).
+///
+/// # Errors
+/// As [`super::build_with`], but for [`PlanError::MemoryNotEnforceable`].
+pub fn build_serving(
+    policy: &crate::policy::Policy,
+    inventory: &Inventory,
+    mps_applied: &BTreeMap<String, super::MpsLimits>,
+) -> Result<super::Built, PlanError> {
+    let mut relaxed = std::borrow::Cow::Borrowed(policy);
+    let mut required: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut built = loop {
+        match super::build_with(&relaxed, inventory, mps_applied) {
+            Err(PlanError::MemoryNotEnforceable { entry, .. }) if !required.contains(&entry) => {
+                let p = relaxed.to_mut();
+                let found = p
+                    .time_slicing
+                    .resources
+                    .iter_mut()
+                    .chain(p.mps.resources.iter_mut().map(|m| &mut m.shared))
+                    .find(|e| e.path == entry)
+                    .and_then(|e| e.memory.as_mut());
+                let Some(m) = found else {
+                    return super::build_with(policy, inventory, mps_applied);
+                };
+                m.enforce = Enforce::BestEffort;
+                required.insert(entry);
+            }
+            other => break other?,
+        }
+    };
+    if required.is_empty() {
+        return Ok(built);
+    }
+    built.warnings.retain(|w| {
+        !required
+            .iter()
+            .any(|e| w.starts_with(&format!("{e}.memory: not enforced on ")))
+    });
+    for res in built.plan.resources.values_mut() {
+        let Some(m) = res.memory.as_ref().filter(|m| required.contains(&m.entry)) else {
+            continue;
+        };
+        let unenforced = m.unenforced.clone();
+        let entry = m.entry.clone();
+        let r = std::sync::Arc::make_mut(res);
+        if let Some(m) = r.memory.as_mut() {
+            m.limits.enforce = Enforce::Required;
+        }
+        let mut said = std::collections::BTreeSet::new();
+        for d in &mut r.devices {
+            let Some(reason) = unenforced.get(&d.gpu_uuid) else {
+                continue;
+            };
+            d.health = crate::device_health::Health::Unhealthy;
+            if said.insert(d.gpu_uuid.clone()) {
+                built.warnings.push(format!(
+                    "{entry}.memory: cannot be enforced on {} ({}): {reason}; its replicas of {} are advertised Unhealthy (enforce: required); the rest of the policy is served",
+                    unit_label(d),
+                    d.gpu_uuid,
+                    r.name
+                ));
+            }
+        }
+    }
+    Ok(built)
+}
+
+/// Why device `d` of a resource with memory limits `m` is held Unhealthy by
+/// [`build_serving`]: its unit cannot enforce a `required` limit.
+pub fn required_refusal(m: &PlannedMemory, d: &VirtualDevice) -> Option<String> {
+    if m.limits.enforce != Enforce::Required {
+        return None;
+    }
+    m.unenforced.get(&d.gpu_uuid).map(|reason| {
+        format!(
+            "{}.memory cannot be enforced (enforce: required): {reason}",
+            m.entry
+        )
+    })
 }
 
 /// `3` for GPU 3, `MIG device 0:2` for MIG device 2 of GPU 0.

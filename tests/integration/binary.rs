@@ -1032,6 +1032,26 @@ async fn one_lost_gpu_at_start_does_not_darken_the_node() {
     assert!(log.contains("left out"), "{log}");
 }
 
+/// A policy the node cannot serve at start (two 50 GiB replicas on an 80 GB GPU) is rejected
+/// without claiming a last good policy there is none of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_rejected_at_start_keeps_no_last_good_policy() {
+    let policy = "version: v1\nflags:\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-50gb\n        devices: [0]\n        replicas: 2\n        memory:\n          hard: 50Gi\n          enforce: best-effort\n";
+    let node = Node::new(policy);
+    let sim = crate::common::node_file("h100-80gb-x8.yaml");
+    let child = spawn_run(&node, &["--simulate", sim.to_str().unwrap()], &[]);
+    let mut child = child;
+    let log = wait_for_log(&mut child, "policy rejected for this node").await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("policy rejected for this node"))
+        .unwrap();
+    assert!(!line.contains("keeping the last good policy"), "{line}");
+    assert!(line.contains("nothing is advertised"), "{line}");
+    let (code, log) = sigterm_and_wait(child).await;
+    assert_eq!(code, Some(0), "{log}");
+}
+
 /// Five GPUs whose topology the fake NVML reports: 1-2 two NVLinks behind several PCIe
 /// switches, 3 and 4 on NVSwitch ports (all-to-all) under one host bridge, 0-1 one PCIe switch,
 /// 0-2's common-ancestor call failing and GPU 0's NVLink queries failing.

@@ -509,3 +509,54 @@ async fn simulated_links_steer_get_preferred_allocation() {
     assert_eq!(ask(&[0], 3).await, gpus[1..4].to_vec());
     d.stop().await;
 }
+
+/// Memory limits under `enforce: required` on a node whose driver is before R615
+/// (config/policy-memory.yaml on an H100 x8 with driver 550): GPU 0's sized replicas are
+/// advertised Unhealthy, `/readyz` naming GPU 0 and why, and GPUs 1-7 are served; the node is
+/// not dark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_memory_limits_fail_closed_on_their_gpu_only() {
+    let policy = read(&repo().join("config/policy-memory.yaml"));
+    let node = Node::new(&policy);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let g0 = uuids(&sim)[0].clone();
+    // The node's CDI spec (kind nvidia.com/gpu, each GPU by index and UUID), for cdi-cri.
+    let specs = node.tmp.path().join("cdi-specs");
+    std::fs::create_dir_all(&specs).unwrap();
+    let mut spec = String::from("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n");
+    for (i, u) in uuids(&sim).iter().enumerate() {
+        for name in [i.to_string(), u.clone()] {
+            spec.push_str(&format!(
+                "  - name: \"{name}\"\n    containerEdits:\n      deviceNodes:\n        - path: /dev/nvidia{i}\n"
+            ));
+        }
+    }
+    std::fs::write(specs.join("nvidia.yaml"), spec).unwrap();
+    let mut settings = node.settings(&sim);
+    settings.cdi_spec_dirs = vec![specs];
+    let emu = emulator(&node).await;
+    let mut d = Daemon::start(settings);
+    let state = wait_lists(
+        &emu,
+        &[
+            ("nvidia.com/gpu", 7),
+            ("nvidia.com/gpu-20gb", 2),
+            ("nvidia.com/gpu-38gb", 1),
+        ],
+    )
+    .await;
+    assert_eq!(state.healthy_count("nvidia.com/gpu"), Some(7));
+    assert_eq!(state.healthy_count("nvidia.com/gpu-20gb"), Some(0));
+    assert_eq!(state.healthy_count("nvidia.com/gpu-38gb"), Some(0));
+    let s = d
+        .wait_status(|s| s.generation > 0 && s.ready().is_ok())
+        .await;
+    assert!(s.policy_error.is_none(), "{:?}", s.policy_error);
+    let why = s.unhealthy.get(&g0).cloned().unwrap_or_default();
+    assert!(
+        why.contains("cannot be enforced (enforce: required)") && why.contains("R615"),
+        "{why:?}"
+    );
+    assert!(s.unhealthy_lines().contains(&g0));
+    d.stop().await;
+}

@@ -725,7 +725,7 @@ fn dra_rbac_and_admission_policy() {
     for v in ["list", "create", "update", "delete"] {
         assert!(verbs("resourceslices").contains(&v.to_string()), "{v}");
     }
-    assert_eq!(verbs("resourceclaims"), ["get"]);
+    assert_eq!(verbs("resourceclaims"), ["get", "list"]);
     let vap = docs
         .iter()
         .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
@@ -908,7 +908,8 @@ async fn a_dra_start_failure_is_shown_and_retried_until_it_serves() {
 }
 
 /// A checkpoint that cannot be read (here a directory in its place) is set aside for
-/// inspection and DRA starts empty and serves (it never started).
+/// inspection, the record rebuilt from the API (no claim allocated: empty) and DRA serves (it
+/// never started).
 #[tokio::test]
 async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
     let inv = inventory("h100-80gb-x8.yaml");
@@ -927,6 +928,82 @@ async fn an_unreadable_checkpoint_is_set_aside_and_dra_serves() {
         .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
+}
+
+/// A corrupt checkpoint while the API is down: DRA stays down (retried) and the file stays
+/// where it is; once the API answers, the record is rebuilt from the claims allocated from this
+/// node: claim `ns/a` holds GPU 0's replica 0 (claim `ns/b` is refused it), and the kubelet's
+/// prepare of `ns/a` prepares it afresh, with the answer and CDI spec it had.
+#[tokio::test]
+async fn a_rebuilt_record_holds_its_devices_and_an_api_outage_keeps_the_file() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let mut d = Dra::start(input_of(TS4, &inv)).await;
+    d.wait_slices(1, 32).await;
+    let g0 = inv.gpus[0].uuid.clone();
+    let r0 = device_name(&format!("{g0}::0"));
+    d.api
+        .set_claim("ns", "a", UID_A, &[alloc("gpu", NODE, &r0)]);
+    d.api.reserve_claim("ns", "a", &[("pa", "pod-uid-a")]);
+    let k = d.kubelet().await;
+    let first = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    assert_eq!(first[UID_A].error, "");
+    let spec = d
+        .cdi_dir()
+        .join(format!("gpu.slicelet.io-claim_{UID_A}.json"));
+    let spec_text = crate::common::read(&spec);
+    d.stop_component().await;
+    let checkpoint = d
+        .settings()
+        .plugins_dir
+        .join(DRIVER)
+        .join("checkpoint.json");
+    std::fs::write(&checkpoint, "{").unwrap();
+    std::fs::remove_file(&spec).unwrap();
+    d.api.set_unavailable(true);
+    d.stop = CancellationToken::new();
+    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone());
+    let mut status = h.status.clone();
+    d.handle = Some(h);
+    let down = tokio::time::timeout(WAIT, status.wait_for(|s| s.down.is_some()))
+        .await
+        .expect("DRA never said it is down")
+        .unwrap()
+        .down
+        .clone()
+        .unwrap();
+    assert!(
+        down.contains("checkpoint.json") && down.contains("resourceclaims"),
+        "{down}"
+    );
+    assert_eq!(crate::common::read(&checkpoint), "{");
+    d.api.set_unavailable(false);
+    let prepared = tokio::time::timeout(
+        WAIT,
+        status.wait_for(|s| s.prepared.as_ref().is_some_and(|p| p.contains_key(&r0))),
+    )
+    .await
+    .expect("the record was never rebuilt")
+    .unwrap()
+    .prepared
+    .clone()
+    .unwrap();
+    assert_eq!(prepared[&r0][0].pod, "claim:a");
+    let record: Value = serde_json::from_str(&crate::common::read(&checkpoint)).unwrap();
+    assert_eq!(record["claims"][UID_A]["rebuilt"], true);
+    let k = d.kubelet().await;
+    d.api
+        .set_claim("ns", "b", UID_B, &[alloc("gpu", NODE, &r0)]);
+    let b = k.prepare(Version::V1, &[("ns", "b", UID_B)]).await.unwrap();
+    assert!(
+        b[UID_B].error.contains("is held by prepared claim ns/a"),
+        "{:?}",
+        b[UID_B]
+    );
+    let again = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(crate::common::read(&spec), spec_text);
+    let record: Value = serde_json::from_str(&crate::common::read(&checkpoint)).unwrap();
+    assert!(record["claims"][UID_A].get("rebuilt").is_none(), "{record}");
 }
 
 /// One holder across a restart, on a kubelet whose pod-resources reports no claims (before
@@ -993,6 +1070,175 @@ async fn a_restart_that_drops_dra_keeps_a_claimed_gpu_off_the_device_plugin() {
     assert_eq!(k.unprepare(Version::V1, &claim).await.unwrap()[UID_A], "");
     crate::common::wait_lists(&emu, &[("nvidia.com/gpu-dra", 2)]).await;
     d.stop().await;
+}
+
+/// The two policies of the record tests: GPU 0 time-sliced x2 through DRA, then the same
+/// entry on the device plugin.
+const GPU0_DRA: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0]\n        replicas: 2\n        dra: true\n";
+const GPU0_DP: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0]\n        replicas: 2\n";
+
+/// A node whose claim `ns/one` (UID_A, reserved for pod `p1`) was prepared on GPU 0's replica 0
+/// through DRA; slicelet stopped, and the policy now puts GPU 0 on the device plugin.
+struct Claimed {
+    node: crate::common::Node,
+    api: KubeApi,
+    emu: kubelet_emulator::KubeletEmulator,
+    settings: slicelet::daemon::Settings,
+    checkpoint: PathBuf,
+    registry: PathBuf,
+}
+
+async fn claimed_gpu0() -> Claimed {
+    use crate::common::{emulator, uuids, Daemon, Node};
+    let node = Node::new(GPU0_DRA);
+    let sim = node_file("h100-80gb-x8.yaml");
+    let g0 = uuids(&sim)[0].clone();
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let registry = node.tmp.path().join("plugins_registry");
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let checkpoint = node
+        .tmp
+        .path()
+        .join("dra-plugins")
+        .join(DRIVER)
+        .join("checkpoint.json");
+    let mut d = Daemon::start(settings.clone());
+    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+    api.wait_slices(|s| count(&parse(s)) == 2).await;
+    let r0 = device_name(&format!("{g0}::0"));
+    api.set_claim("ns", "one", UID_A, &[alloc("gpu", NODE, &r0)]);
+    api.reserve_claim("ns", "one", &[("p1", "pod-uid-1")]);
+    let k = DraKubelet::register(&registry).await.unwrap();
+    let claim = [("ns", "one", UID_A)];
+    assert_eq!(
+        k.prepare(Version::V1, &claim).await.unwrap()[UID_A].error,
+        ""
+    );
+    d.stop().await;
+    node.write_policy(GPU0_DP);
+    Claimed {
+        node,
+        api,
+        emu,
+        settings,
+        checkpoint,
+        registry,
+    }
+}
+
+/// Whether the device plugin ever offered a replica of GPU 0 (the only devices of
+/// `nvidia.com/gpu-dra`) Healthy, in every list the kubelet emulator recorded.
+fn gpu0_ever_offered(emu: &kubelet_emulator::KubeletEmulator) -> bool {
+    emu.lists("nvidia.com/gpu-dra")
+        .iter()
+        .any(|l| kubelet_emulator::healthy(&l.devices) > 0)
+}
+
+/// A checkpoint emptied (a crash, a full disk) is set aside and the record rebuilt from the
+/// API's allocated claims before the first plan, and written back: the device plugin never
+/// offers GPU 0 while claim `ns/one` holds it (the kubelet does not prepare it again); once
+/// the claim is unprepared, GPU 0 goes to the device plugin. Stale temporaries of the
+/// checkpoint's writer are removed at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_checkpoint_is_rebuilt_from_the_api_and_gpu_0_keeps_one_holder() {
+    use crate::common::Daemon;
+    let c = claimed_gpu0().await;
+    std::fs::write(&c.checkpoint, "").unwrap();
+    let stale = c.checkpoint.with_file_name(".checkpoint.json.Xy12ab.tmp");
+    std::fs::write(&stale, "{\"version\": 1, \"cla").unwrap();
+    let mut d = Daemon::start(c.settings.clone());
+    let s = d
+        .wait_status(|s| s.generation > 0 && s.dra_serving && s.dra_down.is_none())
+        .await;
+    assert!(
+        !s.resources.contains("nvidia.com/gpu-dra"),
+        "the device plugin serves GPU 0 while claim ns/one holds it: {:?}",
+        s.resources
+    );
+    assert!(
+        !gpu0_ever_offered(&c.emu),
+        "GPU 0 offered by the device plugin while claimed"
+    );
+    assert!(c.api.counters().claim_lists >= 1);
+    // Rebuilt and written back; the emptied file set aside; the stale temporary gone.
+    let record: Value = serde_json::from_str(&crate::common::read(&c.checkpoint)).unwrap();
+    assert_eq!(record["claims"][UID_A]["rebuilt"], true, "{record}");
+    assert_eq!(record["claims"][UID_A]["pods"][0]["uid"], "pod-uid-1");
+    let dir = c.checkpoint.parent().unwrap();
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!stale.exists(), "{names:?}");
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("checkpoint.json.corrupt-"))
+            .count(),
+        1,
+        "{names:?}"
+    );
+    // The claim ends: unprepared, GPU 0 moves to the device plugin.
+    let k = DraKubelet::register(&c.registry).await.unwrap();
+    assert_eq!(
+        k.unprepare(Version::V1, &[("ns", "one", UID_A)])
+            .await
+            .unwrap()[UID_A],
+        ""
+    );
+    crate::common::wait_lists(&c.emu, &[("nvidia.com/gpu-dra", 2)]).await;
+    let record: Value = serde_json::from_str(&crate::common::read(&c.checkpoint)).unwrap();
+    assert_eq!(record["claims"], serde_json::json!({}));
+    d.stop().await;
+    drop(c.node);
+}
+
+/// A restart without `--dra` (the chart's default) still reads the DRA checkpoint, read only:
+/// the device plugin never offers GPU 0 while claim `ns/one` is recorded, and the file is left
+/// as it was. Back with `--dra`, the claim is unprepared and GPU 0 goes to the device plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_dra_reads_the_checkpoint_and_gpu_0_keeps_one_holder() {
+    use crate::common::Daemon;
+    let c = claimed_gpu0().await;
+    let before = std::fs::read(&c.checkpoint).unwrap();
+    let mut off = c.settings.clone();
+    off.dra = None;
+    off.dra_checkpoint = Some(c.checkpoint.clone());
+    let mut d = Daemon::start(off);
+    let s = d
+        .wait_status(|s| s.generation > 0 && s.ready().is_ok())
+        .await;
+    assert!(
+        !s.resources.contains("nvidia.com/gpu-dra"),
+        "the device plugin serves GPU 0 while claim ns/one holds it (DRA off): {:?}",
+        s.resources
+    );
+    assert!(
+        !gpu0_ever_offered(&c.emu),
+        "GPU 0 offered by the device plugin while claimed"
+    );
+    d.stop().await;
+    assert_eq!(
+        std::fs::read(&c.checkpoint).unwrap(),
+        before,
+        "rewritten with DRA off"
+    );
+    let mut d = Daemon::start(c.settings.clone());
+    d.wait_status(|s| s.generation > 0 && s.dra_serving && s.dra_down.is_none())
+        .await;
+    assert!(!gpu0_ever_offered(&c.emu));
+    let k = DraKubelet::register(&c.registry).await.unwrap();
+    assert_eq!(
+        k.unprepare(Version::V1, &[("ns", "one", UID_A)])
+            .await
+            .unwrap()[UID_A],
+        ""
+    );
+    crate::common::wait_lists(&c.emu, &[("nvidia.com/gpu-dra", 2)]).await;
+    d.stop().await;
+    drop(c.node);
 }
 
 /// The taints of device `name` in the stored slice `v`.
@@ -1482,7 +1728,12 @@ async fn the_daemon_prepares_capacity_shares_of_gpu_0_with_their_own_mps_limits(
     let d = Daemon::start(settings);
     // GPUs 1–7 whole through the device plugin, GPU 0 once through DRA.
     wait_lists(&emu, &[("nvidia.com/gpu", 7)]).await;
-    let slices = parse(&api.wait_slices(|s| count(&parse(s)) == 1).await);
+    // GPU 0 untainted: its MPS control daemon is ready (until then it is `mps-not-ready` and
+    // prepare refuses it).
+    let slices = parse(
+        &api.wait_slices(|s| count(&parse(s)) == 1 && !s.iter().any(any_taint))
+            .await,
+    );
     check_shape(&slices);
     let g0 = uuids(&sim)[0].clone();
     let gpu0 = device_name(&g0);

@@ -264,9 +264,12 @@ fn base_namespace_enforces_privileged_and_mps_root_is_mounted_only_with_mps() {
         [
             "/var/lib/kubelet/device-plugins",
             "/etc/slicelet",
-            "/var/lib/kubelet/pod-resources"
+            "/var/lib/kubelet/pod-resources",
+            "/var/lib/kubelet/plugins/gpu.slicelet.io"
         ]
     );
+    // The DRA checkpoint without DRA: read only (overlays/dra mounts the plugins directory).
+    assert_eq!(spec["containers"][0]["volumeMounts"][3]["readOnly"], true);
     assert!(spec.get("hostPID").is_none());
     let mps_root = policy::Policy::default().mps_root;
     for overlay in ["mps", "mps-in-process"] {

@@ -9,7 +9,8 @@
 //! replace with a resourceVersion check (409 on a stale one), delete, list with the field
 //! selectors `spec.nodeName` and `spec.driver`; `dryRun=All` on create and replace answers
 //! what would be stored and stores nothing) and ResourceClaims (get by namespace and
-//! name); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
+//! name; list cluster-wide, as the API server answers `GET /apis/resource.k8s.io/v1/resourceclaims`:
+//! a `ResourceClaimList` with the list's `resourceVersion`, in namespace and name order); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
 //! them, read the slices ([`KubeApi::slices`]), wait for slice changes
 //! ([`KubeApi::wait_slices`]) or for a slice write in the record of every one
 //! ([`KubeApi::wait_slice_write`]). It can play an API server without device taints
@@ -93,6 +94,8 @@ pub struct Counters {
     pub slice_lists: u32,
     /// ResourceClaim gets answered (found or not).
     pub claim_gets: u32,
+    /// Cluster-wide ResourceClaim lists answered.
+    pub claim_lists: u32,
     /// Pod lists answered.
     pub pod_lists: u32,
     /// Requests forwarded through the `pods/proxy` subresource.
@@ -486,6 +489,22 @@ async fn get_claim(
     }
 }
 
+async fn list_claims(State(s): State<Shared>) -> Response {
+    let inner = s.inner.lock().unwrap();
+    if let Some(r) = refuse_if_down(&s, &inner) {
+        return r;
+    }
+    let list = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimList",
+        "metadata": {"resourceVersion": inner.resource_version.to_string()},
+        "items": inner.claims.values().cloned().collect::<Vec<Value>>(),
+    });
+    drop(inner);
+    s.counters.send_modify(|c| c.claim_lists += 1);
+    ok_json(&list)
+}
+
 /// One allocated device of a claim, as `status.allocation.devices.results[]` lists it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllocatedDevice {
@@ -540,6 +559,7 @@ impl KubeApi {
                 "/apis/resource.k8s.io/v1/resourceslices/{name}",
                 get(get_slice).put(replace_slice).delete(delete_slice),
             )
+            .route("/apis/resource.k8s.io/v1/resourceclaims", get(list_claims))
             .route(
                 "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
                 get(get_claim),

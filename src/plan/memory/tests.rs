@@ -248,3 +248,50 @@ fn thousands_separators() {
         assert_eq!(thousands(n), s);
     }
 }
+
+/// The daemon's build: a `required` limit a GPU cannot enforce (driver 550) holds that GPU's
+/// sized replicas Unhealthy with the reason, serves the other GPUs, and says so once per GPU;
+/// `build` (`slicelet plan`, `validate`) still refuses the policy; best-effort entries and a
+/// node that can enforce are untouched.
+#[test]
+fn build_serving_fails_closed_per_gpu_under_required() {
+    let p = parse(POLICY).unwrap();
+    let inv = node(R550);
+    assert!(matches!(
+        build(&p, &inv),
+        Err(PlanError::MemoryNotEnforceable { .. })
+    ));
+    let built = build_serving(&p, &inv, &BTreeMap::new()).unwrap();
+    let res = &built.plan.resources;
+    for name in ["nvidia.com/gpu-20gb", "nvidia.com/gpu-38gb"] {
+        let r = &res[name];
+        let m = r.memory.as_ref().unwrap();
+        assert_eq!(m.limits.enforce, Enforce::Required);
+        for d in &r.devices {
+            assert!(!d.health.is_healthy(), "{name} {}", d.id);
+            let why = required_refusal(m, d).unwrap();
+            assert!(why.contains("R615"), "{why}");
+        }
+    }
+    assert!(res["nvidia.com/gpu"]
+        .devices
+        .iter()
+        .all(|d| d.health.is_healthy()));
+    assert_eq!(res["nvidia.com/gpu"].devices.len(), 7);
+    let said: Vec<&String> = built
+        .warnings
+        .iter()
+        .filter(|w| w.contains("advertised Unhealthy (enforce: required)"))
+        .collect();
+    assert_eq!(said.len(), 2, "{:?}", built.warnings);
+    assert!(!built
+        .warnings
+        .iter()
+        .any(|w| w.contains("served under enforce: best-effort")));
+    // Where it can be enforced: the same plan as `build`.
+    let r615 = node(R615);
+    assert_eq!(
+        build_serving(&p, &r615, &BTreeMap::new()).unwrap().plan,
+        build(&p, &r615).unwrap().plan
+    );
+}
