@@ -9,7 +9,6 @@ mod dra;
 mod drain;
 mod fixtures;
 mod hook;
-mod hook_runc;
 mod hostile;
 mod interop;
 mod labels;
