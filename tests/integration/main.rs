@@ -3,6 +3,7 @@
 
 mod binary;
 mod cdi;
+mod commands_doc;
 mod common;
 mod daemon;
 mod dra;
