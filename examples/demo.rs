@@ -8,8 +8,14 @@
 //! cargo run --example demo -- --config config/policy.yaml --simulate config/nodes/h100-80gb-x8-busy.yaml
 //! ```
 //!
-//! With `--hold` it keeps running after printing, so `slicelet top --address <printed>` can
-//! follow it from another terminal, until Ctrl-C.
+//! With `--hold` it keeps running after printing, until Ctrl-C, and prints the command that
+//! follows it from another terminal: this example's own `top` subcommand (`slicelet top`'s
+//! flags, served by the library), so the binary already built serves it and nothing is
+//! compiled again.
+//!
+//! ```text
+//! target/debug/examples/demo top --address http://127.0.0.1:<port>
+//! ```
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -27,7 +33,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Run slicelet against a kubelet emulator in a temporary device-plugin directory.
 #[derive(Parser)]
+#[command(args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<DemoCommand>,
     /// Sharing policy.
     #[arg(long, default_value = "config/policy.yaml")]
     config: PathBuf,
@@ -40,9 +49,35 @@ struct Args {
     hold: bool,
 }
 
+#[derive(clap::Subcommand)]
+enum DemoCommand {
+    /// `slicelet top`, from this binary: point it at the address `--hold` prints.
+    Top(slicelet::cli::TopArgs),
+}
+
+/// How to run this binary from the current directory: its path relative to it where it lies
+/// below it (`target/debug/examples/demo`), else the absolute path.
+fn this_binary() -> String {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("demo"));
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(PathBuf::from))
+        .unwrap_or_else(|| exe.clone())
+        .display()
+        .to_string()
+}
+
+/// The command `--hold` prints, to follow the demo from another terminal.
+fn top_command(binary: &str, address: std::net::SocketAddr) -> String {
+    format!("{binary} top --address http://{address}")
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(DemoCommand::Top(top)) = &args.command {
+        return Ok(slicelet::top::run(&top.source(), top.once).await?);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLICELET_LOG")
@@ -205,7 +240,8 @@ async fn main() -> anyhow::Result<()> {
     if args.hold {
         let address = status.borrow().address.expect("status endpoint");
         println!(
-            "\nholding: in another terminal, cargo run -- top --address http://{address}  (Ctrl-C stops the demo)"
+            "\nholding: in another terminal, {}  (Ctrl-C stops the demo)",
+            top_command(&this_binary(), address)
         );
         tokio::signal::ctrl_c().await?;
     }
@@ -213,4 +249,28 @@ async fn main() -> anyhow::Result<()> {
     daemon.await??;
     println!("\ndaemon stopped: streams ended, sockets removed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `--hold` prints runs this binary's own `top` (nothing to build), at the address.
+    #[test]
+    fn the_printed_top_command_is_this_binarys_top_at_the_address() {
+        let line = top_command(
+            "target/debug/examples/demo",
+            "127.0.0.1:45895".parse().unwrap(),
+        );
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], "target/debug/examples/demo", "{line}");
+        let args = Args::try_parse_from(&words).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let Some(DemoCommand::Top(top)) = args.command else {
+            panic!("{line}: not the top subcommand");
+        };
+        assert!(
+            matches!(top.source(), slicelet::top::Source::Local(a) if a == "http://127.0.0.1:45895"),
+            "{line}"
+        );
+    }
 }

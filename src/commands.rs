@@ -141,7 +141,7 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
                     fallback: f.clone(),
                 });
             }
-            for w in built.fallbacks.iter().chain(&built.warnings) {
+            for w in plan_warnings(&built) {
                 let _ = writeln!(out, "warning: {w}");
             }
             if policy.delivery.strategies.uses_cdi() {
@@ -157,19 +157,32 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
             );
         }
     }
-    for k in &policy.ignored_keys {
-        let _ = writeln!(
-            out,
-            "warning: {k} is recognised (NVIDIA config v1) but slicelet does not act on it yet"
-        );
-    }
-    for l in &policy.lenient {
-        let _ = writeln!(out, "warning: {l}");
+    for w in policy_warnings(&policy) {
+        let _ = writeln!(out, "warning: {w}");
     }
     for n in &policy.notices {
         let _ = writeln!(out, "notice: {n}");
     }
     Ok(out)
+}
+
+/// The warnings of a plan on a node: where the policy was read as NVIDIA's plugin reads it
+/// (the fallbacks), then what does not apply here (entries that match nothing, …).
+fn plan_warnings(built: &plan::Built) -> impl Iterator<Item = &String> {
+    built.fallbacks.iter().chain(&built.warnings)
+}
+
+/// The warnings of a policy on any node: the keys of NVIDIA's schema it sets and slicelet does
+/// not act on, and what NVIDIA's plugin accepts but is probably a mistake.
+fn policy_warnings(policy: &policy::Policy) -> Vec<String> {
+    policy
+        .ignored_keys
+        .iter()
+        .map(|k| {
+            format!("{k} is recognised (NVIDIA config v1) but slicelet does not act on it yet")
+        })
+        .chain(policy.lenient.iter().cloned())
+        .collect()
 }
 
 /// The settings with `--config` narrowed to one file: a directory of named configs is chosen
@@ -295,8 +308,9 @@ fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
     out
 }
 
-/// `slicelet plan`: the plan for this node as a table or JSON (the JSON carries the same
-/// warnings as the table's `# warning:` lines, in `"warnings"`).
+/// `slicelet plan`: the plan for this node as a table or JSON. Both carry the warnings
+/// `slicelet validate` prints for the policy on this node (but for its CDI check, which needs
+/// `--cdi-spec-dirs`): the table as `# warning:` lines, the JSON in `"warnings"`.
 ///
 /// # Errors
 /// [`CommandError`] for an invalid policy, a node that cannot be discovered, or a plan that
@@ -316,7 +330,10 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     })?;
     let mut view = built.plan.view();
     view.links = inv.link_views();
-    view.warnings.clone_from(&built.warnings);
+    view.warnings = plan_warnings(&built)
+        .cloned()
+        .chain(policy_warnings(&policy))
+        .collect();
     if json {
         return serde_json::to_string_pretty(&view)
             .map(|s| s + "\n")
@@ -324,7 +341,7 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
     }
     let mut out = String::new();
     let _ = writeln!(out, "# {source}: {}", plural(inv.gpus.len(), "GPU", "GPUs"));
-    for w in &built.warnings {
+    for w in &view.warnings {
         let _ = writeln!(out, "# warning: {w}");
     }
     let _ = writeln!(

@@ -11,6 +11,8 @@
 //!   default or by `DP_DISABLE_HEALTHCHECKS=all`, or `all` to make every Xid critical.
 //! - slicelet's policy extension `health.ignoredXids` / `health.criticalXids` is applied last:
 //!   policy over environment.
+//! - NVIDIA's policy keys `health.ignoredXIDs` / `criticalXIDs` / `disabled` / `eventTypes`
+//!   replace the defaults, as in NVIDIA's plugin ([`XidPolicy::nvidia`]).
 //!
 //! Recovery: a device marked Unhealthy returns to Healthy once no critical event has arrived
 //! for the quiet period (default 5 min; 0 = never) and NVML still answers for it.

@@ -104,7 +104,7 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Clie
         None => Config::infer().await.map_err(ClientError::Infer)?,
     };
     // ring, explicitly: rustls picks a process-wide provider from its features only when one
-    // provider is enabled, and a build that unifies a second one into them (the test builds:
+    // provider is enabled, and a build that unifies a second one into them (tests/hook-runc's:
     // the CDI library's jsonschema brings aws-lc-rs) would panic building the TLS config, even
     // for an http:// server. An install after the first is refused, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();

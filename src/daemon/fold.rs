@@ -504,11 +504,10 @@ impl State {
 
     /// Plans `policy` on the current GPUs and applies it when it fits; true when applied.
     fn try_apply(&mut self, policy: Policy, hash_hex: &str, out: &mut Vec<Action>) -> bool {
-        let xid_policy = XidPolicy::new(
+        let xid_policy = XidPolicy::for_policy(
             self.env.disable.as_deref(),
             self.env.enable.as_deref(),
-            &policy.health.ignored_xids,
-            &policy.health.critical_xids,
+            &policy.health,
         );
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);

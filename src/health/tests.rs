@@ -58,6 +58,50 @@ fn policy_wins_over_env() {
     assert!(p.is_critical(48));
 }
 
+/// NVIDIA's `health` keys classify as NVIDIA's plugin's `Health.IsCritical` does (its own
+/// test cases), and `DP_DISABLE_HEALTHCHECKS` adds to the file's ignored Xids as there.
+#[test]
+fn nvidias_health_keys_classify_as_nvidias_plugin() {
+    use crate::policy::NvidiaXids;
+    let n = |off, ignored: &[u64], critical: Option<&[u64]>| NvidiaXids {
+        off,
+        ignored: ignored.to_vec(),
+        critical: critical.map(<[u64]>::to_vec),
+    };
+    type Case<'a> = (NvidiaXids, Option<&'a str>, &'a [u64], &'a [u64]);
+    let cases: Vec<Case> = vec![
+        // (keys, DP_DISABLE_HEALTHCHECKS, critical, not critical)
+        (n(true, &[], None), None, &[], &[48, 79, 13]),
+        (
+            n(false, &[13, 31, 43], None),
+            None,
+            &[48, 45, 68],
+            &[31, 13],
+        ),
+        (n(false, &[], Some(&[48, 79])), None, &[48, 79], &[94, 13]),
+        (n(false, &[], None), None, &[94, 13, 31], &[]),
+        (n(false, &[13], None), Some("79"), &[48, 31], &[13, 79]),
+        (n(false, &[], Some(&[48])), Some("48"), &[], &[48, 79]),
+        (n(false, &[], None), Some("all"), &[], &[48, 13]),
+    ];
+    for (keys, dis, crit, not) in &cases {
+        let p = XidPolicy::nvidia(*dis, None, keys);
+        for x in *crit {
+            assert!(p.is_critical(*x), "{keys:?} {dis:?}: {x} critical");
+        }
+        for x in *not {
+            assert!(!p.is_critical(*x), "{keys:?} {dis:?}: {x} ignored");
+        }
+    }
+    // for_policy picks NVIDIA's reading when the policy has the keys.
+    let health = crate::policy::HealthPolicy {
+        nvidia: Some(n(false, &[], None)),
+        ..Default::default()
+    };
+    assert!(XidPolicy::for_policy(None, None, &health).is_critical(13));
+    assert!(!XidPolicy::for_policy(None, None, &Default::default()).is_critical(13));
+}
+
 #[test]
 fn recovery_after_quiet_period_on_virtual_time() {
     let t0 = Instant::now();

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-/// Xids NVIDIA's plugin ignores by default (application errors, not hardware faults).
-pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+pub use crate::policy::DEFAULT_IGNORED_XIDS;
+use crate::policy::{HealthPolicy, NvidiaXids};
 
 /// An item of an environment variable that cannot be read as NVIDIA's format (skipped).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +104,61 @@ impl XidPolicy {
         for x in policy_critical {
             p.ignored.remove(x);
             p.critical.insert(*x);
+        }
+        p.skipped = skipped;
+        p
+    }
+
+    /// [`XidPolicy::new`] with the policy's `health`: slicelet's lists as there, or NVIDIA's
+    /// keys as [`XidPolicy::nvidia`] reads them.
+    pub fn for_policy(
+        disable_env: Option<&str>,
+        enable_env: Option<&str>,
+        health: &HealthPolicy,
+    ) -> Self {
+        match &health.nvidia {
+            Some(n) => XidPolicy::nvidia(disable_env, enable_env, n),
+            None => XidPolicy::new(
+                disable_env,
+                enable_env,
+                &health.ignored_xids,
+                &health.critical_xids,
+            ),
+        }
+    }
+
+    /// NVIDIA's `health` keys as NVIDIA's plugin reads them: the file's classification in
+    /// place of the defaults (an Xid is critical unless `off`, unless ignored, and, with a
+    /// `criticalXIDs` list, only when listed); `DP_DISABLE_HEALTHCHECKS` adds to the ignored
+    /// Xids (`all`/`xids`: none is critical), as there. `DP_ENABLE_HEALTHCHECKS` makes its
+    /// Xids critical as without the keys, but for the file's ignored ones.
+    pub fn nvidia(disable_env: Option<&str>, enable_env: Option<&str>, n: &NvidiaXids) -> Self {
+        let mut skipped = Vec::new();
+        let mut p = XidPolicy {
+            ignore_all: n.off || n.critical.is_some(),
+            critical_all: false,
+            ignored: BTreeSet::new(),
+            critical: n.critical.iter().flatten().copied().collect(),
+            policy_ignored: n.ignored.iter().copied().collect(),
+            skipped: Vec::new(),
+        };
+        if n.off {
+            p.critical.clear();
+        }
+        if let Some(v) = disable_env {
+            let (all, set) =
+                parse_list("DP_DISABLE_HEALTHCHECKS", v, &["all", "xids"], &mut skipped);
+            if all {
+                p.ignore_all = true;
+                p.critical.clear();
+            }
+            p.policy_ignored.extend(set);
+        }
+        if let Some(v) = enable_env {
+            let (all, set) =
+                parse_list("DP_ENABLE_HEALTHCHECKS", v, &["all", "xids"], &mut skipped);
+            p.critical_all = all;
+            p.critical.extend(set);
         }
         p.skipped = skipped;
         p

@@ -128,15 +128,33 @@ pub struct TimeSlicing {
     pub resources: Vec<SharedResource>,
 }
 
-/// `health` after validation (slicelet extension).
+/// Xids NVIDIA's plugin ignores by default (application errors, not hardware faults).
+pub const DEFAULT_IGNORED_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+/// `health` after validation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HealthPolicy {
-    /// Xids to ignore beyond NVIDIA's defaults.
+    /// slicelet's `ignoredXids`: Xids to ignore beyond NVIDIA's defaults.
     pub ignored_xids: Vec<u64>,
-    /// Xids that are always critical.
+    /// slicelet's `criticalXids`: Xids that are always critical.
     pub critical_xids: Vec<u64>,
+    /// NVIDIA's keys, when the file uses them (then slicelet's two lists are empty).
+    pub nvidia: Option<NvidiaXids>,
     /// Quiet period before recovery; `None` = the default (5 min); zero = never.
     pub recovery: Option<std::time::Duration>,
+}
+
+/// NVIDIA's `health` keys as NVIDIA's plugin reads them: a file that sets any of them replaces
+/// NVIDIA's default Xid classification with its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NvidiaXids {
+    /// No Xid marks a GPU Unhealthy (`disabled: true`, or `eventTypes` without
+    /// `EventTypeXidCriticalError`).
+    pub off: bool,
+    /// `ignoredXIDs`: the Xids ignored (NVIDIA's defaults only when listed).
+    pub ignored: Vec<u64>,
+    /// `criticalXIDs`: `None` = `all` (the default), else only these.
+    pub critical: Option<Vec<u64>>,
 }
 
 /// A validated sharing policy.
@@ -341,6 +359,94 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
     }
 }
 
+/// NVIDIA's `health` keys, checked as NVIDIA's plugin checks them (an Xid in both lists is an
+/// error), with a notice that they replace the default Xid classification. `None` when the
+/// file sets none of them.
+fn nvidia_xids(
+    h: &schema::Health,
+    notices: &mut Vec<String>,
+) -> Result<Option<NvidiaXids>, PolicyError> {
+    let nvidia_set = [
+        ("disabled", h.disabled.is_some()),
+        ("eventTypes", h.event_types.is_some()),
+        ("ignoredXIDs", h.nvidia_ignored_xids.is_some()),
+        ("criticalXIDs", h.nvidia_critical_xids.is_some()),
+    ];
+    let Some((first, _)) = nvidia_set.iter().find(|(_, set)| *set) else {
+        return Ok(None);
+    };
+    if let Some(own) = [
+        ("ignoredXids", h.ignored_xids.is_some()),
+        ("criticalXids", h.critical_xids.is_some()),
+    ]
+    .iter()
+    .find(|(_, set)| *set)
+    {
+        return Err(err(
+            format!("health.{}", own.0),
+            format!(
+                "slicelet's health.{} and NVIDIA's health.{first} read Xids differently (NVIDIA's \
+                 lists replace the default ignored Xids, slicelet's add to them): use one form",
+                own.0
+            ),
+        ));
+    }
+    let ignored = h.nvidia_ignored_xids.clone().unwrap_or_default();
+    let critical = match &h.nvidia_critical_xids {
+        None | Some(schema::CriticalXids::All) => None,
+        Some(schema::CriticalXids::Only(list)) => Some(list.clone()),
+    };
+    if let Some(x) = critical.iter().flatten().find(|x| ignored.contains(x)) {
+        return Err(err(
+            "health.criticalXIDs",
+            format!("Xid {x} is in both health.ignoredXIDs and health.criticalXIDs"),
+        ));
+    }
+    let xid_events = h
+        .event_types
+        .as_ref()
+        .is_none_or(|t| t.contains(&schema::EventType::EventTypeXidCriticalError));
+    let off = h.disabled == Some(true) || !xid_events;
+    let defaults = DEFAULT_IGNORED_XIDS.map(|x| x.to_string()).join(", ");
+    notices.push(if off {
+        format!(
+            "health: read as NVIDIA's plugin reads it, no Xid marks a GPU Unhealthy ({}); a GPU \
+             that stops answering NVML still does",
+            if h.disabled == Some(true) {
+                "disabled: true"
+            } else {
+                "eventTypes without EventTypeXidCriticalError"
+            }
+        )
+    } else {
+        format!(
+            "health: read as NVIDIA's plugin reads it, the Xids ignored are ignoredXIDs' ({}) in \
+             place of NVIDIA's defaults ({defaults}), and {}",
+            if ignored.is_empty() {
+                "none".to_string()
+            } else {
+                ignored
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            match &critical {
+                None => "every other Xid is critical".to_string(),
+                Some(c) => format!(
+                    "only criticalXIDs' are critical ({})",
+                    c.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        )
+    });
+    Ok(Some(NvidiaXids {
+        off,
+        ignored,
+        critical,
+    }))
+}
+
 fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     let mut policy = Policy::default();
     let mut ignored = Vec::new();
@@ -384,12 +490,14 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
                     .map_err(|e| err("flags.plugin.cdiAnnotationPrefix", e.to_string()))?;
                 policy.delivery.annotation_prefix.clone_from(prefix);
             }
-            let not_acted: [(&str, bool); 2] = [
+            let not_acted: [(&str, bool); 4] = [
                 ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
                 (
                     "containerDriverRoot",
                     plugin.container_driver_root.is_some(),
                 ),
+                ("kubeletSocket", plugin.kubelet_socket.is_some()),
+                ("cdiFeatureFlags", plugin.cdi_feature_flags.is_some()),
             ];
             ignored.extend(
                 not_acted
@@ -417,6 +525,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         policy.health = HealthPolicy {
             ignored_xids,
             critical_xids,
+            nvidia: nvidia_xids(h, &mut policy.notices)?,
             recovery: h
                 .recovery_seconds
                 .map(|s| std::time::Duration::from_secs_f64(s.0.min(1e9))),

@@ -28,7 +28,7 @@ pub struct ConfigFile {
     pub sharing: Option<Sharing>,
     /// IMEX channels. Recognised, not acted on.
     pub imex: Option<Imex>,
-    /// slicelet extension: Xid classification and recovery.
+    /// Xid classification (NVIDIA's keys and slicelet's) and recovery (slicelet's).
     pub health: Option<Health>,
     /// slicelet extension: resources served through Dynamic Resource Allocation instead of
     /// the device plugin.
@@ -72,18 +72,81 @@ impl TaintEffect {
     }
 }
 
-/// `health` (slicelet extension): which Xids mark a GPU Unhealthy and when it recovers.
+/// `health`: which Xids mark a GPU Unhealthy and when it recovers. NVIDIA's keys
+/// (`disabled`, `eventTypes`, `ignoredXIDs`, `criticalXIDs`, as NVIDIA's plugin reads them)
+/// and slicelet's (`ignoredXids`, `criticalXids`, `recoverySeconds`); the two forms of the Xid
+/// lists are not mixed in one file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Health {
-    /// Xids to ignore in addition to NVIDIA's defaults (13, 31, 43, 45, 68, 109); wins over
-    /// `DP_ENABLE_HEALTHCHECKS`.
+    /// slicelet's: Xids to ignore in addition to NVIDIA's defaults (13, 31, 43, 45, 68, 109);
+    /// wins over `DP_ENABLE_HEALTHCHECKS`.
     pub ignored_xids: Option<Vec<u64>>,
-    /// Xids that are critical even when ignored by default or by the environment.
+    /// slicelet's: Xids that are critical even when ignored by default or by the environment.
     pub critical_xids: Option<Vec<u64>>,
-    /// Seconds without a critical event before an Unhealthy GPU may return to Healthy
-    /// (default 300; 0 = never).
+    /// slicelet's: seconds without a critical event before an Unhealthy GPU may return to
+    /// Healthy (default 300; 0 = never).
     pub recovery_seconds: Option<NonNegativeSeconds>,
+    /// NVIDIA's: no Xid marks a GPU Unhealthy.
+    pub disabled: Option<bool>,
+    /// NVIDIA's: the NVML event types watched. As in NVIDIA's plugin only Xid events
+    /// (`EventTypeXidCriticalError`) mark a GPU Unhealthy: without it none does.
+    pub event_types: Option<Vec<EventType>>,
+    /// NVIDIA's: the Xids ignored, in place of NVIDIA's defaults.
+    #[serde(rename = "ignoredXIDs")]
+    pub nvidia_ignored_xids: Option<Vec<u64>>,
+    /// NVIDIA's: the Xids that are critical, `all` (the default: every Xid not ignored) or a
+    /// list (only those).
+    #[serde(rename = "criticalXIDs")]
+    pub nvidia_critical_xids: Option<CriticalXids>,
+}
+
+/// An NVML event type of NVIDIA's `health.eventTypes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum EventType {
+    /// Xid errors: the only events that mark a GPU Unhealthy.
+    EventTypeXidCriticalError,
+    /// Double-bit ECC errors (watched by NVIDIA's plugin, acted on by neither).
+    EventTypeDoubleBitEccError,
+    /// Single-bit ECC errors (likewise).
+    EventTypeSingleBitEccError,
+}
+
+/// NVIDIA's `health.criticalXIDs`: `all` (any case, as NVIDIA's plugin reads it) or a list of
+/// Xids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CriticalXids {
+    /// Every Xid not ignored.
+    All,
+    /// Only these.
+    Only(Vec<u64>),
+}
+
+impl<'de> Deserialize<'de> for CriticalXids {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CriticalXids;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`all` or a list of Xids")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if v.eq_ignore_ascii_case("all") {
+                    Ok(CriticalXids::All)
+                } else {
+                    Err(E::invalid_value(Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut xids = Vec::new();
+                while let Some(x) = seq.next_element::<u64>()? {
+                    xids.push(x);
+                }
+                Ok(CriticalXids::Only(xids))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A number of seconds ≥ 0 (fractions allowed).
@@ -203,6 +266,12 @@ pub struct PluginFlags {
     pub nvidia_ctk_path: Option<String>,
     /// Recognised, not acted on.
     pub container_driver_root: Option<String>,
+    /// Recognised, not acted on (slicelet registers at `kubelet.sock` in
+    /// `--device-plugin-path`).
+    pub kubelet_socket: Option<String>,
+    /// Recognised, not acted on (NVIDIA's CDI spec generation; slicelet names the NVIDIA
+    /// Container Toolkit's devices).
+    pub cdi_feature_flags: Option<String>,
     /// How GetPreferredAllocation places replicas (NVIDIA's plugin v0.20): `distributed`
     /// (default) or `packed`; any other value is an error listing both.
     pub shared_devices_allocation_policy: Option<SharedAllocation>,

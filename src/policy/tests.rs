@@ -249,8 +249,104 @@ fn health_extension() {
     assert_eq!(e.path, "health.recoverySeconds");
     let e = parse("health:\n  ignoredXids: [79]\n  criticalXids: [79]\n").unwrap_err();
     assert_eq!(e.path, "health.criticalXids");
-    let e = parse("health:\n  ignoredXIDs: [79]\n").unwrap_err();
-    assert_eq!(e.path, "health.ignoredXIDs");
+    assert_eq!(p.health.nvidia, None);
+}
+
+/// NVIDIA's `health` section (`disabled`, `eventTypes`, `ignoredXIDs`, `criticalXIDs`: `all`
+/// in any case or a list) is read as NVIDIA's plugin reads it, with a notice saying so; an Xid
+/// in both lists, an unknown event type or another word than `all` is refused as there, and
+/// so is mixing it with slicelet's `ignoredXids`/`criticalXids`. (Regression: every key of it
+/// was refused as unknown.)
+#[test]
+fn nvidias_health_keys_are_read_as_nvidias_plugin_reads_them() {
+    let nvidia = |yaml: &str| {
+        let p = parse(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        assert!(
+            p.notices
+                .iter()
+                .any(|n| n.starts_with("health: read as NVIDIA's")),
+            "{yaml}: {:?}",
+            p.notices
+        );
+        p.health.nvidia.unwrap()
+    };
+    let n =
+        nvidia("health:\n  ignoredXIDs: [13, 31]\n  criticalXIDs: all\n  recoverySeconds: 60\n");
+    assert_eq!(
+        n,
+        NvidiaXids {
+            off: false,
+            ignored: vec![13, 31],
+            critical: None
+        }
+    );
+    assert_eq!(nvidia("health:\n  criticalXIDs: ALL\n").critical, None);
+    assert_eq!(
+        nvidia("health:\n  eventTypes: [EventTypeXidCriticalError]\n  criticalXIDs: [48, 79]\n"),
+        NvidiaXids {
+            off: false,
+            ignored: vec![],
+            critical: Some(vec![48, 79])
+        }
+    );
+    assert!(nvidia("health:\n  disabled: true\n").off);
+    assert!(!nvidia("health:\n  disabled: false\n").off);
+    // Only Xid events mark a GPU Unhealthy, in NVIDIA's plugin as here.
+    assert!(
+        nvidia("health:\n  eventTypes: [EventTypeDoubleBitEccError, EventTypeSingleBitEccError]\n")
+            .off
+    );
+    let p = parse(
+        "health:\n  disabled: false\n  eventTypes: [EventTypeXidCriticalError]\n  ignoredXIDs: [13]\n",
+    )
+    .unwrap();
+    assert!(p.ignored_keys.is_empty(), "{:?}", p.ignored_keys);
+
+    for (yaml, path, says) in [
+        (
+            "health:\n  ignoredXIDs: [48]\n  criticalXIDs: [48, 79]\n",
+            "health.criticalXIDs",
+            "Xid 48",
+        ),
+        (
+            "health:\n  criticalXIDs: some\n",
+            "health.criticalXIDs",
+            "`all` or a list of Xids",
+        ),
+        (
+            "health:\n  eventTypes: [EventTypeClock]\n",
+            "health.eventTypes[0]",
+            "EventTypeXidCriticalError",
+        ),
+        (
+            "health:\n  ignoredXIDs: [13]\n  ignoredXids: [79]\n",
+            "health.ignoredXids",
+            "use one form",
+        ),
+        (
+            "health:\n  criticalXids: [79]\n  disabled: true\n",
+            "health.criticalXids",
+            "use one form",
+        ),
+    ] {
+        let e = parse(yaml).expect_err(yaml);
+        assert_eq!(e.path, path, "{yaml}: {e}");
+        assert!(e.to_string().contains(says), "{yaml}: {e}");
+    }
+}
+
+/// NVIDIA's newer plugin flags `kubeletSocket` and `cdiFeatureFlags` are recognised and not
+/// acted on, like `nvidiaCTKPath`. (Regression: refused as unknown.)
+#[test]
+fn nvidias_newer_plugin_flags_are_recognised() {
+    let p = parse(
+        "version: v1\nflags:\n  plugin:\n    kubeletSocket: /var/lib/kubelet/device-plugins/kubelet.sock\n    cdiFeatureFlags: disable-multiple-csv-devices\n",
+    )
+    .unwrap();
+    assert_eq!(
+        p.ignored_keys,
+        ["flags.plugin.kubeletSocket", "flags.plugin.cdiFeatureFlags"]
+    );
 }
 
 #[test]

@@ -309,6 +309,63 @@ async fn plan_json_carries_the_warnings_the_table_prints() {
     assert_eq!(v["resources"][0]["replicas"], 2);
 }
 
+/// `plan` (its JSON `warnings` and its table's `# warning:` lines) warns of what `validate`
+/// warns of, in the same order: an entry read as NVIDIA's plugin reads it (devices without a
+/// rename), a key slicelet does not act on, a device listed twice. (Regression: both held
+/// only what does not apply to the node, as `plan_json_carries_the_warnings_the_table_prints`.)
+#[tokio::test]
+async fn plan_warns_of_what_validate_warns_of() {
+    let node = Node::new(
+        "version: v1\nflags:\n  gdsEnabled: true\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        devices: [0, 0]\n        replicas: 2\n",
+    );
+    let sim = node_file("a100-40gb-x8.yaml");
+    let args = |command: &'static str| {
+        let policy = node.policy();
+        let sim = sim.clone();
+        async move {
+            let out = slicelet()
+                .args([command, "--config", policy.to_str().unwrap()])
+                .args(["--simulate", sim.to_str().unwrap()])
+                .args(if command == "plan" {
+                    &["--output", "json"][..]
+                } else {
+                    &[]
+                })
+                .output()
+                .await
+                .unwrap();
+            assert!(out.status.success(), "{command}: {}", text(&out.stderr));
+            text(&out.stdout)
+        }
+    };
+    let validate: Vec<String> = args("validate")
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("warning: ").map(str::to_string))
+        .collect();
+    for what in ["rename", "flags.gdsEnabled", "listed twice"] {
+        assert!(
+            validate.iter().any(|w| w.contains(what)),
+            "validate warns of no {what}: {validate:?}"
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(&args("plan").await).unwrap();
+    assert_eq!(v["warnings"], serde_json::json!(validate));
+    let out = output(&[
+        "plan",
+        "--config",
+        node.policy().to_str().unwrap(),
+        "--simulate",
+        sim.to_str().unwrap(),
+    ])
+    .await;
+    let table: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# warning: ").map(str::to_string))
+        .collect();
+    assert_eq!(table, validate);
+}
+
 pub(crate) fn spawn_run(node: &Node, extra: &[&str], env: &[(&str, &Path)]) -> Child {
     let mut cmd = slicelet();
     cmd.args([

@@ -3,13 +3,13 @@
 
 mod binary;
 mod cdi;
+mod commands_doc;
 mod common;
 mod daemon;
 mod dra;
 mod drain;
 mod fixtures;
 mod hook;
-mod hook_runc;
 mod hostile;
 mod interop;
 mod labels;

@@ -4,9 +4,14 @@
 //! the container created by runc, whose `createContainer` hook sets the limit through the fake
 //! NVML library for the cgroup runc made.
 //!
+//! A crate of its own, outside the main workspace (the CDI library would otherwise be compiled
+//! for every test and example build of slicelet). The hook is the slicelet binary named by
+//! `SLICELET_BIN` (a `cargo build` of the main crate: `target/debug/slicelet`).
+//!
 //! Needs root, `runc` and a static busybox (`busybox-static`) for the root filesystem, so these
-//! tests are `#[ignore]`d in the plain `cargo test`; `.ci/run` installs what is missing and runs
-//! them with `cargo test --test integration -- --ignored hook_runc::`.
+//! tests are `#[ignore]`d in a plain `cargo test`; `.ci/run` installs what is missing and runs
+//! them with `SLICELET_BIN=target/debug/slicelet cargo test --manifest-path
+//! tests/hook-runc/Cargo.toml -- --ignored`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -18,12 +23,76 @@ use container_device_interface::spec_dirs::with_spec_dirs;
 use slicelet::cdi::memory::{qualified_name, spec, HookConfig, SPEC_FILE};
 use slicelet::inventory::simulated;
 use slicelet::plan;
+use std::time::Duration;
+
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use crate::binary::{bin, fake_nvml};
-use crate::common::{node_file, read, repo, WAIT};
-use crate::hook::records;
+/// How long runc and the container's process may take.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The slicelet binary whose `hook set-memory-limits` runc runs (`SLICELET_BIN`).
+fn bin() -> PathBuf {
+    let bin = std::env::var_os("SLICELET_BIN").map(PathBuf::from).expect(
+        "SLICELET_BIN: the slicelet binary to run as the hook (cargo build; target/debug/slicelet)",
+    );
+    assert!(
+        bin.is_file(),
+        "SLICELET_BIN={}: no such file",
+        bin.display()
+    );
+    std::fs::canonicalize(&bin).unwrap()
+}
+
+/// The fake libnvidia-ml built as a dev-dependency: it sits in this test binary's `deps/`.
+fn fake_nvml() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libfake_nvml.so");
+    assert!(
+        lib.exists(),
+        "{} missing: fake-nvml is a dev-dependency",
+        lib.display()
+    );
+    lib
+}
+
+/// The main repository (this crate is `tests/hook-runc` in it).
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn node_file(name: &str) -> PathBuf {
+    repo().join("config/nodes").join(name)
+}
+
+/// Reads a test input, failing with its path named (not a bare `NotFound`).
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading test input {}: {e}", path.display()))
+}
+
+/// The fake driver's records in `<dir>/nvml-state` (`FAKE_NVML_STATE_DIR`): (GPU UUID, cgroup
+/// path, soft, hard).
+fn records(dir: &Path) -> Vec<(String, String, u64, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir.join("nvml-state")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            if p.extension()? != "json" {
+                return None;
+            }
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            Some((
+                v["uuid"].as_str()?.to_string(),
+                v["nameSpace"].as_str()?.to_string(),
+                v["softLimit"].as_u64()?,
+                v["hardLimit"].as_u64()?,
+            ))
+        })
+        .collect()
+}
 
 /// The replica `config/policy-memory.yaml` limits to 20 GiB.
 const RESOURCE: &str = "nvidia.com/gpu-20gb";
@@ -170,7 +239,7 @@ fn prepare_with(c: &Container, gpu: serde_json::Value, names: Vec<String>) {
     // LD_LIBRARY_PATH: --nvml-library names it), told where the fake's inventory and records
     // are and where the cgroup2 hierarchy is.
     let hook = HookConfig {
-        binary: PathBuf::from(bin()),
+        binary: bin(),
         nvml_library: Some(fake_nvml()),
         env: vec![
             format!("FAKE_NVML_INVENTORY={}", inventory.display()),
