@@ -60,15 +60,15 @@ def test_chart_daemonset_serves_a_gpu_pod(cluster, kube, ns, installed):
 
 def test_kustomize_overlay_serves_a_gpu_pod(cluster, kube, ns, installed, tmp_path):
     tag = import_image(cluster, None)
-    # The user's `kustomize edit set image slicelet=<registry>/slicelet:<tag>`, in an overlay of
-    # the simulated overlay.
+    # The user's `kustomize edit set image ghcr.io/slicelet-dev/slicelet=<registry>/slicelet:<tag>`,
+    # in an overlay of the simulated overlay (the name as the base's own `images` leaves it).
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [os.path.relpath(REPO / "manifests/overlays/simulated", overlay)],
-        "images": [{"name": "slicelet", "newName": REPOSITORY, "newTag": tag}],
+        "images": [{"name": "ghcr.io/slicelet-dev/slicelet", "newName": REPOSITORY, "newTag": tag}],
     }))
     rendered = kube.c.kubectl("kustomize", "--load-restrictor", "LoadRestrictionsNone", overlay).stdout
     installed([o for o in yaml.safe_load_all(rendered) if o])
