@@ -2,13 +2,16 @@
 
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (CRI, CDI on) and
 the kubelet run as child processes of the test run, with every file they write under one
-scratch directory, except the paths the kubelet and containerd fix themselves (the
-device-plugin directory `/var/lib/kubelet/device-plugins`, bind-mounted from the scratch
-directory; shim sockets under `/run/containerd`; the CNI bridge `cni0`). `Cluster.stop()`
-removes those as well: pods, containerd tasks, mounts, `cni0`, whatever the tests got to.
+scratch directory. The kubelet's root `/var/lib/kubelet` and the CDI spec directory
+`/var/run/cdi` are bind mounts of scratch directories, so that daemons and the chart find
+them at their real paths (the kubelet serves device plugins at
+`/var/lib/kubelet/device-plugins` whatever its `--root-dir`); containerd keeps shim sockets
+under `/run/containerd` and CNI makes the bridge `cni0`. `Cluster.stop()` removes all of it:
+pods, containerd tasks and shims, mounts, `cni0`, whatever the tests got to.
 
 The facts this follows (flags, cgroup settings, `restrict_oom_score_adj`, images without a
-registry) are those of a cluster on these machines: see docs/contributing.md.
+registry) are those of a cluster on these machines (the kit's README); docs/contributing.md
+says how to run the suite.
 """
 
 import base64

@@ -265,3 +265,14 @@ class Slicelet:
 
     def stop(self):
         self.proc.stop()
+
+
+def serve_dra(slicelet, work, policy_text, node_file):
+    """Writes `policy_text` as the scenario's policy, starts slicelet with it on `node_file`
+    and returns the daemon once the kubelet has registered its DRA driver (a DRA pod synced
+    before that is retried only after the kubelet's long backoff)."""
+    policy = work / "policy.yaml"
+    policy.write_text(policy_text)
+    d = slicelet(policy, node_file)
+    d.wait_dra_registered()
+    return d

@@ -8,7 +8,7 @@ import os
 import time
 
 from cluster import NODE, run
-from node import PRINT_ENV, REPO, Failure, claim_template, container_env, pod
+from node import PRINT_ENV, REPO, Failure, claim_template, container_env, pod, serve_dra
 from test_paths import DRA_WHOLE, allocated, attr
 
 # Two H100s listed one by one, so that a scenario can mark one Unhealthy.
@@ -33,11 +33,9 @@ def slice_of(kube, device):
 
 
 def test_unhealthy_gpu_taints_its_device_and_the_pods_status(cluster, kube, ns, slicelet, work):
-    policy, node = work / "dra.yaml", work / "node.yaml"
-    policy.write_text(DRA_WHOLE)
+    node = work / "node.yaml"
     node.write_text(two_gpus())
-    d = slicelet(policy, node)
-    d.wait_dra_registered()
+    serve_dra(slicelet, work, DRA_WHOLE, node)
     kube.apply(claim_template("gpu", "gpu.slicelet.io"), namespace=ns)
     kube.apply(pod("sick", PRINT_ENV, claims=[("gpu", "gpu")]), namespace=ns)
     p = kube.pod_running(ns, "sick")

@@ -6,7 +6,7 @@ through DRA.
 import json
 
 from cluster import NODE
-from node import PRINT_ENV, REPO, claim_template, container_env, pod
+from node import PRINT_ENV, REPO, claim_template, container_env, pod, serve_dra
 
 H100 = REPO / "config/nodes/h100-80gb-x8.yaml"
 POLICY = REPO / "config/policy.yaml"
@@ -69,10 +69,7 @@ dra:
 
 
 def test_dra_claim_template_pod_gets_its_gpu(cluster, kube, ns, slicelet, work):
-    policy = work / "dra.yaml"
-    policy.write_text(DRA_WHOLE)
-    d = slicelet(policy, H100)
-    d.wait_dra_registered()
+    serve_dra(slicelet, work, DRA_WHOLE, H100)
     kube.apply(claim_template("gpu", "gpu.slicelet.io"), namespace=ns)
     kube.apply(pod("dra", PRINT_ENV, claims=[("gpu", "gpu")]), namespace=ns)
     p = kube.pod_running(ns, "dra")
@@ -83,7 +80,7 @@ def test_dra_claim_template_pod_gets_its_gpu(cluster, kube, ns, slicelet, work):
 
 CAPACITY = """version: v1
 sharing:
-  mps:
+  timeSlicing:
     resources:
       - name: nvidia.com/gpu
         rename: nvidia.com/gpu-shared
@@ -94,10 +91,7 @@ sharing:
 
 
 def test_consumable_capacity_shares_fill_one_gpu(cluster, kube, ns, slicelet, work):
-    policy = work / "capacity.yaml"
-    policy.write_text(CAPACITY.replace("mps:", "timeSlicing:"))
-    d = slicelet(policy, H100)
-    d.wait_dra_registered()
+    serve_dra(slicelet, work, CAPACITY, H100)
     sizes = {"a": "20Gi", "b": "20Gi", "c": "38Gi"}
     for n, size in [*sizes.items(), ("d", "2Gi")]:
         kube.apply(claim_template(n, "time-sliced.gpu.slicelet.io", capacity={"memory": size}), namespace=ns)
@@ -130,10 +124,7 @@ sharing:
 
 def test_bridge_serves_the_extended_resource_through_dra(cluster, kube, ns, slicelet, work):
     kube.apply_file(REPO / "manifests/overlays/dra-bridge/bridge-deviceclass.yaml")
-    policy = work / "bridge.yaml"
-    policy.write_text(BRIDGE)
-    d = slicelet(policy, H100)
-    d.wait_dra_registered()
+    serve_dra(slicelet, work, BRIDGE, H100)
     # The node does not advertise the name: only the bridge class can serve it.
     assert kube.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu-shared", "0") == "0"
     kube.apply(pod("bridged", PRINT_ENV, limits={"nvidia.com/gpu-shared": 1}), namespace=ns)
@@ -157,10 +148,7 @@ dra:
 
 
 def test_mig_devices_through_dra(cluster, kube, ns, slicelet, work):
-    policy = work / "mig.yaml"
-    policy.write_text(MIG)
-    d = slicelet(policy, REPO / "config/nodes/h100-80gb-x8-mig-mixed.yaml")
-    d.wait_dra_registered()
+    d = serve_dra(slicelet, work, MIG, REPO / "config/nodes/h100-80gb-x8-mig-mixed.yaml")
     # The API server accepted every slice, the counter sets' first.
     kube.wait(f"resourceslice/{NODE}-gpu-slicelet-io-1", "create", timeout=20, why=lambda: d.proc.tail())
     slices = [s for s in kube.get("resourceslices")["items"] if s["spec"].get("nodeName") == NODE]
