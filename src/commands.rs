@@ -271,7 +271,8 @@ pub fn validate_config(settings: &Settings, strict: bool) -> Result<String, Comm
 }
 
 /// The CDI check of `slicelet validate`: one warning per spec that could not be used and per
-/// device whose CDI name does not resolve.
+/// device whose CDI name does not resolve, or, where the directories hold no spec at all (a
+/// machine without the NVIDIA Container Toolkit's spec), one line for every name.
 fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
     let index = crate::cdi::read_specs(dirs);
     let mut out = String::new();
@@ -279,6 +280,29 @@ fn cdi_report(plan: &plan::Plan, dirs: &[std::path::PathBuf]) -> String {
         let _ = writeln!(out, "warning: CDI spec skipped: {e}");
     }
     let unresolved = crate::cdi::unresolved(plan, &index);
+    if index.files == 0 && index.errors.is_empty() && !unresolved.is_empty() {
+        let devices = plan
+            .resources
+            .values()
+            .flat_map(|r| &r.devices)
+            .filter(|d| unresolved.contains_key(&d.gpu_uuid))
+            .count();
+        let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let _ = writeln!(
+            out,
+            "warning: no CDI spec in {}: none of the CDI names of {} resolves; the daemon \
+             advertises their {} Unhealthy (on a GPU node the NVIDIA Container Toolkit writes \
+             the spec: nvidia-ctk cdi generate)",
+            dirs.join(", "),
+            plural(
+                unresolved.len(),
+                "GPU or MIG device",
+                "GPUs and MIG devices"
+            ),
+            plural(devices, "device", "devices"),
+        );
+        return out;
+    }
     for res in plan.resources.values() {
         let mut seen = std::collections::BTreeSet::new();
         for d in &res.devices {

@@ -226,6 +226,21 @@ async fn the_binary_logs_the_reason_and_validate_reports_it() {
         "{stdout}"
     );
     assert_eq!(stdout.matches("is not defined").count(), 1, "{stdout}");
+    // Directories without any spec (a laptop): one line for all of the node's names.
+    let empty = tempfile::tempdir().unwrap();
+    let a = args(&empty.path().to_path_buf());
+    let out = output(&a.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let cdi: Vec<&str> = stdout.lines().filter(|l| l.contains("CDI")).collect();
+    assert_eq!(cdi.len(), 1, "{stdout}");
+    assert!(
+        cdi[0].starts_with(&format!(
+            "warning: no CDI spec in {}: none of the CDI names of 8 GPUs",
+            empty.path().display()
+        )) && cdi[0].contains("advertises their 32 devices Unhealthy"),
+        "{stdout}"
+    );
     let full = spec_dir("a100-40gb-x8");
     let a = args(&full);
     let out = output(&a.iter().map(String::as_str).collect::<Vec<_>>()).await;
