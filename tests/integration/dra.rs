@@ -1452,6 +1452,51 @@ fn write_h100_node(path: &Path, gpu0: &str) {
 }
 
 /// GPUs 0–3 time-sliced ×4 through DRA, recovering 1.5 s after a critical Xid.
+/// The whole daemon with `--dra` serving `policy` on the H100 node file `sim` (GPU 0's entry
+/// edited by the test with [`write_h100_node`]), its 16 replicas published to the API
+/// emulator and its DRA plugin registered with the kubelet emulator `k`. A test binds every
+/// field (a field left to `..` would drop at once): the emulators and the node's scratch
+/// directory live as long as the test.
+struct XidNode {
+    k: DraKubelet,
+    d: crate::common::Daemon,
+    _emu: kubelet_emulator::KubeletEmulator,
+    api: KubeApi,
+    g0: String,
+    sim: PathBuf,
+    _node: crate::common::Node,
+}
+
+impl XidNode {
+    async fn start(policy: &str) -> XidNode {
+        use crate::common::{emulator, uuids, Daemon, Node};
+        let node = Node::new(policy);
+        let sim = node.tmp.path().join("node").join("node.yaml");
+        std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+        write_h100_node(&sim, "");
+        let g0 = uuids(&sim)[0].clone();
+        let api = KubeApi::start(NODE, &[]).await;
+        let emu = emulator(&node).await;
+        let mut settings = node.settings(&sim);
+        settings.dra = Some(daemon_dra(&node, &api));
+        let mut d = Daemon::start(settings);
+        d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
+        api.wait_slices(|s| count(&parse(s)) == 16).await;
+        let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+            .await
+            .unwrap();
+        XidNode {
+            k,
+            d,
+            _emu: emu,
+            api,
+            g0,
+            sim,
+            _node: node,
+        }
+    }
+}
+
 const XID_POLICY: &str = "version: v1\nhealth:\n  recoverySeconds: 1.5\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-dra\n        devices: [0, 1, 2, 3]\n        replicas: 4\n        dra: true\n";
 
 /// GPU 0's four replicas in a stored slice: all tainted `xid-79` (`true`) or none tainted.
@@ -1494,24 +1539,18 @@ fn gpu0_reported(
 /// gone and the stream says Healthy, again within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_xid_taints_gpu_0_and_the_health_stream_reports_it_within_a_second() {
-    use crate::common::{emulator, uuids, Daemon, Node};
     use kubelet_emulator::dra::HealthVersion;
     use std::time::{Duration, Instant};
-    let node = Node::new(XID_POLICY);
-    let sim = node.tmp.path().join("node").join("node.yaml");
-    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
-    write_h100_node(&sim, "");
-    let g0 = uuids(&sim)[0].clone();
-    let api = KubeApi::start(NODE, &[]).await;
-    let _emu = emulator(&node).await;
-    let mut settings = node.settings(&sim);
-    settings.dra = Some(daemon_dra(&node, &api));
-    let mut d = Daemon::start(settings);
-    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
-    api.wait_slices(|s| count(&parse(s)) == 16).await;
-    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
-        .await
-        .unwrap();
+    // Bound in the order the test's own locals were: they drop in reverse.
+    let XidNode {
+        _node,
+        sim,
+        g0,
+        api,
+        _emu,
+        mut d,
+        k,
+    } = XidNode::start(XID_POLICY).await;
     let v1 = k.watch_health(HealthVersion::V1).await.unwrap();
     let alpha = k.watch_health(HealthVersion::V1alpha1).await.unwrap();
     for w in [&v1, &alpha] {
@@ -1598,23 +1637,17 @@ fn gpu0_taint_value(v: &Value, g0: &str) -> Option<(String, String)> {
 /// (`xid-48`, the health stream says `xid 48`), with a `timeAdded` of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_xid_of_another_number_retaints_gpu_0_with_its_cause() {
-    use crate::common::{emulator, uuids, Daemon, Node};
     use kubelet_emulator::dra::HealthVersion;
-    let node = Node::new(&XID_POLICY.replace("recoverySeconds: 1.5", "recoverySeconds: 600"));
-    let sim = node.tmp.path().join("node").join("node.yaml");
-    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
-    write_h100_node(&sim, "");
-    let g0 = uuids(&sim)[0].clone();
-    let api = KubeApi::start(NODE, &[]).await;
-    let _emu = emulator(&node).await;
-    let mut settings = node.settings(&sim);
-    settings.dra = Some(daemon_dra(&node, &api));
-    let mut d = Daemon::start(settings);
-    d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
-    api.wait_slices(|s| count(&parse(s)) == 16).await;
-    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
-        .await
-        .unwrap();
+    // Bound in the order the test's own locals were: they drop in reverse.
+    let XidNode {
+        _node,
+        sim,
+        g0,
+        api,
+        _emu,
+        d,
+        k,
+    } = XidNode::start(&XID_POLICY.replace("recoverySeconds: 1.5", "recoverySeconds: 600")).await;
     let v1 = k.watch_health(HealthVersion::V1).await.unwrap();
 
     let (writes, seen) = (api.slice_writes().len(), v1.log().messages.len());

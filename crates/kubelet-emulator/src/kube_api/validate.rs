@@ -51,28 +51,33 @@ fn invalid(path: &str, value: &str, why: &str) -> String {
     format!("{path}: Invalid value: \"{value}\": {why}")
 }
 
-fn label(path: &str, v: &str, errs: &mut Vec<String>) {
-    if v.len() > LABEL_MAX {
+/// Refuses `v` at `path` when longer than `max` characters, else when `ok` says no, with the
+/// API server's message for each.
+fn checked(
+    path: &str,
+    v: &str,
+    max: usize,
+    ok: fn(&str) -> bool,
+    why: &str,
+    errs: &mut Vec<String>,
+) {
+    if v.len() > max {
         errs.push(invalid(
             path,
             v,
-            &format!("must be no more than {LABEL_MAX} characters"),
+            &format!("must be no more than {max} characters"),
         ));
-    } else if !is_label(v) {
-        errs.push(invalid(path, v, LABEL_MSG));
+    } else if !ok(v) {
+        errs.push(invalid(path, v, why));
     }
 }
 
+fn label(path: &str, v: &str, errs: &mut Vec<String>) {
+    checked(path, v, LABEL_MAX, is_label, LABEL_MSG, errs);
+}
+
 fn subdomain(path: &str, v: &str, errs: &mut Vec<String>) {
-    if v.len() > SUBDOMAIN_MAX {
-        errs.push(invalid(
-            path,
-            v,
-            &format!("must be no more than {SUBDOMAIN_MAX} characters"),
-        ));
-    } else if !is_subdomain(v) {
-        errs.push(invalid(path, v, SUBDOMAIN_MSG));
-    }
+    checked(path, v, SUBDOMAIN_MAX, is_subdomain, SUBDOMAIN_MSG, errs);
 }
 
 /// An attribute or capacity name: `[<domain>/]<C identifier>`.
@@ -84,6 +89,7 @@ fn qualified(path: &str, v: &str, errs: &mut Vec<String>) {
     if let Some(d) = domain {
         subdomain(path, d, errs);
     }
+    // The identifier is checked, the whole name reported.
     if id.len() > ID_MAX {
         errs.push(invalid(
             path,
