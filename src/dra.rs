@@ -33,8 +33,6 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::inventory::Inventory;
@@ -290,11 +288,8 @@ async fn run(
         driver_version: None,
         unhealthy: slices::Unhealthy::default(),
     };
-    let health = health_stream::HealthService {
-        pool: settings.node.clone(),
-        inputs: inputs.clone(),
-        stop: shutdown.clone(),
-    };
+    let health =
+        health_stream::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
     let mut publisher = tokio::spawn(publish::run(
         client,
         params,
@@ -306,12 +301,12 @@ async fn run(
     let service = plugin::Service(plugin);
     let dra_path = dra_bound.path.clone();
     let stop = shutdown.clone();
-    // Any `:authority` (the kubelet's plugin watcher sends the socket path): authority.rs.
-    let dra_listener =
-        UnixListenerStream::new(dra_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
+    // The connection limits of every socket (listen.rs); any `:authority` (the kubelet's plugin
+    // watcher sends the socket path): authority.rs.
+    let dra_listener = crate::listen::incoming(dra_listener, crate::listen::Limits::default());
     let mut dra_server = tokio::spawn(async move {
         use crate::api::drahealth::{v1 as health_v1, v1alpha1 as health_v1alpha1};
-        tonic::transport::Server::builder()
+        crate::listen::server()
             .add_service(
                 crate::api::dra::v1::dra_plugin_server::DraPluginServer::new(service.clone()),
             )
@@ -332,11 +327,9 @@ async fn run(
     };
     let reg_path = reg_bound.path.clone();
     let stop = shutdown.clone();
-    // Any `:authority` (the kubelet's plugin watcher sends the socket path): authority.rs.
-    let reg_listener =
-        UnixListenerStream::new(reg_listener).map(|c| c.map(crate::authority::AnyAuthority::new));
+    let reg_listener = crate::listen::incoming(reg_listener, crate::listen::Limits::default());
     let mut reg_server = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        crate::listen::server()
             .add_service(
                 crate::api::pluginregistration::registration_server::RegistrationServer::new(
                     registrar,

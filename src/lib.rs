@@ -30,6 +30,7 @@ pub mod inventory;
 pub mod k8s;
 pub mod kubelet;
 pub mod labels;
+pub mod listen;
 pub mod mps;
 pub mod plan;
 pub mod plugin;

@@ -17,13 +17,17 @@
 //! before the kubelet gives up on a device, and a hung slicelet shows as Unknown within a
 //! minute.
 //!
-//! A stream ends when the kubelet goes away (or stops reading) and when DRA shuts down.
+//! A stream ends when the kubelet goes away, when DRA shuts down, and when it has not taken a
+//! message for [`SEND_TIMEOUT`] (a client that stopped reading: its buffers are returned).
+//! At most [`MAX_STREAMS`] are open at once; one more is refused with `RESOURCE_EXHAUSTED`
+//! (the kubelet opens one per plugin, and one more while a restarted kubelet's old connection
+//! is still being torn down).
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
@@ -37,6 +41,11 @@ use crate::health::Health;
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 /// How often the full list is sent again when nothing changed (a third of [`TIMEOUT`]).
 pub const REFRESH: Duration = Duration::from_secs(20);
+/// Health streams served at once, at most.
+pub const MAX_STREAMS: usize = 8;
+/// How long a message may wait for its stream to take it before the stream is dropped: a
+/// refresh period, so the kubelet, which reads at once, never meets it.
+pub const SEND_TIMEOUT: Duration = REFRESH;
 
 /// One device's entry in a message, before it becomes a version's proto.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,28 +77,57 @@ pub fn reports(pool: &str, health: &HealthMap) -> Vec<Report> {
         .collect()
 }
 
-/// The health service for both versions: the pool's name, the plans, the shutdown.
+/// The health service for both versions: the pool's name, the plans, the shutdown, and the
+/// streams' limits.
 #[derive(Clone)]
 pub struct HealthService {
-    /// The pool (the node's name).
-    pub pool: String,
-    /// Each new plan (`None` until the first).
-    pub inputs: watch::Receiver<Option<Arc<DraInput>>>,
-    /// Ends every stream (DRA is stopping).
-    pub stop: CancellationToken,
+    pool: String,
+    inputs: watch::Receiver<Option<Arc<DraInput>>>,
+    stop: CancellationToken,
+    streams: Arc<Semaphore>,
+    send_timeout: Duration,
 }
 
 impl HealthService {
-    /// Spawns the stream's task; `convert` makes one version's message of a report list.
+    /// The service for pool `pool` (the node's name), its health from each new plan of
+    /// `inputs` (`None` until the first); `stop` ends every stream (DRA is stopping). Limits:
+    /// [`MAX_STREAMS`], [`SEND_TIMEOUT`].
+    pub fn new(
+        pool: String,
+        inputs: watch::Receiver<Option<Arc<DraInput>>>,
+        stop: CancellationToken,
+    ) -> Self {
+        HealthService {
+            pool,
+            inputs,
+            stop,
+            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+            send_timeout: SEND_TIMEOUT,
+        }
+    }
+
+    /// Opens a stream's task if a stream slot is free; `convert` makes one version's message
+    /// of a report list.
+    ///
+    /// # Errors
+    /// `RESOURCE_EXHAUSTED` when [`MAX_STREAMS`] are open.
     fn stream<M: Send + 'static>(
         &self,
         convert: fn(&[Report]) -> M,
-    ) -> mpsc::Receiver<Result<M, Status>> {
+    ) -> Result<mpsc::Receiver<Result<M, Status>>, Status> {
+        let Ok(slot) = Arc::clone(&self.streams).try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_STREAMS} device-health streams are open on this plugin already; close one first"
+            )));
+        };
         let (tx, rx) = mpsc::channel(2);
         let mut inputs = self.inputs.clone();
         let stop = self.stop.clone();
         let pool = self.pool.clone();
+        let send_timeout = self.send_timeout;
         tokio::spawn(async move {
+            let _slot = slot;
+            let deliver = |msg| deliver(&tx, &stop, send_timeout, msg);
             let mut last: Option<Vec<Report>> = None;
             let mut refresh =
                 tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
@@ -106,7 +144,7 @@ impl HealthService {
                     refresh.reset();
                     last = now;
                     if let Some(r) = &last {
-                        if !deliver(&tx, &stop, convert(r)).await {
+                        if !deliver(convert(r)).await {
                             return;
                         }
                     }
@@ -118,7 +156,7 @@ impl HealthService {
                     r = inputs.changed() => if r.is_err() { return },
                     _ = refresh.tick() => {
                         if let Some(r) = &last {
-                            if !deliver(&tx, &stop, convert(r)).await {
+                            if !deliver(convert(r)).await {
                                 return;
                             }
                         }
@@ -126,19 +164,27 @@ impl HealthService {
                 }
             }
         });
-        rx
+        Ok(rx)
     }
 }
 
-/// Sends `msg`, waiting for room only until DRA stops; false when the stream is over.
+/// Sends `msg`, waiting for room until DRA stops or for `limit` at most; false when the
+/// stream is over (closed, DRA stopping, or a client that stopped reading).
 async fn deliver<M>(
     tx: &mpsc::Sender<Result<M, Status>>,
     stop: &CancellationToken,
+    limit: Duration,
     msg: M,
 ) -> bool {
     tokio::select! {
         biased;
-        sent = tx.send(Ok(msg)) => sent.is_ok(),
+        sent = tokio::time::timeout(limit, tx.send(Ok(msg))) => match sent {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::warn!(waited = ?limit, "DRA: a device-health stream took no message; dropping it");
+                false
+            }
+        },
         () = stop.cancelled() => false,
     }
 }
@@ -184,7 +230,7 @@ macro_rules! health_version {
                     version = stringify!($v),
                     "DRA: the kubelet watches device health"
                 );
-                let rx = self.stream(HealthService::$v);
+                let rx = self.stream(HealthService::$v)?;
                 Ok(Response::new(Box::pin(
                     tokio_stream::wrappers::ReceiverStream::new(rx),
                 )))
@@ -270,12 +316,8 @@ mod tests {
         };
         let (tx, rx) = watch::channel(None);
         let stop = CancellationToken::new();
-        let svc = HealthService {
-            pool: "node-1".to_string(),
-            inputs: rx,
-            stop: stop.clone(),
-        };
-        let mut stream = svc.stream(HealthService::v1);
+        let svc = HealthService::new("node-1".to_string(), rx, stop.clone());
+        let mut stream = svc.stream(HealthService::v1).unwrap();
         // No plan yet: nothing.
         assert!(tokio::time::timeout(Duration::from_secs(1), stream.recv())
             .await
@@ -306,5 +348,66 @@ mod tests {
         assert_eq!(again, second);
         stop.cancel();
         assert!(stream.recv().await.is_none(), "the stream ends with DRA");
+    }
+
+    fn one_device_input() -> Option<Arc<DraInput>> {
+        let mut health = HealthMap::new();
+        health.insert(
+            "gpu-a".to_string(),
+            super::super::health::DeviceHealth {
+                health: Health::Healthy,
+                cause: None,
+                message: String::new(),
+                since: UNIX_EPOCH,
+            },
+        );
+        Some(Arc::new(DraInput {
+            health,
+            ..DraInput::default()
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_stream_past_the_cap_is_resource_exhausted_and_a_closed_one_frees_its_slot() {
+        let (_tx, rx) = watch::channel(one_device_input());
+        let svc = HealthService::new("node-1".to_string(), rx, CancellationToken::new());
+        let mut open: Vec<_> = (0..MAX_STREAMS)
+            .map(|_| svc.stream(HealthService::v1).unwrap())
+            .collect();
+        let refused = svc.stream(HealthService::v1).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::ResourceExhausted,
+            "{refused:?}"
+        );
+        // The client goes away: its task ends and gives its slot back.
+        drop(open.pop());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let again = svc.stream(HealthService::v1);
+        assert!(again.is_ok(), "the closed stream's slot was not returned");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_takes_no_message_is_dropped_after_the_send_timeout() {
+        let (_tx, rx) = watch::channel(one_device_input());
+        let svc = HealthService::new("node-1".to_string(), rx, CancellationToken::new());
+        let mut unread = svc.stream(HealthService::v1).unwrap();
+        // Virtual time: the first message and two refreshes fill the channel (2) and the
+        // third waits; SEND_TIMEOUT later the stream is given up.
+        tokio::time::sleep(REFRESH * 2 + SEND_TIMEOUT + Duration::from_secs(1)).await;
+        assert_eq!(
+            svc.streams.available_permits(),
+            MAX_STREAMS,
+            "a stream nobody reads still holds its slot"
+        );
+        let mut buffered = 0;
+        while let Some(m) = unread.recv().await {
+            m.unwrap();
+            buffered += 1;
+        }
+        assert_eq!(
+            buffered, 2,
+            "what was queued is all there is; then the stream ends"
+        );
     }
 }

@@ -120,12 +120,12 @@ async fn idle_connections_beyond_the_limit_wait_and_the_kubelet_is_still_served(
     let s = start(2);
     // Idle clients that never speak HTTP/2 take every permit...
     let mut idle = Vec::new();
-    for _ in 0..MAX_CONNECTIONS + 50 {
+    for _ in 0..listen::MAX_CONNECTIONS + 50 {
         idle.push(tokio::net::UnixStream::connect(&s.path).await.unwrap());
     }
-    // ...until they are closed for saying nothing (FIRST_BYTES_TIMEOUT), or go away: a real
-    // client is served.
-    idle.truncate(MAX_CONNECTIONS - 1);
+    // ...but never hold a slot (the newest evict the oldest, and any is closed for saying
+    // nothing within the preface timeout): a real client is served.
+    idle.truncate(listen::MAX_CONNECTIONS - 1);
     let mut c = client(&s.path).await;
     let opts = tokio::time::timeout(DEADLINE, c.get_device_plugin_options(api::Empty {}))
         .await
@@ -161,9 +161,16 @@ fn rss_kib() -> u64 {
 #[ignore]
 async fn rss_with_idle_unix_connections() {
     // Before issue 15 (no limit, every connection handed to tonic at once), then now.
-    for (limit, first_bytes) in [
-        (100_000, None),
-        (MAX_CONNECTIONS, Some(FIRST_BYTES_TIMEOUT)),
+    for (label, limits) in [
+        (
+            "none",
+            listen::Limits {
+                max_connections: 100_000,
+                max_pending: 100_000,
+                preface_timeout: None,
+            },
+        ),
+        ("slicelet's", listen::Limits::default()),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let socket = bind(dir.path(), RESOURCE).unwrap();
@@ -174,8 +181,7 @@ async fn rss_with_idle_unix_connections() {
             socket,
             Service::new(RESOURCE, rx, stop.clone(), "/"),
             stop.clone(),
-            limit,
-            first_bytes,
+            limits,
         );
         let before = rss_kib();
         let mut idle = Vec::new();
@@ -190,7 +196,7 @@ async fn rss_with_idle_unix_connections() {
         stop.cancel();
         let _ = tokio::time::timeout(DEADLINE, task).await;
         println!(
-            "limit {limit}: RSS {before} KiB before, {during} KiB with 1,000 idle connections (+{} KiB)",
+            "limits {label}: RSS {before} KiB before, {during} KiB with 1,000 idle connections (+{} KiB)",
             during.saturating_sub(before)
         );
     }

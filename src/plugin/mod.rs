@@ -18,7 +18,7 @@ pub use socket::{bind, remove_if_ours, socket_name, BoundSocket, SocketError, MA
 
 use crate::allocate::{self, AllocateError, ContainerAllocation};
 use crate::api::{self, device_plugin_server::DevicePlugin};
-use crate::authority::AnyAuthority;
+use crate::listen;
 use crate::plan::{Plan, ResourcePlan};
 
 pub use crate::api::device_plugin_options as options;
@@ -87,16 +87,6 @@ pub fn status_of(err: &PluginError) -> Status {
     }
 }
 
-/// How many connections one resource's socket serves at a time; more wait in the listen
-/// backlog until one closes. The kubelet holds one (ListAndWatch, Allocate and
-/// GetPreferredAllocation share it); the rest are tools and tests.
-pub const MAX_CONNECTIONS: usize = 64;
-/// HTTP/2 streams one connection may have open at once (the kubelet uses one long-lived
-/// ListAndWatch stream and short unary calls).
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
-/// How long a new connection may stay silent before it is closed (the kubelet sends the
-/// HTTP/2 preface at once); frees the connection slots idle clients would hold.
-pub const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a stopped server waits for its connections to close before dropping them, so a
 /// client that never reads its ListAndWatch stream cannot hold a server open.
 pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -414,25 +404,14 @@ impl DevicePlugin for Service {
 /// Every request is answered whatever `:authority` its client sends (older kubelets, grpcurl and
 /// grpc C-core send the socket path; [`crate::authority`]).
 ///
-/// Limits: at most [`MAX_CONNECTIONS`] connections are served at once (further ones wait in
-/// the listen backlog, holding no memory of ours), a connection silent for
-/// [`FIRST_BYTES_TIMEOUT`] after it is accepted is closed, each has at most
-/// [`MAX_STREAMS_PER_CONNECTION`] concurrent HTTP/2 streams (`SETTINGS_MAX_CONCURRENT_STREAMS`;
-/// each call, unary or ListAndWatch, is one stream, so the client holds further calls back
-/// itself); idle connections are pinged (HTTP/2 keepalive, 30 s, dropped after 10 s without an
-/// answer).
+/// Limits: those of [`crate::listen`] (admitted connections, the HTTP/2 preface within a
+/// timeout, streams per connection, keepalive).
 pub fn serve(
     socket: BoundSocket,
     service: Service,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    serve_limited(
-        socket,
-        service,
-        stop,
-        MAX_CONNECTIONS,
-        Some(FIRST_BYTES_TIMEOUT),
-    )
+    serve_limited(socket, service, stop, listen::Limits::default())
 }
 
 /// [`serve`] with other connection limits (for measurements).
@@ -440,16 +419,12 @@ fn serve_limited(
     socket: BoundSocket,
     service: Service,
     stop: CancellationToken,
-    max_connections: usize,
-    first_bytes: Option<std::time::Duration>,
+    limits: listen::Limits,
 ) -> tokio::task::JoinHandle<()> {
-    let incoming = limited_incoming(socket.listener, max_connections, first_bytes);
+    let incoming = listen::incoming(socket.listener, limits);
     let path = socket.path;
     tokio::spawn(async move {
-        let server = tonic::transport::Server::builder()
-            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-            .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        let server = listen::server()
             .add_service(api::device_plugin_server::DevicePluginServer::new(service))
             .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned());
         tokio::pin!(server);
@@ -475,65 +450,6 @@ pub fn withdrawn() -> api::ListAndWatchResponse {
     api::ListAndWatchResponse {
         devices: Vec::new(),
     }
-}
-
-/// Accepted connections of `listener`, at most `max` open at once: a permit is taken before
-/// each accept and released when the connection is dropped. A connection that sends nothing
-/// within `first_bytes` (HTTP/2's preface comes first) is closed before tonic sees it, so idle
-/// connections cannot hold the permits; `None` hands every connection over at once.
-fn limited_incoming(
-    listener: tokio::net::UnixListener,
-    max: usize,
-    first_bytes: Option<std::time::Duration>,
-) -> impl Stream<Item = std::io::Result<AnyAuthority<socket::Limited>>> + Send + 'static {
-    let permits = Arc::new(tokio::sync::Semaphore::new(max));
-    let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
-        loop {
-            let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-                return;
-            };
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = tx.closed() => return,
-            };
-            let (io, _) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    if tx.send(Err(e)).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut first = Vec::new();
-                if let Some(limit) = first_bytes {
-                    use tokio::io::AsyncReadExt as _;
-                    let mut io = io;
-                    let mut buf = [0u8; 64];
-                    match tokio::time::timeout(limit, io.read(&mut buf)).await {
-                        Ok(Ok(n)) if n > 0 => first.extend_from_slice(&buf[..n]),
-                        // Silent for too long, closed or broken: drop it, freeing the permit.
-                        _ => return,
-                    }
-                    let _ = tx
-                        .send(Ok(AnyAuthority::new(socket::Limited::new(
-                            io, permit, first,
-                        ))))
-                        .await;
-                    return;
-                }
-                let _ = tx
-                    .send(Ok(AnyAuthority::new(socket::Limited::new(
-                        io, permit, first,
-                    ))))
-                    .await;
-            });
-        }
-    });
-    ReceiverStream::new(rx)
 }
 
 #[cfg(test)]
