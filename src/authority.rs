@@ -25,7 +25,8 @@
 //! Limits (a hostile peer is refused at least as h2 would refuse it, by ending the
 //! connection): a header frame over [`MAX_FRAME`] bytes, a header block over [`MAX_BLOCK`]
 //! compressed bytes or decoding to over [`MAX_BLOCK`] bytes (RFC 7541 §4.1 sizes), an HPACK
-//! error, a dynamic-table size above the 4,096 bytes h2 advertises, a `CONTINUATION` that
+//! error, a dynamic-table size above the 4,096 bytes h2 advertises or a size update after a
+//! header field (RFC 7541 §4.2, which `loona-hpack` lets pass), a `CONTINUATION` that
 //! does not follow its `HEADERS`, or another frame inside a header block. h2 still applies its
 //! own header-list limit to what passes (16 KiB by default).
 //!
@@ -282,6 +283,12 @@ impl<S> AnyAuthority<S> {
     /// field a literal without indexing (RFC 7541 §6.2.2, no Huffman); true when the
     /// authority had to be replaced.
     fn reencode(&mut self, block: &[u8]) -> io::Result<(BytesMut, bool)> {
+        // `loona-hpack` applies a size update wherever it stands; h2 refuses one after a field.
+        if late_size_update(block) {
+            return Err(refused(
+                "HPACK: a dynamic table size update after a header field",
+            ));
+        }
         let mut encoded = BytesMut::with_capacity(block.len() + 16);
         let mut decoded = 0usize;
         let mut over = false;
@@ -326,6 +333,68 @@ pub fn rewrite(input: &[u8], chunk: usize) -> io::Result<Vec<u8>> {
         shim.process()?;
     }
     Ok(shim.out.to_vec())
+}
+
+/// Whether a dynamic table size update (RFC 7541 §6.3) in `block` follows a header field
+/// representation: §4.2 allows size updates only at the beginning of a header block, and one
+/// anywhere else is a decoding error (h2 answers `COMPRESSION_ERROR`), which `loona-hpack` does
+/// not check. Reads only the representations' integers and string lengths; a block that ends
+/// inside one answers false and is left to the decoder, which refuses it.
+fn late_size_update(block: &[u8]) -> bool {
+    let mut rest = block;
+    let mut field_seen = false;
+    while let Some(&first) = rest.first() {
+        // The representation's integer prefix (RFC 7541 §6), and whether strings follow it.
+        let (prefix, literal) = if first & 0x80 != 0 {
+            (7, false) // indexed field
+        } else if first & 0x40 != 0 {
+            (6, true) // literal with incremental indexing
+        } else if first & 0x20 != 0 {
+            if field_seen {
+                return true;
+            }
+            (5, false) // size update
+        } else {
+            (4, true) // literal without indexing, or never indexed
+        };
+        let Some((index, n)) = read_integer(rest, prefix) else {
+            return false;
+        };
+        rest = &rest[n..];
+        if literal {
+            // Name index 0: a new name, a string before the value's.
+            for _ in 0..if index == 0 { 2 } else { 1 } {
+                let Some((len, n)) = read_integer(rest, 7) else {
+                    return false;
+                };
+                let Some(after) = n.checked_add(len).and_then(|end| rest.get(end..)) else {
+                    return false;
+                };
+                rest = after;
+            }
+        }
+        field_seen |= prefix != 5;
+    }
+    false
+}
+
+/// The HPACK integer with a `prefix`-bit prefix at the start of `buf` (RFC 7541 §5.1) and the
+/// bytes it takes; `None` when `buf` ends inside it or it takes more than 5 bytes (which
+/// `loona-hpack` refuses).
+fn read_integer(buf: &[u8], prefix: u8) -> Option<(usize, usize)> {
+    let max = (1usize << prefix) - 1;
+    let value = usize::from(*buf.first()?) & max;
+    if value < max {
+        return Some((value, 1));
+    }
+    let mut value = max;
+    for (i, &b) in buf.iter().enumerate().skip(1).take(4) {
+        value += usize::from(b & 0x7f) << (7 * (i - 1));
+        if b & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
 }
 
 /// An HPACK string literal without Huffman coding (RFC 7541 §5.2).

@@ -313,6 +313,70 @@ fn hostile_frames_end_the_connection() {
     assert!(run(&input).is_err());
 }
 
+/// A dynamic table size update after a header field (RFC 7541 §4.2: only at the beginning of
+/// a block) is a decoding error, refused as h2 refuses it on a connection that passes: in the
+/// block that decides the rewrite, and in a later block of a rewritten connection.
+#[test]
+fn a_size_update_after_a_field_ends_the_connection() {
+    // Size update to 0 (RFC 7541 §6.3) after `:method`, before the rest of the request.
+    let late = |authority: &[u8]| {
+        let block = request_block(authority);
+        let method = literal(b":method", b"POST").len();
+        [&block[..method], &[0x20], &block[method..]].concat()
+    };
+    let cases: [(&str, Vec<u8>); 3] = [
+        (
+            "first block, rewritten",
+            frame(HEADERS, END_HEADERS, 1, &late(b"/s.sock")),
+        ),
+        (
+            "later block of a rewritten connection",
+            [
+                frame(HEADERS, END_HEADERS, 1, &request_block(b"/s.sock")),
+                frame(HEADERS, END_HEADERS, 3, &late(b"/s.sock")),
+            ]
+            .concat(),
+        ),
+        (
+            "first block, valid authority",
+            frame(HEADERS, END_HEADERS, 1, &late(b"localhost")),
+        ),
+    ];
+    for (case, frames) in cases {
+        let input = [PREFACE.to_vec(), frames].concat();
+        for result in [run(&input), run_bytewise(&input)] {
+            let err = result.expect_err(case);
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{case}");
+        }
+    }
+}
+
+/// Size updates at the beginning of a block, one or two (RFC 7541 §4.2), in the first block
+/// and in a later one: accepted, and the rewrite is as without them.
+#[test]
+fn size_updates_at_the_beginning_of_a_block_are_accepted() {
+    let mut updates = BytesMut::new();
+    put_integer(&mut updates, 0, 5, 0x20);
+    put_integer(&mut updates, TABLE_SIZE, 5, 0x20);
+    let first = [updates.to_vec(), request_block(b"/s.sock")].concat();
+    let second = [vec![0x20 | 10], request_block(b"/s.sock")].concat();
+    let input = [
+        PREFACE.to_vec(),
+        frame(HEADERS, END_HEADERS, 1, &first),
+        frame(HEADERS, END_HEADERS, 3, &second),
+    ]
+    .concat();
+    let plain = [
+        PREFACE.to_vec(),
+        frame(HEADERS, END_HEADERS, 1, &request_block(b"/s.sock")),
+        frame(HEADERS, END_HEADERS, 3, &request_block(b"/s.sock")),
+    ]
+    .concat();
+    let want = run(&plain).unwrap();
+    assert_eq!(run(&input).unwrap(), want);
+    assert_eq!(run_bytewise(&input).unwrap(), want);
+}
+
 #[test]
 fn without_the_preface_everything_passes_untouched() {
     let input = b"GET / HTTP/1.1\r\nHost: /x.sock\r\n\r\n".to_vec();

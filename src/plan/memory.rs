@@ -4,8 +4,9 @@
 //! The driver partitions device memory per container cgroup (NVML
 //! `nvmlDeviceSetMemoryLimits_v1`, driver R615 and later, cgroup v2). It takes no MIG handle
 //! (a MIG device is isolated by the hardware already), and slicelet sets the limit from a CDI
-//! hook the container runtime runs, so a resource served without CDI (`deviceListStrategy`
-//! without a `cdi-*` strategy, and not DRA) cannot have it either. Under `enforce: required`
+//! hook the container runtime runs, so a resource whose containers are not given slicelet's
+//! CDI device cannot have it either: a device-plugin resource without a `cdi-*`
+//! `deviceListStrategy`, a DRA one without `cdi-cri`. Under `enforce: required`
 //! (the default) a unit that cannot enforce its limit is a plan error naming the reason;
 //! under `best-effort` it is served and marked unenforced.
 //!
@@ -47,8 +48,13 @@ impl PlannedMemory {
 }
 
 /// Why the node cannot enforce a memory limit on `d`'s unit, or `None` when it can: a MIG
-/// device; a driver older than R615 or of unknown version; cgroup v1; a device-plugin resource
-/// without a `cdi-*` list strategy (`dra`: served through DRA, which always uses CDI).
+/// device; a driver older than R615 or of unknown version; cgroup v1; a container not given the
+/// limit's CDI hook (`cdi` false). `cdi`: whether it is, which depends on how the resource is
+/// served (`dra`): by the device plugin, under a `cdi-*` list strategy (Allocate returns
+/// slicelet's memory device beside the GPU's); through DRA, for a replica or whole unit under
+/// `cdi-cri` only (`NodePrepareResources` returns Allocate's CDI names as extra CDI device IDs,
+/// and drops annotations), for a consumable-capacity share always (the claim's own spec carries
+/// the hook).
 pub fn unenforceable(
     inventory: &Inventory,
     d: &VirtualDevice,
@@ -64,11 +70,13 @@ pub fn unenforceable(
     if let Some(reason) = inventory.memory_limits_unsupported() {
         return Some(reason);
     }
-    if !dra && !cdi {
-        return Some(
+    if !cdi {
+        return Some(if dra {
+            "flags.plugin.deviceListStrategy has no cdi-cri (the limit is set by a CDI hook, which a DRA claim of a replica gets only as a cdi-cri CDI device)"
+        } else {
             "flags.plugin.deviceListStrategy has no cdi-annotations or cdi-cri (the limit is set by a CDI hook)"
-                .to_string(),
-        );
+        }
+        .to_string());
     }
     None
 }
@@ -140,7 +148,13 @@ pub(super) fn apply(
             unenforced: BTreeMap::new(),
             name_tag: None,
         };
-        let cdi = res.delivery.strategies.uses_cdi();
+        // Through DRA, annotations are dropped: only cdi-cri's CDI names reach the runtime.
+        let strategies = res.delivery.strategies;
+        let cdi = if res.dra {
+            strategies.cdi_cri
+        } else {
+            strategies.uses_cdi()
+        };
         for d in &res.devices {
             if planned.unenforced.contains_key(&d.gpu_uuid) {
                 continue;

@@ -949,3 +949,53 @@ fn the_pods_a_claim_is_reserved_for_are_recorded() {
     let back: PreparedClaim = serde_json::from_str(&text).unwrap();
     assert_eq!(back.pods, p.pods);
 }
+
+/// A `dra: true` entry's memory limit reaches a replica claim's container as slicelet's memory
+/// CDI device, among the extra CDI device IDs, only under `cdi-cri` (annotations have no place
+/// in DRA): exactly where the plan says the limit is enforced, and the node's memory spec
+/// defines that device.
+#[test]
+fn a_replica_claim_gets_the_memory_hook_where_the_plan_says_it_is_enforced() {
+    let inv = h100(Some("615.20"));
+    let hook = crate::cdi::memory::HookConfig::default();
+    let gpu0 = &inv.gpus[0].uuid;
+    for (strategy, enforced) in [
+        ("envvar", false),
+        ("cdi-annotations", false),
+        ("[envvar, cdi-annotations]", false),
+        ("cdi-cri", true),
+        ("[envvar, cdi-cri]", true),
+    ] {
+        let policy = format!("version: v1\nflags:\n  plugin:\n    deviceListStrategy: {strategy}\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-16gb\n        devices: [0]\n        replicas: 2\n        dra: true\n        memory: {{hard: 16Gi, enforce: best-effort}}\n");
+        let plan = plan::build(&parse(&policy).unwrap(), &inv).unwrap().plan;
+        let view = plan.view();
+        let shown = view
+            .resources
+            .iter()
+            .find(|r| r.name == "nvidia.com/gpu-16gb");
+        assert_eq!(
+            shown.unwrap().devices[0].memory_enforced,
+            Some(enforced),
+            "{strategy}"
+        );
+        let ctx = context(&plan, &inv, Some(&hook));
+        let r0 = device_name(&format!("{gpu0}::0"));
+        let c = claim(UID, &[("gpu", DRIVER, NODE, &r0)]);
+        let p = prepare(&c, &want(UID), &ctx, &Held::default()).unwrap();
+        let name = format!("{gpu0}-16384mib-x1");
+        let given = p.devices[0]
+            .cdi_ids
+            .contains(&format!("{}={name}", crate::cdi::memory::KIND));
+        assert_eq!(given, enforced, "{strategy}: {:?}", p.devices[0].cdi_ids);
+        let spec = crate::cdi::memory::spec(&plan, &hook).unwrap_or_default();
+        assert_eq!(
+            spec.contains(&format!("\"{name}\"")),
+            enforced,
+            "{strategy}"
+        );
+        // The claim's own spec carries no hook for a replica.
+        assert!(p.spec["devices"][0]["containerEdits"]
+            .get("hooks")
+            .is_none());
+    }
+}

@@ -150,13 +150,20 @@ fn required_limits_are_refused_where_they_cannot_be_enforced() {
     let env = policy("envvar", &[entry("nvidia.com/gpu-20gb", 2, "{hard: 20Gi}")]);
     let e = build(&env, &node(R615)).unwrap_err().to_string();
     assert!(e.contains("deviceListStrategy"), "{e}");
-    // The same through DRA: prepare always uses CDI.
-    let dra = policy(
-        "envvar",
-        &[entry("nvidia.com/gpu-20gb", 2, "{hard: 20Gi}")
-            .replace("        memory:", "        dra: true\n        memory:")],
-    );
-    build(&dra, &node(R615)).unwrap();
+    // Through DRA a replica claim gets the hook only as a cdi-cri CDI device (annotations are
+    // dropped): envvar and cdi-annotations cannot enforce it, cdi-cri can.
+    let dra = |strategy: &str| {
+        policy(
+            strategy,
+            &[entry("nvidia.com/gpu-20gb", 2, "{hard: 20Gi}")
+                .replace("        memory:", "        dra: true\n        memory:")],
+        )
+    };
+    for strategy in ["envvar", "cdi-annotations"] {
+        let e = build(&dra(strategy), &node(R615)).unwrap_err().to_string();
+        assert!(e.contains("has no cdi-cri"), "{strategy}: {e}");
+    }
+    build(&dra("cdi-cri"), &node(R615)).unwrap();
     // A MIG device (GPU 0 of the mixed node is 7x 1g.10gb).
     let mig = parse(
         "version: v1\nflags:\n  migStrategy: mixed\n  plugin:\n    deviceListStrategy: cdi-cri\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: nvidia.com/mig-1g.10gb-shared\n        replicas: 2\n        memory: {hard: 4Gi}\n",
@@ -201,6 +208,43 @@ fn best_effort_serves_and_marks_the_replicas_unenforced() {
         )],
     );
     assert!(build(&over, &node(R550)).is_err());
+}
+
+/// A `dra: true` entry's limit under a list strategy without `cdi-cri`: its replica claims get
+/// no hook, so `plan` shows them unenforced with a warning saying why (under `best-effort`;
+/// `required` refuses it, above).
+#[test]
+fn a_dra_replica_without_cdi_cri_is_shown_unenforced() {
+    let dra = policy(
+        "envvar",
+        &[entry(
+            "nvidia.com/gpu-20gb",
+            2,
+            "{hard: 20Gi, enforce: best-effort}",
+        )
+        .replace("        memory:", "        dra: true\n        memory:")],
+    );
+    let built = build(&dra, &node(R615)).unwrap();
+    let view = built.plan.view();
+    let gpu0 = &node(R615).gpus[0].uuid;
+    assert_eq!(
+        limits(&view, "nvidia.com/gpu-20gb"),
+        [
+            (format!("{gpu0}::0"), Some(20480), Some(false)),
+            (format!("{gpu0}::1"), Some(20480), Some(false)),
+        ]
+    );
+    assert_eq!(built.warnings.len(), 1, "{:?}", built.warnings);
+    let w = &built.warnings[0];
+    assert!(
+        w.starts_with("sharing.timeSlicing.resources[0].memory: not enforced on GPU 0"),
+        "{w}"
+    );
+    assert!(w.contains("has no cdi-cri"), "{w}");
+    // The JSON `slicelet plan` prints.
+    let json = serde_json::to_value(&view).unwrap();
+    let dev = &json["resources"].as_array().unwrap()[1]["devices"][0];
+    assert_eq!(dev["memoryEnforced"], false, "{json}");
 }
 
 #[test]
