@@ -384,7 +384,7 @@ struct Shell {
 /// apart (the kubelet's limit is 100 a second), a request while one runs queued once.
 struct InUseReader {
     socket: Option<PathBuf>,
-    tx: mpsc::Sender<Result<crate::podres::InUse, String>>,
+    tx: mpsc::Sender<Result<crate::in_use::InUse, String>>,
     busy: bool,
     again: bool,
     last: Option<Instant>,

@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod health;
 pub mod health_stream;
 pub mod plugin;
+pub mod pool;
 pub mod prepare;
 pub mod publish;
 pub mod slices;

@@ -26,6 +26,7 @@ pub mod errors;
 pub mod files;
 pub mod health;
 pub mod hook;
+pub mod in_use;
 pub mod inventory;
 pub mod k8s;
 pub mod kubelet;

@@ -29,10 +29,10 @@ use std::time::Instant;
 
 use crate::cdi;
 use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
+use crate::in_use::InUse;
 use crate::inventory::Inventory;
 use crate::mps;
 use crate::plan::{self, MpsLimits, MpsWanted, Plan};
-use crate::podres::InUse;
 use crate::policy::{Policy, PolicyError};
 
 /// How long a probe may go unanswered (its report lost, or the hardware thread stuck) before
@@ -45,7 +45,7 @@ pub enum Input {
     /// What the DRA checkpoint says is prepared (the book of record for DRA holders, whatever
     /// the kubelet's version): published device name → the claims holding it. Read from the
     /// file at start, before the first plan, then from the DRA component after each change.
-    DraPrepared(BTreeMap<String, Vec<crate::podres::Holder>>),
+    DraPrepared(BTreeMap<String, Vec<crate::in_use::Holder>>),
     /// The policy file was read (off the loop) and parsed.
     Policy {
         /// The file.
@@ -170,7 +170,7 @@ pub struct State {
     /// What running containers hold (pod-resources), as last read.
     pub in_use: InUse,
     /// DRA devices prepared for claims (the DRA checkpoint), by published device name.
-    pub dra_prepared: BTreeMap<String, Vec<crate::podres::Holder>>,
+    pub dra_prepared: BTreeMap<String, Vec<crate::in_use::Holder>>,
     /// Whether anybody is asked what is in use (`--pod-resources-socket`); without it no plan
     /// waits for an answer.
     in_use_source: bool,

@@ -30,7 +30,7 @@ use crate::watch::{self as fswatch, Inbox, WatchError};
 struct Inputs {
     reports: mpsc::Receiver<Report>,
     mps_events: mpsc::Receiver<mps::Event>,
-    in_use_answers: mpsc::Receiver<Result<crate::podres::InUse, String>>,
+    in_use_answers: mpsc::Receiver<Result<crate::in_use::InUse, String>>,
     cdi_specs: mpsc::Receiver<CdiAnswer>,
     view_requests: mpsc::Receiver<crate::status::ViewRequest>,
     server: servers::ServerEvents,
@@ -103,7 +103,7 @@ enum Event {
     Recheck,
     Allocated,
     AllocateSettled,
-    InUse(Result<crate::podres::InUse, String>),
+    InUse(Result<crate::in_use::InUse, String>),
     InUseRefresh,
     SampleDue,
     Reaped,
@@ -699,7 +699,7 @@ impl Supervisor {
         self.shell.in_use.start();
     }
 
-    fn on_in_use(&mut self, answer: Result<crate::podres::InUse, String>) {
+    fn on_in_use(&mut self, answer: Result<crate::in_use::InUse, String>) {
         self.shell.in_use.busy = false;
         if std::mem::take(&mut self.shell.in_use.again) {
             // A read was asked for while this one ran (a plan that withdraws devices waits on

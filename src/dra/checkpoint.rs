@@ -146,12 +146,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
 }
 
 /// The holders the checkpoint records: each prepared device's published name → the claims
-/// holding it, as [`crate::podres::Holder`]s `<namespace>/claim:<name>` (no container: a claim
+/// holding it, as [`crate::in_use::Holder`]s `<namespace>/claim:<name>` (no container: a claim
 /// is held by its pod, which the checkpoint does not name).
-pub fn holders(c: &Checkpoint) -> BTreeMap<String, Vec<crate::podres::Holder>> {
-    let mut out: BTreeMap<String, Vec<crate::podres::Holder>> = BTreeMap::new();
+pub fn holders(c: &Checkpoint) -> BTreeMap<String, Vec<crate::in_use::Holder>> {
+    let mut out: BTreeMap<String, Vec<crate::in_use::Holder>> = BTreeMap::new();
     for p in c.claims.values() {
-        let h = crate::podres::Holder {
+        let h = crate::in_use::Holder {
             namespace: p.claim.namespace.clone(),
             pod: format!("claim:{}", p.claim.name),
             container: String::new(),

@@ -3,7 +3,7 @@
 //! [`super::health_stream`]) both say. Pure: time is passed in.
 //!
 //! Every device of the pool is here, Healthy or not, by its name in the pool
-//! ([`super::slices::pool_devices`]). An Unhealthy device carries its [`Cause`] (the taint
+//! ([`super::pool::pool_devices`]). An Unhealthy device carries its [`Cause`] (the taint
 //! value) and a sentence for people (the stream's `message`). `since` is when the device last
 //! changed health or cause, in whole seconds (what the API server stores in a taint's
 //! `timeAdded`, and the stream's `last_updated_time`); it stays put while nothing changes, so
@@ -58,7 +58,7 @@ pub fn fold<'a>(
     now: SystemTime,
 ) -> HealthMap {
     let now = whole_seconds(now);
-    super::slices::pool_devices(resources)
+    super::pool::pool_devices(resources)
         .into_iter()
         .map(|(p, res, d)| {
             let (cause, message) = if d.health.is_healthy() {

@@ -8,7 +8,7 @@
 //! - Of its `status.allocation.devices.results`, the ones naming this driver are ours (a
 //!   claim may also hold other drivers' devices; they prepare them). None at all is an error.
 //! - Each must name this node's pool and a device the current plan publishes
-//!   ([`super::slices::published`]: a DRA resource's device, by its DNS-label name) that is
+//!   ([`super::pool::published`]: a DRA resource's device, by its DNS-label name) that is
 //!   Healthy, and that no other prepared claim holds: a whole GPU, a MIG device and one
 //!   replica are each one device, held by one claim at a time.
 //! - A consumable-capacity device is shared instead: each allocation result naming it is one

@@ -146,7 +146,7 @@ pub struct PublishStatus {
     /// ([`super::checkpoint::holders`]), after every prepare and unprepare; `None` until the
     /// checkpoint was loaded (a DRA that failed before loading it knows nothing, which is not
     /// "nothing prepared").
-    pub prepared: Option<std::collections::BTreeMap<String, Vec<crate::podres::Holder>>>,
+    pub prepared: Option<std::collections::BTreeMap<String, Vec<crate::in_use::Holder>>>,
 }
 
 /// The publisher's memory between reconciles.

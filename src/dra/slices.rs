@@ -65,7 +65,7 @@
 //!   be semantic versions, as the API server validates; a driver version such as `535.104.05`
 //!   is written `535.104.5` (semver forbids leading zeros), one it cannot read is left out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
@@ -76,6 +76,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::health::{DeviceHealth, HealthMap};
+use super::pool;
 use crate::health::{Cause, Health};
 use crate::inventory::Inventory;
 use crate::plan::dra_names::hex_digest;
@@ -186,18 +187,6 @@ pub struct Slices {
     /// Device IDs skipped because another device of the pool has the same name
     /// (`resource/id`).
     pub skipped: Vec<String>,
-}
-
-/// One published device and where it came from (what the kubelet plugin checks a claim
-/// against).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedDevice {
-    /// The device name in the pool.
-    pub name: String,
-    /// The device-plugin resource it mirrors.
-    pub resource: String,
-    /// The device ID in that resource (`<uuid>` or `<uuid>::<n>`).
-    pub id: String,
 }
 
 /// The name of slice `n` of the pool: `<node>-<driver>-<n>`, the driver's dots turned into
@@ -515,74 +504,6 @@ fn device(
     }
 }
 
-/// A device of the pool: its name and where it came from.
-pub type PoolDevice<'a> = (PublishedDevice, &'a ResourcePlan, &'a VirtualDevice);
-
-/// Every device of the pool, Healthy or not, in order (resources as given, each in its own
-/// device order), each name once: a Healthy device wins a name over Unhealthy ones (the drain
-/// rules may keep a unit in two resources, one copy held Unhealthy), else the first.
-pub fn pool_devices<'a>(
-    resources: impl IntoIterator<Item = &'a ResourcePlan>,
-) -> Vec<PoolDevice<'a>> {
-    named(resources).0
-}
-
-/// Devices in order with their names, each name once ([`pool_devices`]), and the Healthy
-/// devices left out because an earlier Healthy one has their name (`resource/id`).
-fn named<'a>(
-    resources: impl IntoIterator<Item = &'a ResourcePlan>,
-) -> (Vec<PoolDevice<'a>>, Vec<String>) {
-    let all: Vec<(&ResourcePlan, &VirtualDevice, String)> = resources
-        .into_iter()
-        .flat_map(|res| {
-            res.devices
-                .iter()
-                .map(move |d| (res, d, device_name(&d.id)))
-        })
-        .collect();
-    let healthy_names: BTreeSet<&str> = all
-        .iter()
-        .filter(|(_, d, _)| d.health == Health::Healthy)
-        .map(|(_, _, n)| n.as_str())
-        .collect();
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    let mut skipped = Vec::new();
-    for (res, d, name) in &all {
-        let healthy = d.health == Health::Healthy;
-        if !healthy && healthy_names.contains(name.as_str()) {
-            continue;
-        }
-        if !seen.insert(name.clone()) {
-            if healthy {
-                skipped.push(format!("{}/{}", res.name, d.id));
-            }
-            continue;
-        }
-        out.push((
-            PublishedDevice {
-                name: name.clone(),
-                resource: res.name.to_string(),
-                id: d.id.clone(),
-            },
-            *res,
-            *d,
-        ));
-    }
-    (out, skipped)
-}
-
-/// The Healthy devices of `resources`, which a claim can be allocated ([`pool_devices`] less
-/// the Unhealthy ones, which are tainted or withdrawn), and the Healthy devices skipped
-/// because an earlier one has their name (`resource/id`).
-pub fn published<'a>(
-    resources: impl IntoIterator<Item = &'a ResourcePlan>,
-) -> (Vec<PoolDevice<'a>>, Vec<String>) {
-    let (mut out, skipped) = named(resources);
-    out.retain(|(_, _, d)| d.health == Health::Healthy);
-    (out, skipped)
-}
-
 /// The resources of `plan` DRA serves (`dra: true`), in plan order: what [`build`] publishes.
 pub fn dra_resources(plan: &Plan) -> impl Iterator<Item = &ResourcePlan> {
     plan.resources.values().map(|r| &**r).filter(|r| r.dra)
@@ -598,7 +519,7 @@ pub fn build<'a>(
     params: &SliceParams,
     health: &HealthMap,
 ) -> Slices {
-    let (devices, skipped) = named(resources);
+    let (devices, skipped) = pool::named(resources);
     let mut sets: BTreeMap<String, CounterSet> = BTreeMap::new();
     let devices: Vec<Device> = devices
         .into_iter()

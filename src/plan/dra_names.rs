@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use super::{physical_uuid, Plan, ResourcePlan};
-use crate::podres::InUse;
+use crate::in_use::InUse;
 
 /// The longest DNS label (a device name), characters.
 pub const MAX_DNS_LABEL: usize = 63;

@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use super::{Drain, Plan, ResourcePlan, Strategy, VirtualDevice};
 use crate::health::Health;
+use crate::in_use::{Holder, InUse};
 use crate::inventory::Inventory;
-use crate::podres::{Holder, InUse};
 
 /// Applies the drain rules to `plan` (just built from the policy and the effective inventory
 /// `inventory`), given what is held (`in_use`) and the plan served until now (`previous`, which

@@ -15,7 +15,7 @@ use crate::api::podresources::{
     pod_resources_lister_client::PodResourcesListerClient, ListPodResourcesRequest,
 };
 
-use super::InUse;
+use crate::in_use::InUse;
 
 /// Least time between two requests: 10 ms, the kubelet's sustained limit of 100 a second.
 pub const MIN_SPACING: Duration = Duration::from_millis(10);

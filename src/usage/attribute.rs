@@ -62,8 +62,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use crate::in_use::{Holder, InUse};
 use crate::plan::{Plan, VirtualDevice};
-use crate::podres::{Holder, InUse};
 use crate::usage::{ClaimEntry, GpuSample, Samples};
 
 /// Everything one sample says, attributed.

@@ -5,7 +5,7 @@
 //! `<proc root>/proc/<pid>/cgroup` ([`cgroup`]) and reads the kubelet's device checkpoint
 //! ([`checkpoint`]: pod UID → container → device IDs) and, with `--dra`, the claims slicelet
 //! prepared ([`ClaimEntry`]: the pods each is reserved for and its devices); the supervisor's
-//! shell joins that with what pod-resources says is held ([`crate::podres::InUse`]) into
+//! shell joins that with what pod-resources says is held ([`crate::in_use::InUse`]) into
 //! per-container figures ([`attribute`]) for `/metrics` and `/status`.
 //!
 //! Everything here but the sampler ([`sampler`], on the hardware actor's thread) and the two

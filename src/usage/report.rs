@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::family::Family;
 
+use crate::in_use::{Holder, InUse};
 use crate::plan::dra_names::with_claims;
 use crate::plan::{physical_uuid, Plan};
-use crate::podres::{Holder, InUse};
 use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
 use crate::usage::metrics::{
     AllocationLabels, ContainerLabels, ContainerLimitLabels, GpuLabels, MigLabels, ResourceLabels,

@@ -142,8 +142,8 @@ impl std::fmt::Display for HolderView {
     }
 }
 
-impl From<&crate::podres::Holder> for HolderView {
-    fn from(h: &crate::podres::Holder) -> Self {
+impl From<&crate::in_use::Holder> for HolderView {
+    fn from(h: &crate::in_use::Holder) -> Self {
         HolderView {
             namespace: h.namespace.clone(),
             pod: h.pod.clone(),

@@ -757,13 +757,13 @@ const TS4_GPU: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n  
 /// Two replicas per GPU of `nvidia.com/gpu`.
 const TS2_GPU: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n";
 
-fn holding(ids: &[&str]) -> crate::podres::InUse {
-    let mut u = crate::podres::InUse::default();
+fn holding(ids: &[&str]) -> crate::in_use::InUse {
+    let mut u = crate::in_use::InUse::default();
     for id in ids {
         u.insert(
             "nvidia.com/gpu",
             id,
-            crate::podres::Holder {
+            crate::in_use::Holder {
                 namespace: "ml".into(),
                 pod: "llm-0".into(),
                 container: "main".into(),
@@ -944,7 +944,7 @@ fn the_dra_checkpoint_is_the_record_of_claim_holders() {
     s.fold(discovered(test_node(1)), t);
     s.fold(policy(TS2_DRA, true), t);
     let held0 = format!("{}::0", gpu(0));
-    let holder = crate::podres::Holder {
+    let holder = crate::in_use::Holder {
         namespace: "ns".into(),
         pod: "claim:one".into(),
         container: String::new(),

@@ -270,7 +270,7 @@ fn a_gpu_moved_to_dra_while_a_device_plugin_pod_holds_it_is_not_published_throug
     let dra = parse("version: v1\ndra:\n  resources: [nvidia.com/gpu]\n").unwrap();
     let mut p = build(&dra, &inv).unwrap().plan;
     apply(&mut p, &before, &held(&[(&uuid(0), "a")]), &inv);
-    let (published, _) = crate::dra::slices::published(crate::dra::slices::dra_resources(&p));
+    let (published, _) = crate::dra::pool::published(crate::dra::slices::dra_resources(&p));
     let ids: Vec<&str> = published.iter().map(|(d, _, _)| d.id.as_str()).collect();
     assert!(
         !ids.contains(&uuid(0).as_str()),
@@ -289,7 +289,7 @@ fn after_a_restart_a_gpu_a_device_plugin_pod_holds_is_not_published_through_dra(
     let mut p = build(&dra, &inv).unwrap().plan;
     apply(&mut p, &Plan::default(), &held(&[(&uuid(0), "a")]), &inv);
     assert!(!p.resources[GPU].dra, "{:?}", p.drain);
-    let (published, _) = crate::dra::slices::published(crate::dra::slices::dra_resources(&p));
+    let (published, _) = crate::dra::pool::published(crate::dra::slices::dra_resources(&p));
     assert!(published.is_empty(), "{published:?}");
     // Released: the next plan moves it to DRA.
     let mut p = build(&dra, &inv).unwrap().plan;
