@@ -11,6 +11,8 @@
 
 #[path = "slicelet/allocate_latency.rs"]
 mod allocate_latency;
+#[path = "slicelet/dra_sockets.rs"]
+mod dra_sockets;
 #[path = "slicelet/gpu_use.rs"]
 mod gpu_use;
 #[path = "slicelet/harness.rs"]
@@ -100,6 +102,9 @@ fn main() {
     }
     if wanted(11) {
         sampler_cpu::run(&b, &mut table);
+    }
+    if wanted(12) {
+        dra_sockets::run(&b, &mut table);
     }
 
     let missed: Vec<&str> = table
