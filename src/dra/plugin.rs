@@ -34,8 +34,8 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::checkpoint::{self, Checkpoint};
-use super::prepare::{self, ClaimRef, PreparedDevice};
+use super::checkpoint::{self, Checkpoint, CheckpointError};
+use super::prepare::{self, ClaimRef, PrepareError, PreparedDevice};
 use super::{DraError, DraInput, DraSettings};
 use crate::api;
 
@@ -124,7 +124,7 @@ pub fn bind(path: &Path) -> Result<(UnixListener, Bound), DraError> {
 /// A checkpoint that cannot be read (corrupt, empty, a directory or FIFO in its place) is
 /// renamed to `checkpoint.json.corrupt-<unix seconds>` (kept for inspection). Only a rename
 /// that fails keeps DRA down.
-fn set_aside(path: &Path, e: &checkpoint::CheckpointError) -> Result<PathBuf, DraError> {
+fn set_aside(path: &Path, e: &CheckpointError) -> Result<PathBuf, DraError> {
     let at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -298,7 +298,7 @@ impl Plugin {
     }
 
     /// The checkpointed answer for `uid`, its spec rewritten when missing.
-    fn already(&self, uid: &str) -> Option<Result<Vec<PreparedDevice>, String>> {
+    fn already(&self, uid: &str) -> Option<Result<Vec<PreparedDevice>, ClaimError>> {
         let state = self.lock();
         let c = state.claims.get(uid).filter(|c| !c.rebuilt)?;
         let path = self.spec_path(uid);
@@ -314,35 +314,35 @@ impl Plugin {
     pub async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+    ) -> BTreeMap<String, Result<Vec<PreparedDevice>, ClaimError>> {
         let mut out = BTreeMap::new();
         for c in claims {
             let r = self.prepare_one(&c).await;
             if let Err(e) = &r {
-                tracing::warn!(claim = %c, error = %e, "DRA: NodePrepareResources refused a claim");
+                tracing::warn!(claim = %c, error = %claim_error(e), "DRA: NodePrepareResources refused a claim");
             }
             out.insert(c.uid.clone(), r);
         }
         out
     }
 
-    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        prepare::check_claim_ref(c).map_err(|e| e.to_string())?;
+    async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimError> {
+        prepare::check_claim_ref(c)?;
         if let Some(r) = self.already(&c.uid) {
             return r;
         }
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-        let claim = api.get(&c.name).await.map_err(|e| {
-            format!(
-                "claim {c}: getting it from the API: {}",
-                crate::errors::chain(&e)
-            )
+        let claim = api.get(&c.name).await.map_err(|source| ClaimError::Get {
+            claim: c.to_string(),
+            source,
         })?;
         let input = self
             .inputs
             .borrow()
             .clone()
-            .ok_or_else(|| format!("claim {c}: no plan yet; the kubelet retries"))?;
+            .ok_or_else(|| ClaimError::NoPlan {
+                claim: c.to_string(),
+            })?;
         let mut state = self.lock();
         // Prepared meanwhile by a concurrent call: the same answer. A record rebuilt from the
         // API is prepared afresh (it has no answer), and replaced.
@@ -359,7 +359,7 @@ impl Plugin {
             dev_root: &self.settings.dev_root,
             memory_hook: self.settings.memory_hook.as_ref(),
         };
-        let prepared = prepare::prepare(&claim, c, &ctx, &held).map_err(|e| e.to_string())?;
+        let prepared = prepare::prepare(&claim, c, &ctx, &held)?;
         let path = self.spec_path(&c.uid);
         write_spec(&path, &prepared.spec)?;
         let devices = prepared.devices.clone();
@@ -370,7 +370,10 @@ impl Plugin {
                 None => state.claims.remove(&c.uid),
             };
             let _ = std::fs::remove_file(&path);
-            return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
+            return Err(ClaimError::Checkpoint {
+                claim: c.to_string(),
+                source: e,
+            });
         }
         self.publish_prepared(&state);
         tracing::info!(claim = %c, devices = devices.len(), spec = %path.display(), "DRA: claim prepared");
@@ -378,7 +381,7 @@ impl Plugin {
     }
 
     /// Unprepares each claim; the answer per UID.
-    pub fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+    pub fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), ClaimError>> {
         let mut out = BTreeMap::new();
         for c in claims {
             out.insert(c.uid.clone(), self.unprepare_one(&c));
@@ -386,7 +389,7 @@ impl Plugin {
         out
     }
 
-    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), ClaimError> {
         if !prepare::valid_uid(&c.uid) {
             // Never prepared: nothing to undo.
             return Ok(());
@@ -400,13 +403,22 @@ impl Plugin {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("claim {c}: removing {}: {e}", path.display())),
+                Err(source) => {
+                    return Err(ClaimError::RemoveSpec {
+                        claim: c.to_string(),
+                        path,
+                        source,
+                    })
+                }
             }
         }
         if let Some(old) = state.claims.remove(&c.uid) {
             if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
                 state.claims.insert(c.uid.clone(), old);
-                return Err(format!("claim {c}: {}", crate::errors::chain(&e)));
+                return Err(ClaimError::Checkpoint {
+                    claim: c.to_string(),
+                    source: e,
+                });
             }
             self.publish_prepared(&state);
             tracing::info!(claim = %c, "DRA: claim unprepared");
@@ -420,12 +432,90 @@ impl Plugin {
     }
 }
 
-fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), String> {
-    let text = serde_json::to_vec_pretty(spec).map_err(|e| e.to_string())?;
+fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), ClaimError> {
+    let text = serde_json::to_vec_pretty(spec).map_err(ClaimError::Encode)?;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ClaimError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
     }
-    crate::files::write_atomic(path, &text).map_err(|e| format!("writing {}: {e}", path.display()))
+    crate::files::write_atomic(path, &text).map_err(|source| ClaimError::WriteSpec {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Why one claim was not prepared or unprepared. The kubelet gets it as the claim's `error`
+/// string ([`claim_error`]) and retries the claim; the pod's events show it.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The claim's reference, its allocation, or the devices it names were refused.
+    #[error(transparent)]
+    Refused(#[from] PrepareError),
+    /// The claim could not be read from the API server.
+    #[error("claim {claim}: getting it from the API")]
+    Get {
+        /// `namespace/name (uid)`.
+        claim: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// No plan has been made yet (slicelet is starting).
+    #[error("claim {claim}: no plan yet; the kubelet retries")]
+    NoPlan {
+        /// `namespace/name (uid)`.
+        claim: String,
+    },
+    /// The checkpoint could not be saved: the claim's state is as before the call.
+    #[error("claim {claim}")]
+    Checkpoint {
+        /// `namespace/name (uid)`.
+        claim: String,
+        /// Why.
+        #[source]
+        source: CheckpointError,
+    },
+    /// The claim's CDI spec could not be removed.
+    #[error("claim {claim}: removing {}", path.display())]
+    RemoveSpec {
+        /// `namespace/name (uid)`.
+        claim: String,
+        /// The spec file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The claim's CDI spec could not be encoded.
+    #[error(transparent)]
+    Encode(serde_json::Error),
+    /// The CDI output directory could not be created.
+    #[error("creating {}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The claim's CDI spec could not be written.
+    #[error("writing {}", path.display())]
+    WriteSpec {
+        /// The spec file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The claim's `error` string in a NodePrepareResources or NodeUnprepareResources answer:
+/// the error and each of its causes, `: `-separated ([`crate::errors::chain`]). The kubelet
+/// keeps it in the pod's events; it names the claim and what to fix.
+pub fn claim_error(e: &ClaimError) -> String {
+    crate::errors::chain(e)
 }
 
 /// The gRPC face of a [`Plugin`], for both API versions.
@@ -462,9 +552,9 @@ macro_rules! dra_version {
                                     .collect(),
                                 error: String::new(),
                             },
-                            Err(error) => api::dra::$v::NodePrepareResourceResponse {
+                            Err(e) => api::dra::$v::NodePrepareResourceResponse {
                                 devices: Vec::new(),
-                                error,
+                                error: claim_error(&e),
                             },
                         };
                         (uid, resp)
@@ -497,7 +587,7 @@ macro_rules! dra_version {
                         (
                             uid,
                             api::dra::$v::NodeUnprepareResourceResponse {
-                                error: r.err().unwrap_or_default(),
+                                error: r.err().map(|e| claim_error(&e)).unwrap_or_default(),
                             },
                         )
                     })
