@@ -9,7 +9,7 @@
 //! - admits a connection only once it has sent the whole HTTP/2 client preface (RFC 9113
 //!   §3.4, [`PREFACE`]) within [`PREFACE_TIMEOUT`]; other bytes close it at once. Until then
 //!   it is *pending*: at most [`MAX_PENDING`] are, and a new arrival closes the oldest pending
-//!   one. Silent or one-byte connections therefore never hold a slot a real client needs, and
+//!   one (and waits until its descriptor is closed, so the bound holds however fast they come). Silent or one-byte connections therefore never hold a slot a real client needs, and
 //!   a flood of them costs at most `MAX_PENDING` descriptors and a few KiB each. The kubelet
 //!   sends its preface in the same instant it connects, so it is admitted even mid-flood;
 //! - keeps accepting when `accept` fails (out of descriptors: another process, or this one,
@@ -123,9 +123,13 @@ async fn accept_loop(listener: UnixListener, limits: Limits, tx: Sender) {
             }
         };
         failing = false;
-        let slot = limits
-            .preface_timeout
-            .map(|t| (Pending::enter(&pending), t));
+        let slot = match limits.preface_timeout {
+            None => None,
+            Some(t) => tokio::select! {
+                slot = Pending::enter(&pending) => Some((slot, t)),
+                () = tx.closed() => return,
+            },
+        };
         tokio::spawn(admit(io, slot, Arc::clone(&permits), tx.clone()));
     }
 }
@@ -147,6 +151,10 @@ async fn admit(
                 () = slot.evicted.cancelled() => false,
             };
             if !ok {
+                // The descriptor is closed before its place is given back, so the accept loop
+                // never holds more than the places' worth.
+                drop(io);
+                drop(slot);
                 return;
             }
             PREFACE.to_vec()
@@ -176,51 +184,66 @@ async fn read_preface(io: &mut UnixStream) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// The pending connections of one socket, oldest first.
+/// The pending connections of one socket, oldest first, and their places: a place is given
+/// back only once its connection's descriptor is closed.
 struct Pending {
-    max: usize,
+    places: Arc<Semaphore>,
     next: AtomicU64,
     queue: Mutex<VecDeque<(u64, CancellationToken)>>,
 }
 
-/// One pending connection's place; leaves the queue when dropped.
+/// One pending connection's place; leaves the queue and frees the place when dropped.
 struct PendingSlot {
     pending: Arc<Pending>,
     id: u64,
     evicted: CancellationToken,
+    _place: OwnedSemaphorePermit,
 }
 
 impl Pending {
     fn new(max: usize) -> Self {
         Pending {
-            max: max.max(1),
+            places: Arc::new(Semaphore::new(max.max(1))),
             next: AtomicU64::new(0),
             queue: Mutex::new(VecDeque::new()),
         }
     }
 
-    /// A place for a new connection, evicting the oldest pending one when all are taken.
-    fn enter(pending: &Arc<Pending>) -> PendingSlot {
+    /// A place for a new connection. When all are taken, the oldest pending connection is
+    /// closed and its place awaited (the wait ends as soon as its task drops it).
+    async fn enter(pending: &Arc<Pending>) -> PendingSlot {
+        let place = match Arc::clone(&pending.places).try_acquire_owned() {
+            Ok(place) => place,
+            Err(_) => {
+                let oldest = pending.lock().pop_front();
+                if let Some((_, evicted)) = oldest {
+                    evicted.cancel();
+                }
+                Arc::clone(&pending.places)
+                    .acquire_owned()
+                    .await
+                    .expect("the places are never closed")
+            }
+        };
         let id = pending.next.fetch_add(1, Ordering::Relaxed);
         let evicted = CancellationToken::new();
-        let mut queue = pending.queue.lock().unwrap_or_else(|p| p.into_inner());
-        while queue.len() >= pending.max {
-            if let Some((_, oldest)) = queue.pop_front() {
-                oldest.cancel();
-            }
-        }
-        queue.push_back((id, evicted.clone()));
+        pending.lock().push_back((id, evicted.clone()));
         PendingSlot {
             pending: Arc::clone(pending),
             id,
             evicted,
+            _place: place,
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, CancellationToken)>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Drop for PendingSlot {
     fn drop(&mut self) {
-        let mut queue = self.pending.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queue = self.pending.lock();
         if let Some(at) = queue.iter().position(|(id, _)| *id == self.id) {
             queue.remove(at);
         }
