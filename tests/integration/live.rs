@@ -166,6 +166,8 @@ async fn readyz_reports_registration_and_policy_errors() {
         .unwrap();
     assert_eq!(get(addr, "/healthz").await.0, 200);
     assert_eq!(get(addr, "/readyz").await, (200, "ready\n".to_string()));
+    // Ready is registered; the kubelet's first list may still be on its way (a loaded machine).
+    wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
     node.write_policy(&ts_policy(2).replace("replicas: 2", "replicas: 0"));
     d.wait_status(|s| s.policy_error.is_some()).await;
     let (code, body) = get(addr, "/readyz").await;
