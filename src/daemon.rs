@@ -49,9 +49,9 @@ use crate::plan::Plan;
 use crate::plugin;
 use crate::policy;
 use crate::policy::select;
-pub use crate::settings::Settings;
+use crate::settings::Settings;
 use crate::status::Metrics;
-pub use crate::status::Status;
+use crate::status::Status;
 use crate::watch::WatchError;
 use hardware::{Command, Hardware};
 

@@ -1083,7 +1083,7 @@ struct Claimed {
     node: crate::common::Node,
     api: KubeApi,
     emu: kubelet_emulator::KubeletEmulator,
-    settings: slicelet::daemon::Settings,
+    settings: slicelet::settings::Settings,
     checkpoint: PathBuf,
     registry: PathBuf,
 }
