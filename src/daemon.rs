@@ -811,8 +811,8 @@ fn dra_cause(
     state: &State,
     res: &crate::plan::ResourcePlan,
     d: &crate::plan::VirtualDevice,
-) -> (crate::health::Cause, String) {
-    use crate::health::Cause;
+) -> (crate::device_health::Cause, String) {
+    use crate::device_health::Cause;
     let tracked = |uuid: &str| {
         let cause = state.tracker.cause(uuid)?;
         Some((

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use crate::device_health::{Cause, Health, HealthEvent};
+use crate::device_health::{Cause, Health, HealthEvent};
 use crate::inventory::Inventory;
 
 mod xid;

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cdi;
-use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
+use crate::device_health::HealthEvent;
+use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::in_use::InUse;
 use crate::inventory::Inventory;
 use crate::mps;
@@ -181,7 +182,7 @@ pub struct State {
     /// The next plan may withdraw devices: what is in use was read after the change.
     in_use_fresh: bool,
     /// The tracker's causes and reasons when last published ([`Tracker::conditions`]).
-    conditions: BTreeMap<String, (crate::health::Cause, String)>,
+    conditions: BTreeMap<String, (crate::device_health::Cause, String)>,
 }
 
 impl State {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::plan::{ResourcePlan, VirtualDevice};
 
 /// One device's health.

@@ -35,7 +35,7 @@ use tonic::{Request, Response, Status};
 use super::health::{unix_seconds, HealthMap};
 use super::DraInput;
 use crate::api::drahealth;
-use crate::health::Health;
+use crate::device_health::Health;
 
 /// `health_check_timeout_seconds` of every device: how long the kubelet trusts a report.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -245,7 +245,7 @@ health_version!(v1alpha1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::Cause;
+    use crate::device_health::Cause;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::plan::dra_names::device_name;
 use crate::plan::{ResourcePlan, VirtualDevice};
 

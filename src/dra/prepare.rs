@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::allocate::{self, AllocateError, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::Inventory;
 use crate::plan::{CapacityPlan, Plan, ResourcePlan, Strategy, VirtualDevice};
 

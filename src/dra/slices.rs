@@ -77,7 +77,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::health::{DeviceHealth, HealthMap};
 use super::pool;
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::inventory::Inventory;
 use crate::plan::dra_names::hex_digest;
 pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};

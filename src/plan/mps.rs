@@ -19,7 +19,7 @@
 //! mixed`, or `nvidia.com/gpu` under `single`): each selected MIG device gets its own daemon
 //! ([`MpsTarget::mig`]), its memory the slice's.
 
-use crate::health::Health;
+use crate::device_health::Health;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

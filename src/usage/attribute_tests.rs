@@ -2,7 +2,7 @@
 //! holders and memory limits.
 
 use super::*;
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::sample::{CgroupLimits, LimitReading};
 use crate::plan::{MigInfo, ResourcePlan, Strategy};
 use crate::policy::ResourceName;

@@ -504,7 +504,7 @@ impl Usage {
 /// # Panics
 /// When `containers > gpus * replicas` (not every container could hold a replica).
 pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse, Samples) {
-    use crate::health::Health;
+    use crate::device_health::Health;
     use crate::plan::{replica_id, ResourcePlan, Strategy, VirtualDevice};
     use crate::usage::{CheckpointEntry, GpuSample, ProcessSample};
     const RESOURCE: &str = "nvidia.com/gpu-shared";

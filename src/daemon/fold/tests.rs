@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::inventory::{test_mig, test_node};
 
 /// The UUID of `test_node`'s GPU `i`.

@@ -282,7 +282,7 @@ fn daemon_readiness_folds_into_its_devices_only() {
     assert_eq!(health(&p, "nvidia.com/gpu-mps"), [false; 8]);
     assert_eq!(health(&p, "nvidia.com/gpu-shared"), [true; 2]);
     // GPU 1's daemon ready: exactly its 4 devices Healthy.
-    let ready = crate::health::HealthEvent::MpsReady {
+    let ready = crate::device_health::HealthEvent::MpsReady {
         uuid: node.gpus[1].uuid.clone(),
         ready: true,
     };
