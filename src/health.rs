@@ -28,7 +28,7 @@ use crate::inventory::Inventory;
 
 mod xid;
 
-pub use xid::{XidEnvError, XidPolicy, DEFAULT_IGNORED_XIDS};
+pub use xid::{XidEnvError, XidPolicy};
 
 /// Default quiet period before an Unhealthy device may recover.
 pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(300);
