@@ -120,8 +120,8 @@ mod tests {
         inv.gpus[1].health = Health::Unhealthy;
         let p = plan_of(&inv);
         let h2 = fold(&h1, p.resources.values().map(|r| &**r), &xid, at(200));
-        let name0 = crate::dra::slices::device_name(&inv.gpus[0].uuid);
-        let name1 = crate::dra::slices::device_name(&inv.gpus[1].uuid);
+        let name0 = crate::plan::dra_names::device_name(&inv.gpus[0].uuid);
+        let name1 = crate::plan::dra_names::device_name(&inv.gpus[1].uuid);
         assert_eq!(unix_seconds(h2[&name0].since), 100);
         assert_eq!(unix_seconds(h2[&name1].since), 200);
         assert_eq!(h2[&name1].cause, Some(Cause::Xid(79)));

@@ -79,10 +79,10 @@ use super::health::{DeviceHealth, HealthMap};
 use super::pool;
 use crate::device_health::{Cause, Health};
 use crate::inventory::Inventory;
+use crate::plan::dra_names::device_name;
 use crate::plan::dra_names::hex_digest;
-pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};
 use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
-pub use crate::policy::TaintEffect;
+use crate::policy::TaintEffect;
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;

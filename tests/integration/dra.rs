@@ -10,10 +10,10 @@ use kubelet_emulator::dra::{Answer, DraKubelet, Version};
 use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::Value;
 use slicelet::device_health::Cause;
-use slicelet::dra::slices::device_name;
 use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
 use slicelet::inventory::{simulated, Inventory};
 use slicelet::plan;
+use slicelet::plan::dra_names::device_name;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -551,7 +551,7 @@ fn bridged_devices(
         .map(|r| {
             r.devices
                 .iter()
-                .map(|d| slices::device_name(&d.id))
+                .map(|d| slicelet::plan::dra_names::device_name(&d.id))
                 .collect()
         })
         .unwrap_or_default();

@@ -4,6 +4,7 @@
 use super::*;
 use crate::inventory::{simulated, test_node};
 use crate::plan;
+use crate::plan::dra_names::is_dns_label;
 use crate::policy::parse;
 
 fn params() -> SliceParams {

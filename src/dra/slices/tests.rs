@@ -2,6 +2,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::inventory::{simulated, test_node};
+use crate::plan::dra_names::is_dns_label;
 use crate::plan::{self, Plan};
 use crate::policy::parse;
 
