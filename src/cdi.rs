@@ -36,7 +36,7 @@ use serde::Deserialize;
 use crate::plan::{Plan, VirtualDevice};
 use crate::policy::{self, DeviceIdStrategy};
 
-pub use crate::policy::cdi::{check_device_name, parse_kind, NameError, DEFAULT_KIND};
+use crate::policy::cdi::{check_device_name, parse_kind};
 
 /// The default spec directories, lowest priority first (the CDI defaults).
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];

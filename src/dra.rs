@@ -122,7 +122,7 @@ pub enum DraError {
         driver: String,
         /// Why.
         #[source]
-        source: crate::cdi::NameError,
+        source: crate::policy::cdi::NameError,
     },
     /// A socket could not be bound.
     #[error("binding {}: {message}", path.display())]
@@ -262,7 +262,7 @@ async fn run(
     status: watch::Sender<publish::PublishStatus>,
     shutdown: CancellationToken,
 ) -> Result<(), DraError> {
-    crate::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
+    crate::policy::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
         DraError::Driver {
             driver: settings.driver.clone(),
             source,

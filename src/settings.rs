@@ -134,7 +134,7 @@ impl Settings {
             mps: mps::Config::default(),
             stream_grace: Duration::from_secs(10),
             nfd_features_file: None,
-            cdi_kind: crate::cdi::DEFAULT_KIND.to_string(),
+            cdi_kind: crate::policy::cdi::DEFAULT_KIND.to_string(),
             cdi_spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS
                 .iter()
                 .map(PathBuf::from)

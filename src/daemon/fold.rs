@@ -208,7 +208,7 @@ impl State {
             exclusive: BTreeSet::new(),
             probing: None,
             xid_events: 0,
-            cdi_kind: cdi::DEFAULT_KIND.to_string(),
+            cdi_kind: crate::policy::cdi::DEFAULT_KIND.to_string(),
             cdi_errors: Vec::new(),
             in_use: InUse::default(),
             dra_prepared: BTreeMap::new(),
@@ -228,7 +228,7 @@ impl State {
     }
 
     /// The same state qualifying CDI names with `kind` (the node's `--cdi-kind`, checked by
-    /// [`cdi::parse_kind`]) instead of [`cdi::DEFAULT_KIND`].
+    /// [`crate::policy::cdi::parse_kind`]) instead of [`crate::policy::cdi::DEFAULT_KIND`].
     pub fn with_cdi_kind(mut self, kind: &str) -> Self {
         kind.clone_into(&mut self.cdi_kind);
         self
