@@ -543,7 +543,7 @@ fn parse_dra_driver(s: &str) -> Result<String, String> {
     let ok = !s.is_empty()
         && s.len() <= 63
         && s.contains('.')
-        && crate::policy::names::is_dns_subdomain(s)
+        && crate::policy::is_dns_subdomain(s)
         && crate::policy::cdi::parse_kind(&crate::dra::prepare::cdi_kind(s)).is_ok();
     if ok {
         Ok(s.to_string())

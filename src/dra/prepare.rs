@@ -297,7 +297,7 @@ pub fn check_claim_ref(c: &ClaimRef) -> Result<(), PrepareError> {
     let namespace_ok = crate::plan::dra_names::is_dns_label(&c.namespace);
     let name_ok = !c.name.is_empty()
         && c.name.len() <= super::slices::MAX_OBJECT_NAME
-        && crate::policy::names::is_dns_subdomain(&c.name);
+        && crate::policy::is_dns_subdomain(&c.name);
     if !namespace_ok || !name_ok {
         return Err(PrepareError::BadName {
             namespace: cut(&c.namespace),

@@ -31,8 +31,8 @@ use super::{
     ResourcePlan, Strategy, Unit, Units, VirtualDevice, MAX_LIST_BYTES,
 };
 use crate::inventory::{Gpu, MigDevice};
-use crate::policy::mps::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 use crate::policy::{MpsEntry, Policy, ResourceName};
+use crate::policy::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 
 /// The limits one MPS client gets, enforced by its GPU's control daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
