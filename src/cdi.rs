@@ -6,7 +6,7 @@
 //! GPU by index and by UUID, MIG devices as `<gpu>:<mig>` and by UUID, plus `all`). slicelet
 //! never writes a spec: it references the node's, and checks that every name it is about to hand
 //! out resolves ([`unresolved`]); a device whose name does not is held Unhealthy by the
-//! [`crate::health::Tracker`] instead of starting a pod without its GPU.
+//! [`crate::health_tracker::Tracker`] instead of starting a pod without its GPU.
 //!
 //! Rules followed, from the CDI specification and its reference registry:
 //! - A fully qualified name is `vendor/class=name`. Vendor: letters, digits, `-`, `_`, `.`,

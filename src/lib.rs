@@ -24,7 +24,7 @@ pub mod device_health;
 pub mod dra;
 pub mod errors;
 pub mod files;
-pub mod health;
+pub mod health_tracker;
 pub mod hook;
 pub mod in_use;
 pub mod inventory;

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use crate::cdi;
 use crate::device_health::HealthEvent;
-use crate::health::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
+use crate::health_tracker::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::in_use::InUse;
 use crate::inventory::Inventory;
 use crate::mps;

@@ -274,8 +274,8 @@ fn daemon_readiness_folds_into_its_devices_only() {
         wanted,
         [node.gpus[1].uuid.clone(), node.gpus[2].uuid.clone()].into()
     );
-    let mut tracker = crate::health::Tracker::new(None);
-    let policy_x = crate::health::XidPolicy::default();
+    let mut tracker = crate::health_tracker::Tracker::new(None);
+    let policy_x = crate::health_tracker::XidPolicy::default();
     let now = std::time::Instant::now();
     assert_eq!(tracker.set_mps_wanted(&wanted).len(), 2);
     let p = build(&policy, &tracker.effective(&node)).unwrap().plan;
