@@ -2,7 +2,7 @@
 //! device plugin serves, published as ResourceSlices and prepared through the kubelet's DRA
 //! plugin API, beside the device plugin or alone.
 //!
-//! - [`health`] (pure): each device's health, cause and since when (device taints and the
+//! - [`health_map`] (pure): each device's health, cause and since when (device taints and the
 //!   kubelet's health stream).
 //! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices,
 //!   Unhealthy devices tainted (or withdrawn where the API server has no device taints).
@@ -21,7 +21,7 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
-pub mod health;
+pub mod health_map;
 pub mod health_stream;
 pub mod plugin;
 pub mod pool;
@@ -53,8 +53,8 @@ pub struct DraInput {
     /// The inventory (models, memory, compute capabilities and the driver version for the
     /// slices' attributes).
     pub inventory: Arc<Inventory>,
-    /// Every device of the pool: health, cause and since when ([`health::fold`]).
-    pub health: health::HealthMap,
+    /// Every device of the pool: health, cause and since when ([`health_map::fold`]).
+    pub health: health_map::HealthMap,
     /// The policy's `dra.xidTaintEffect`.
     pub xid_taint_effect: crate::policy::TaintEffect,
 }
@@ -67,12 +67,12 @@ impl DraInput {
         plan: Arc<Plan>,
         inventory: Arc<Inventory>,
         xid_taint_effect: crate::policy::TaintEffect,
-        cause_of: &health::CauseOf<'_>,
+        cause_of: &health_map::CauseOf<'_>,
         prev: Option<&DraInput>,
         now: std::time::SystemTime,
     ) -> DraInput {
-        let empty = health::HealthMap::new();
-        let health = health::fold(
+        let empty = health_map::HealthMap::new();
+        let health = health_map::fold(
             prev.map_or(&empty, |p| &p.health),
             slices::dra_resources(&plan),
             cause_of,

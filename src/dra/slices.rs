@@ -75,7 +75,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::health::{DeviceHealth, HealthMap};
+use super::health_map::{DeviceHealth, HealthMap};
 use super::pool;
 use crate::device_health::{Cause, Health};
 use crate::inventory::Inventory;
@@ -176,7 +176,8 @@ pub fn taint(h: &DeviceHealth, xid_effect: TaintEffect) -> DeviceTaint {
 
 /// `t` as the timestamp `metav1.Time` holds (whole seconds).
 fn timestamp(t: std::time::SystemTime) -> k8s_openapi::jiff::Timestamp {
-    k8s_openapi::jiff::Timestamp::from_second(super::health::unix_seconds(t)).unwrap_or_default()
+    k8s_openapi::jiff::Timestamp::from_second(super::health_map::unix_seconds(t))
+        .unwrap_or_default()
 }
 
 /// The node's slices, and the devices left out because their name was taken.

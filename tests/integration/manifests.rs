@@ -529,7 +529,7 @@ fn bridged_devices(
         slices::dra_resources(&plan),
         node,
         &params,
-        &slicelet::dra::health::HealthMap::new(),
+        &slicelet::dra::health_map::HealthMap::new(),
     );
     let mut selected: Vec<String> = built
         .slices

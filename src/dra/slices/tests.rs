@@ -668,7 +668,7 @@ fn at(secs: u64) -> std::time::SystemTime {
 }
 
 fn health_of(plan: &Plan, prev: &HealthMap, cause: Cause, now: u64) -> HealthMap {
-    crate::dra::health::fold(
+    crate::dra::health_map::fold(
         prev,
         plan.resources.values().map(|r| &**r),
         &|_, _| Some((cause, cause.label())),
@@ -817,7 +817,7 @@ fn taint_values_and_effects_table() {
     ];
     for (cause, value) in causes {
         for xid_effect in [TaintEffect::NoSchedule, TaintEffect::NoExecute] {
-            let h = crate::dra::health::DeviceHealth {
+            let h = crate::dra::health_map::DeviceHealth {
                 health: Health::Unhealthy,
                 cause: Some(cause),
                 message: String::new(),
