@@ -10,7 +10,7 @@
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
 //! - [`checkpoint`]: the prepared claims, on disk.
 //! - [`plugin`]: the kubelet plugin (registration, the DRA service v1 and v1beta1).
-//! - [`health_stream`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
+//! - [`health_service`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
 //!   endpoint: every device's health, streamed.
 //!
 //! One policy, both paths: a resource is served by DRA exactly when the policy says so
@@ -22,7 +22,7 @@
 
 pub mod checkpoint;
 pub mod health_map;
-pub mod health_stream;
+pub mod health_service;
 pub mod plugin;
 pub mod pool;
 pub mod prepare;
@@ -290,7 +290,7 @@ async fn run(
         unhealthy: slices::Unhealthy::default(),
     };
     let health =
-        health_stream::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
+        health_service::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
     let mut publisher = tokio::spawn(publish::run(
         client,
         params,

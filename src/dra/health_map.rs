@@ -1,6 +1,6 @@
 //! The health of each device of the DRA pool, and since when it has had it: what the device
 //! taints ([`super::slices`]) and the kubelet's health stream (`NodeWatchResources`,
-//! [`super::health_stream`]) both say. Pure: time is passed in.
+//! [`super::health_service`]) both say. Pure: time is passed in.
 //!
 //! Every device of the pool is here, Healthy or not, by its name in the pool
 //! ([`super::pool::pool_devices`]). An Unhealthy device carries its [`Cause`] (the taint
