@@ -9,12 +9,8 @@ use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-// Declared here rather than in mps/mod.rs, which is being reworked; it belongs to the MPS
-// module as a whole and can move to `pub mod dirs;` there.
-#[path = "dirs.rs"]
-pub(crate) mod dirs;
-
 use super::control::{Control, ControlError};
+use super::dirs;
 use super::{Config, Event};
 use crate::plan::{MpsDirs, MpsLimits};
 

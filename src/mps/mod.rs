@@ -29,6 +29,7 @@
 //! supervisor folds into device health ([`crate::health_tracker::Tracker`]).
 
 pub mod control;
+mod dirs;
 mod gpu;
 
 use std::collections::BTreeMap;
