@@ -1,5 +1,6 @@
-//! One daemon's task: start, configure, check, restart, reconfigure, stop (see the module
-//! documentation of [`crate::mps`]).
+//! One daemon's task: start, configure, check, restart, reconfigure, stop, its directories
+//! made and removed through [`super::dirs`]; with `--mps-external`, only check the daemon that
+//! `slicelet mps` runs (see the module documentation of [`crate::mps`]).
 
 use std::sync::Arc;
 use std::time::Duration;
