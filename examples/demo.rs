@@ -25,9 +25,10 @@ use kubelet_emulator::node_files::{write_cgroup, write_checkpoint, Driver, Entry
 use kubelet_emulator::pod_resources::PodResources;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
 use slicelet::inventory::simulated::SimulatedSource;
 use slicelet::inventory::GpuSource as _;
+use slicelet::settings::Settings;
 use slicelet::{plan, policy};
 use tokio_util::sync::CancellationToken;
 
@@ -104,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     let emu = KubeletEmulator::start(&plugins).await?;
     let token = CancellationToken::new();
     let started = Instant::now();
-    let (status_tx, mut status) = tokio::sync::watch::channel(daemon::Status::default());
+    let (status_tx, mut status) = tokio::sync::watch::channel(slicelet::status::Status::default());
     let daemon = tokio::spawn(daemon::run_with_status(
         settings.clone(),
         token.clone(),

@@ -10,7 +10,7 @@
 //!   container). (CUDA uses only one MIG device per process: a container given two MIG devices
 //!   sees both, but one process can use only the first.)
 //! - How the runtime is told, per `flags.plugin.deviceListStrategy` (several may be combined;
-//!   see [`crate::policy::delivery`]), each unit named per `deviceIDStrategy` (its UUID, or
+//!   see [`crate::policy::Delivery`]), each unit named per `deviceIDStrategy` (its UUID, or
 //!   `3` / `3:1`):
 //!   - `envvar`: `NVIDIA_VISIBLE_DEVICES=<id>,<id>`;
 //!   - `volume-mounts`: `NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices` and a

@@ -6,7 +6,7 @@
 //! GPU by index and by UUID, MIG devices as `<gpu>:<mig>` and by UUID, plus `all`). slicelet
 //! never writes a spec: it references the node's, and checks that every name it is about to hand
 //! out resolves ([`unresolved`]); a device whose name does not is held Unhealthy by the
-//! [`crate::health::Tracker`] instead of starting a pod without its GPU.
+//! [`crate::health_tracker::Tracker`] instead of starting a pod without its GPU.
 //!
 //! Rules followed, from the CDI specification and its reference registry:
 //! - A fully qualified name is `vendor/class=name`. Vendor: letters, digits, `-`, `_`, `.`,
@@ -36,7 +36,7 @@ use serde::Deserialize;
 use crate::plan::{Plan, VirtualDevice};
 use crate::policy::{self, DeviceIdStrategy};
 
-pub use crate::policy::cdi::{check_device_name, parse_kind, NameError, DEFAULT_KIND};
+use crate::policy::cdi::{check_device_name, parse_kind};
 
 /// The default spec directories, lowest priority first (the CDI defaults).
 pub const DEFAULT_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];

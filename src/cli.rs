@@ -398,7 +398,7 @@ impl MemoryArgs {
 pub struct CdiArgs {
     /// CDI kind (`vendor/class`) that device names are qualified with: the kind of the node's
     /// CDI spec (the NVIDIA Container Toolkit writes nvidia.com/gpu).
-    #[arg(long, env = "SLICELET_CDI_KIND", default_value = crate::cdi::DEFAULT_KIND, value_parser = parse_cdi_kind)]
+    #[arg(long, env = "SLICELET_CDI_KIND", default_value = crate::policy::cdi::DEFAULT_KIND, value_parser = parse_cdi_kind)]
     pub cdi_kind: String,
     /// CDI spec directories, comma-separated, lowest priority first: every name handed out is
     /// checked against the specs there.
@@ -412,7 +412,7 @@ pub struct CdiArgs {
 }
 
 fn parse_cdi_kind(s: &str) -> Result<String, String> {
-    crate::cdi::parse_kind(s).map_err(|e| e.to_string())
+    crate::policy::cdi::parse_kind(s).map_err(|e| e.to_string())
 }
 
 impl CdiArgs {
@@ -543,8 +543,8 @@ fn parse_dra_driver(s: &str) -> Result<String, String> {
     let ok = !s.is_empty()
         && s.len() <= 63
         && s.contains('.')
-        && crate::policy::names::is_dns_subdomain(s)
-        && crate::cdi::parse_kind(&crate::dra::prepare::cdi_kind(s)).is_ok();
+        && crate::policy::is_dns_subdomain(s)
+        && crate::policy::cdi::parse_kind(&crate::dra::prepare::cdi_kind(s)).is_ok();
     if ok {
         Ok(s.to_string())
     } else {

@@ -3,9 +3,10 @@
 
 use std::fmt::Write as _;
 
-use crate::daemon::{self, Settings};
+use crate::daemon;
 use crate::plan;
 use crate::policy;
+use crate::settings::Settings;
 
 /// A command failed; the message (with its sources, as `main` prints them) is what the user
 /// sees.

@@ -49,9 +49,9 @@ use crate::plan::Plan;
 use crate::plugin;
 use crate::policy;
 use crate::policy::select;
-pub use crate::settings::Settings;
+use crate::settings::Settings;
 use crate::status::Metrics;
-pub use crate::status::Status;
+use crate::status::Status;
 use crate::watch::WatchError;
 use hardware::{Command, Hardware};
 
@@ -811,8 +811,8 @@ fn dra_cause(
     state: &State,
     res: &crate::plan::ResourcePlan,
     d: &crate::plan::VirtualDevice,
-) -> (crate::health::Cause, String) {
-    use crate::health::Cause;
+) -> (crate::device_health::Cause, String) {
+    use crate::device_health::Cause;
     let tracked = |uuid: &str| {
         let cause = state.tracker.cause(uuid)?;
         Some((

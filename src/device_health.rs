@@ -1,5 +1,5 @@
 //! A device's health and the events that change it, as plain types: the hardware sources
-//! ([`crate::inventory`]) report them, [`crate::health`] folds them. A leaf: it uses no other
+//! ([`crate::inventory`]) report them, [`crate::health_tracker`] folds them. A leaf: it uses no other
 //! module of the crate.
 
 /// A device's health as the kubelet sees it (the v1beta1 `Device.health` strings).
@@ -89,11 +89,11 @@ impl Cause {
 }
 
 /// What one source of device health observed about one device (a GPU or a MIG device, by
-/// UUID). Every source of health arrives as one of these into [`crate::health::Tracker`].
+/// UUID). Every source of health arrives as one of these into [`crate::health_tracker::Tracker`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HealthEvent {
     /// An Xid on the device (NVML event, or a simulated node's `xid:`). Critical ones (see
-    /// [`crate::health::XidPolicy`]) make it Unhealthy until the quiet period passed and a probe answers.
+    /// [`crate::health_tracker::XidPolicy`]) make it Unhealthy until the quiet period passed and a probe answers.
     Xid {
         /// The device's UUID.
         uuid: String,
@@ -118,7 +118,7 @@ pub enum HealthEvent {
         failure: Option<String>,
     },
     /// Whether the device's MPS control daemon is ready (running, answering, limits set).
-    /// Only counts for devices the plan runs a daemon for ([`crate::health::Tracker::set_mps_wanted`]).
+    /// Only counts for devices the plan runs a daemon for ([`crate::health_tracker::Tracker::set_mps_wanted`]).
     MpsReady {
         /// The GPU or MIG UUID the daemon serves.
         uuid: String,

@@ -2,7 +2,7 @@
 //! device plugin serves, published as ResourceSlices and prepared through the kubelet's DRA
 //! plugin API, beside the device plugin or alone.
 //!
-//! - [`health`] (pure): each device's health, cause and since when (device taints and the
+//! - [`health_map`] (pure): each device's health, cause and since when (device taints and the
 //!   kubelet's health stream).
 //! - [`slices`] (pure): a plan's DRA resources and the inventory → the node's ResourceSlices,
 //!   Unhealthy devices tainted (or withdrawn where the API server has no device taints).
@@ -10,7 +10,7 @@
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
 //! - [`checkpoint`]: the prepared claims, on disk.
 //! - [`plugin`]: the kubelet plugin (registration, the DRA service v1 and v1beta1).
-//! - [`health_stream`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
+//! - [`health_service`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
 //!   endpoint: every device's health, streamed.
 //!
 //! One policy, both paths: a resource is served by DRA exactly when the policy says so
@@ -21,8 +21,8 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
-pub mod health;
-pub mod health_stream;
+pub mod health_map;
+pub mod health_service;
 pub mod plugin;
 pub mod pool;
 pub mod prepare;
@@ -53,8 +53,8 @@ pub struct DraInput {
     /// The inventory (models, memory, compute capabilities and the driver version for the
     /// slices' attributes).
     pub inventory: Arc<Inventory>,
-    /// Every device of the pool: health, cause and since when ([`health::fold`]).
-    pub health: health::HealthMap,
+    /// Every device of the pool: health, cause and since when ([`health_map::fold`]).
+    pub health: health_map::HealthMap,
     /// The policy's `dra.xidTaintEffect`.
     pub xid_taint_effect: crate::policy::TaintEffect,
 }
@@ -67,12 +67,12 @@ impl DraInput {
         plan: Arc<Plan>,
         inventory: Arc<Inventory>,
         xid_taint_effect: crate::policy::TaintEffect,
-        cause_of: &health::CauseOf<'_>,
+        cause_of: &health_map::CauseOf<'_>,
         prev: Option<&DraInput>,
         now: std::time::SystemTime,
     ) -> DraInput {
-        let empty = health::HealthMap::new();
-        let health = health::fold(
+        let empty = health_map::HealthMap::new();
+        let health = health_map::fold(
             prev.map_or(&empty, |p| &p.health),
             slices::dra_resources(&plan),
             cause_of,
@@ -122,7 +122,7 @@ pub enum DraError {
         driver: String,
         /// Why.
         #[source]
-        source: crate::cdi::NameError,
+        source: crate::policy::cdi::NameError,
     },
     /// A socket could not be bound.
     #[error("binding {}: {message}", path.display())]
@@ -262,7 +262,7 @@ async fn run(
     status: watch::Sender<publish::PublishStatus>,
     shutdown: CancellationToken,
 ) -> Result<(), DraError> {
-    crate::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
+    crate::policy::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
         DraError::Driver {
             driver: settings.driver.clone(),
             source,
@@ -290,7 +290,7 @@ async fn run(
         unhealthy: slices::Unhealthy::default(),
     };
     let health =
-        health_stream::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
+        health_service::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
     let mut publisher = tokio::spawn(publish::run(
         client,
         params,

@@ -34,7 +34,7 @@ use serde::Deserialize;
 use crate::policy::Enforce;
 
 use crate::inventory::nvml::limits;
-pub use crate::inventory::sample::LimitReading;
+use crate::inventory::sample::LimitReading;
 
 /// The largest OCI state read from stdin, bytes (a state is well under 64 KiB).
 pub const MAX_STATE_BYTES: u64 = 1024 * 1024;

@@ -8,9 +8,12 @@
 //!                                                               Allocate ─▶ allocate.rs ─▶ response
 //! ```
 //!
-//! [`policy`], [`plan`] and [`allocate`] are pure: no I/O, no async. [`daemon`] is the one
-//! supervisor that owns state and publishes plan snapshots; [`plugin`] serves the kubelet's
-//! v1beta1 `DevicePlugin` API per resource; [`kubelet`] registers with the kubelet;
+//! [`plan`] and [`allocate`] are pure: no I/O, no async. [`policy`] is pure but for reading
+//! files ([`policy::load`] through [`policy::read_bounded`], and [`policy::select::config_keys`]
+//! listing a directory of named configs); its parsing and validation ([`policy::parse`]) are
+//! pure, and none of it is async. [`daemon`] is the one supervisor that owns state and publishes
+//! plan snapshots; [`plugin`] serves the kubelet's v1beta1 `DevicePlugin` API per resource;
+//! [`kubelet`] registers with the kubelet;
 //! [`inventory`] discovers GPUs through NVML or a simulated node file.
 
 pub mod allocate;
@@ -24,7 +27,7 @@ pub mod device_health;
 pub mod dra;
 pub mod errors;
 pub mod files;
-pub mod health;
+pub mod health_tracker;
 pub mod hook;
 pub mod in_use;
 pub mod inventory;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::topology::{Link, PathLevel};
 use crate::inventory::{Gpu, Inventory, MigCaps, MigDevice};
 use crate::policy::{Delivery, ResourceName, SharedAllocation};

@@ -15,7 +15,7 @@ pub struct Settings {
     /// How a directory's config is chosen: the node label's key, the default, the fallbacks.
     pub selection: crate::policy::select::Selection,
     /// NVIDIA's flags and variables (`MIG_STRATEGY`, …) that override the policy file's
-    /// `flags`, NVIDIA's precedence ([`crate::policy::overrides`]); default: none.
+    /// `flags`, NVIDIA's precedence ([`crate::policy::FlagOverrides`]); default: none.
     pub flag_overrides: crate::policy::FlagOverrides,
     /// Watch this node's config label through the Kubernetes API (`--node-name`); `None`: no
     /// API access, a directory's config is chosen by the default and the fallbacks.
@@ -134,7 +134,7 @@ impl Settings {
             mps: mps::Config::default(),
             stream_grace: Duration::from_secs(10),
             nfd_features_file: None,
-            cdi_kind: crate::cdi::DEFAULT_KIND.to_string(),
+            cdi_kind: crate::policy::cdi::DEFAULT_KIND.to_string(),
             cdi_spec_dirs: crate::cdi::DEFAULT_SPEC_DIRS
                 .iter()
                 .map(PathBuf::from)

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugin_server};
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
 use slicelet::kubelet;
+use slicelet::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::*;

@@ -14,7 +14,7 @@ use slicelet::api::{self, device_plugin_client::DevicePluginClient, device_plugi
 use slicelet::daemon;
 use slicelet::inventory::Inventory;
 use slicelet::plan::{self, Plan, ResourcePlan};
-use slicelet::{plugin, policy};
+use slicelet::policy;
 use tokio::runtime::Runtime;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -160,7 +160,7 @@ impl device_plugin_server::DevicePlugin for Floor {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<api::DevicePluginOptions>, Status> {
-        Ok(Response::new(plugin::options()))
+        Ok(Response::new(api::device_plugin_options()))
     }
     type ListAndWatchStream = tokio_stream::Empty<Result<api::ListAndWatchResponse, Status>>;
     async fn list_and_watch(

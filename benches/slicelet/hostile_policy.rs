@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use kubelet_emulator::KubeletEmulator;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
+use slicelet::settings::Settings;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +27,7 @@ pub fn run(b: &Bench, table: &mut Table) {
     let mut settings = Settings::new(cm.join("config.yaml"), &plugins);
     settings.simulate = Some(sim_file(&dir, 8));
     let token = CancellationToken::new();
-    let (tx, mut status) = watch::channel(daemon::Status::default());
+    let (tx, mut status) = watch::channel(slicelet::status::Status::default());
     let d = server_rt.spawn(daemon::run_with_status(settings, token.clone(), tx));
     client_rt
         .block_on(emu.wait_for(WAIT, |s| {

@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use kubelet_emulator::KubeletEmulator;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
+use slicelet::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::*;

@@ -50,7 +50,7 @@ pub fn run(b: &Bench, mig: &MigNode, table: &mut Table) {
         let mut node = big_node.clone();
         for i in 0..(200 / scale) {
             let was = node.gpus[i % 8].health;
-            node.gpus[i % 8].health = slicelet::health::Health::from_bool(!was.is_healthy());
+            node.gpus[i % 8].health = slicelet::device_health::Health::from_bool(!was.is_healthy());
             let next = plan::build(big_policy, &node).unwrap().plan;
             let t = Instant::now();
             tx.send_replace(Arc::new(next));

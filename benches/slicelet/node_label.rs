@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use kubelet_emulator::kube_api::KubeApi;
 use kubelet_emulator::KubeletEmulator;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
+use slicelet::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::*;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use kubelet_emulator::node_files;
 use kubelet_emulator::KubeletEmulator;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
+use slicelet::settings::Settings;
 
 use crate::harness::*;
 

@@ -6,13 +6,13 @@ use libfuzzer_sys::fuzz_target;
 use slicelet::policy;
 
 fuzz_target!(|data: &[u8]| {
-    if data.len() as u64 > policy::read::DEFAULT_MAX_BYTES {
+    if data.len() as u64 > policy::DEFAULT_MAX_BYTES {
         return;
     }
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if policy::read::check_nesting(text, &policy::Limits::default()).is_err() {
+    if policy::check_nesting(text, &policy::Limits::default()).is_err() {
         return;
     }
     let _ = policy::parse(text);

@@ -28,7 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cdi;
-use crate::health::{HealthEvent, Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
+use crate::device_health::HealthEvent;
+use crate::health_tracker::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::in_use::InUse;
 use crate::inventory::Inventory;
 use crate::mps;
@@ -181,7 +182,7 @@ pub struct State {
     /// The next plan may withdraw devices: what is in use was read after the change.
     in_use_fresh: bool,
     /// The tracker's causes and reasons when last published ([`Tracker::conditions`]).
-    conditions: BTreeMap<String, (crate::health::Cause, String)>,
+    conditions: BTreeMap<String, (crate::device_health::Cause, String)>,
 }
 
 impl State {
@@ -207,7 +208,7 @@ impl State {
             exclusive: BTreeSet::new(),
             probing: None,
             xid_events: 0,
-            cdi_kind: cdi::DEFAULT_KIND.to_string(),
+            cdi_kind: crate::policy::cdi::DEFAULT_KIND.to_string(),
             cdi_errors: Vec::new(),
             in_use: InUse::default(),
             dra_prepared: BTreeMap::new(),
@@ -227,7 +228,7 @@ impl State {
     }
 
     /// The same state qualifying CDI names with `kind` (the node's `--cdi-kind`, checked by
-    /// [`cdi::parse_kind`]) instead of [`cdi::DEFAULT_KIND`].
+    /// [`crate::policy::cdi::parse_kind`]) instead of [`crate::policy::cdi::DEFAULT_KIND`].
     pub fn with_cdi_kind(mut self, kind: &str) -> Self {
         kind.clone_into(&mut self.cdi_kind);
         self

@@ -351,12 +351,12 @@ mod tests {
             Ok(vec![crate::inventory::sample::GpuSample {
                 uuid: "GPU-x".into(),
                 processes: vec![
-                    crate::usage::ProcessSample {
+                    crate::inventory::sample::ProcessSample {
                         pid: 7,
                         sm_util_percent: Some(30),
                         ..Default::default()
                     },
-                    crate::usage::ProcessSample {
+                    crate::inventory::sample::ProcessSample {
                         pid: 8,
                         sm_util_percent: Some(10),
                         ..Default::default()

@@ -802,8 +802,13 @@ fn health_env(settings: &Settings) -> HealthEnv {
         disable: settings.disable_healthchecks.clone(),
         enable: settings.enable_healthchecks.clone(),
     };
-    for e in crate::health::XidPolicy::new(env.disable.as_deref(), env.enable.as_deref(), &[], &[])
-        .skipped
+    for e in crate::health_tracker::XidPolicy::new(
+        env.disable.as_deref(),
+        env.enable.as_deref(),
+        &[],
+        &[],
+    )
+    .skipped
     {
         tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
     }

@@ -5,14 +5,14 @@
 //!   `GetInfo` answers type `DRAPlugin`, the driver name, the endpoint
 //!   `<--dra-plugins-dir>/<driver>/dra.sock` and `supported_versions`
 //!   [`crate::api::dra::SUPPORTED_VERSIONS`] (kubelets before 1.34 call only v1beta1; the
-//!   health service, [`super::health_stream`], as `v1.DRAResourceHealth` and
+//!   health service, [`super::health_service`], as `v1.DRAResourceHealth` and
 //!   `v1alpha1.DRAResourceHealth`).
 //!   Every `GetInfo` and every `NotifyRegistrationStatus` that says registered counts as a
 //!   registration: the publisher republishes (the kubelet deletes the node's slices when it
 //!   starts and when a driver deregisters).
 //! - The endpoint serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and `.v1beta1.DRAPlugin`
 //!   (the same messages) from one [`Plugin`], and `v1.DRAResourceHealth` and
-//!   `v1alpha1.DRAResourceHealth` ([`super::health_stream`]). The DRA socket is bound before the
+//!   `v1alpha1.DRAResourceHealth` ([`super::health_service`]). The DRA socket is bound before the
 //!   registration socket, so the kubelet never finds a plugin that does not answer yet.
 //! - `NodePrepareResources`: per claim, an already prepared claim (by UID) gets its
 //!   checkpointed answer again (its CDI spec rewritten if it went missing: `/var/run/cdi` is

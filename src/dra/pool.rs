@@ -2,11 +2,11 @@
 //! A name is the device ID's DNS label ([`device_name`]), so two resources that share a unit
 //! (only while the drain rules keep it in both, one copy held Unhealthy) give one name twice:
 //! the pool keeps one device per name. Pure; what the slices publish ([`super::slices`]) and
-//! the health view ([`super::health`]) both enumerate it.
+//! the health map ([`super::health_map`]) both enumerate it.
 
 use std::collections::BTreeSet;
 
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::plan::dra_names::device_name;
 use crate::plan::{ResourcePlan, VirtualDevice};
 

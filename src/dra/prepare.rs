@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::allocate::{self, AllocateError, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::Inventory;
 use crate::plan::{CapacityPlan, Plan, ResourcePlan, Strategy, VirtualDevice};
 
@@ -294,10 +294,10 @@ pub fn valid_uid(uid: &str) -> bool {
 /// [`PrepareError::BadUid`] or [`PrepareError::BadName`].
 pub fn check_claim_ref(c: &ClaimRef) -> Result<(), PrepareError> {
     let cut = |s: &str| s.chars().take(MAX_UID).collect::<String>();
-    let namespace_ok = super::slices::is_dns_label(&c.namespace);
+    let namespace_ok = crate::plan::dra_names::is_dns_label(&c.namespace);
     let name_ok = !c.name.is_empty()
         && c.name.len() <= super::slices::MAX_OBJECT_NAME
-        && crate::policy::names::is_dns_subdomain(&c.name);
+        && crate::policy::is_dns_subdomain(&c.name);
     if !namespace_ok || !name_ok {
         return Err(PrepareError::BadName {
             namespace: cut(&c.namespace),
@@ -395,7 +395,7 @@ pub fn prepare(
     for res in super::slices::dra_resources(plan) {
         for d in &res.devices {
             by_name
-                .entry(super::slices::device_name(&d.id))
+                .entry(crate::plan::dra_names::device_name(&d.id))
                 .or_insert((res, d));
         }
     }
@@ -907,7 +907,7 @@ impl Edits {
 }
 
 /// The physical unit a device name stands for and whether it is a replica: `gpu-<uuid>-r<n>`
-/// is replica `n` of `gpu-<uuid>` ([`crate::dra::slices::device_name`]'s forms; a UUID's hex
+/// is replica `n` of `gpu-<uuid>` ([`crate::plan::dra_names::device_name`]'s forms; a UUID's hex
 /// digits never contain `-r`); any other name is its own unit.
 fn unit_of(name: &str) -> (&str, bool) {
     match name.rsplit_once("-r") {

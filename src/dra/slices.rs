@@ -75,14 +75,14 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::health::{DeviceHealth, HealthMap};
+use super::health_map::{DeviceHealth, HealthMap};
 use super::pool;
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::inventory::Inventory;
+use crate::plan::dra_names::device_name;
 use crate::plan::dra_names::hex_digest;
-pub use crate::plan::dra_names::{device_name, is_dns_label, MAX_DNS_LABEL};
 use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
-pub use crate::policy::TaintEffect;
+use crate::policy::TaintEffect;
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -176,7 +176,8 @@ pub fn taint(h: &DeviceHealth, xid_effect: TaintEffect) -> DeviceTaint {
 
 /// `t` as the timestamp `metav1.Time` holds (whole seconds).
 fn timestamp(t: std::time::SystemTime) -> k8s_openapi::jiff::Timestamp {
-    k8s_openapi::jiff::Timestamp::from_second(super::health::unix_seconds(t)).unwrap_or_default()
+    k8s_openapi::jiff::Timestamp::from_second(super::health_map::unix_seconds(t))
+        .unwrap_or_default()
 }
 
 /// The node's slices, and the devices left out because their name was taken.

@@ -444,10 +444,10 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
     let mut samples = Vec::new();
     let mut limits = LimitTable::new();
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    crate::policy::read::check_nesting(text, &Limits::default()).map_err(|e| {
+    crate::policy::check_nesting(text, &Limits::default()).map_err(|e| {
         let line = match e {
-            crate::policy::read::NestingError::Flow { line, .. }
-            | crate::policy::read::NestingError::Indent { line, .. } => line,
+            crate::policy::NestingError::Flow { line, .. }
+            | crate::policy::NestingError::Indent { line, .. } => line,
         };
         InventoryError::SimulatedInvalid {
             path: path.to_path_buf(),

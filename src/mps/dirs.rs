@@ -176,5 +176,4 @@ pub fn remove(dirs: &MpsDirs) -> Result<bool, DirError> {
 }
 
 #[cfg(test)]
-#[path = "dirs/tests.rs"]
 mod tests;

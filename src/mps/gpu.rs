@@ -1,5 +1,6 @@
-//! One daemon's task: start, configure, check, restart, reconfigure, stop (see the module
-//! documentation of [`crate::mps`]).
+//! One daemon's task: start, configure, check, restart, reconfigure, stop, its directories
+//! made and removed through [`super::dirs`]; with `--mps-external`, only check the daemon that
+//! `slicelet mps` runs (see the module documentation of [`crate::mps`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,12 +10,8 @@ use tokio::process::Child;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-// Declared here rather than in mps/mod.rs, which is being reworked; it belongs to the MPS
-// module as a whole and can move to `pub mod dirs;` there.
-#[path = "dirs.rs"]
-pub(crate) mod dirs;
-
 use super::control::{Control, ControlError};
+use super::dirs;
 use super::{Config, Event};
 use crate::plan::{MpsDirs, MpsLimits};
 

@@ -26,9 +26,10 @@
 //!
 //! One owner: the [`Supervisor`] task owns one task per daemon; the desired set comes in
 //! through a `watch` channel, health goes out as [`Event`]s on an `mpsc` channel, which the
-//! supervisor folds into device health ([`crate::health::Tracker`]).
+//! supervisor folds into device health ([`crate::health_tracker::Tracker`]).
 
 pub mod control;
+mod dirs;
 mod gpu;
 
 use std::collections::BTreeMap;

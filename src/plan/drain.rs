@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::{Drain, Plan, ResourcePlan, Strategy, VirtualDevice};
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::in_use::{Holder, InUse};
 use crate::inventory::Inventory;
 

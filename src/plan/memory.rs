@@ -18,9 +18,6 @@ use super::{PlanError, ResourcePlan, VirtualDevice};
 use crate::inventory::Inventory;
 use crate::policy::{Enforce, MemoryLimits};
 
-/// The first driver branch with per-cgroup GPU memory limits (R615, CUDA 13.4).
-pub use crate::inventory::MEMORY_LIMITS_MIN_DRIVER as MIN_DRIVER_MAJOR;
-
 /// A resource's memory limits as planned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedMemory {

@@ -11,7 +11,7 @@
 //!   with the numbers; replicas above the clients a daemon serves on that GPU (48, or 16 before
 //!   compute capability 7.0) is [`PlanError::MpsClientLimit`].
 //! - A daemon's devices are Healthy only while it is ready: readiness is device health, held by
-//!   [`crate::health::Tracker`] and folded into the inventory before the plan is built; the
+//!   [`crate::health_tracker::Tracker`] and folded into the inventory before the plan is built; the
 //!   limits a daemon still enforces while a change is pending are an input of
 //!   [`super::build_with`]. Devices of other GPUs are never touched.
 //!
@@ -19,7 +19,7 @@
 //! mixed`, or `nvidia.com/gpu` under `single`): each selected MIG device gets its own daemon
 //! ([`MpsTarget::mig`]), its memory the slice's.
 
-use crate::health::Health;
+use crate::device_health::Health;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,8 +31,8 @@ use super::{
     ResourcePlan, Strategy, Unit, Units, VirtualDevice, MAX_LIST_BYTES,
 };
 use crate::inventory::{Gpu, MigDevice};
-use crate::policy::mps::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 use crate::policy::{MpsEntry, Policy, ResourceName};
+use crate::policy::{MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 
 /// The limits one MPS client gets, enforced by its GPU's control daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -397,7 +397,7 @@ impl Plan {
     /// replicas as fit the memory the policy planned for at the old per-client memory limit
     /// stay allocatable, the rest are Unhealthy until the GPU drains (else, e.g., ×4 → ×8
     /// would hand out 8 × a quarter of the GPU). Daemon readiness is device health, owned by
-    /// [`crate::health::Tracker`] and folded into the inventory before the build. Devices of
+    /// [`crate::health_tracker::Tracker`] and folded into the inventory before the build. Devices of
     /// other GPUs and of other strategies are untouched.
     pub(super) fn apply_mps_limits(&mut self, applied: &BTreeMap<String, MpsLimits>) {
         for res in self.resources.values_mut() {

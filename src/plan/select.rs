@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::{PlanError, WHOLE_GPU_RESOURCE};
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::{mig, Gpu, Inventory, MigDevice};
 use crate::policy::{DeviceRef, DeviceSelector, MigStrategy, ResourceName, SharedResource};
 

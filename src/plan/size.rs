@@ -2,7 +2,7 @@
 //! over the kubelet's 4 MiB receive limit is refused before any device is allocated.
 
 use super::select::Unit;
-use crate::health::Health;
+use crate::device_health::Health;
 
 pub(super) fn id_len(uuid: &str, replicas: u32, n: u32) -> usize {
     if replicas > 1 {

@@ -21,8 +21,6 @@ use crate::api::{self, device_plugin_server::DevicePlugin};
 use crate::listen;
 use crate::plan::{Plan, ResourcePlan};
 
-pub use crate::api::device_plugin_options as options;
-
 /// The ListAndWatch message for a resource: every device with its health and NUMA node.
 pub fn list_response(res: &ResourcePlan) -> api::ListAndWatchResponse {
     api::ListAndWatchResponse {
@@ -241,7 +239,7 @@ impl DevicePlugin for Service {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<api::DevicePluginOptions>, Status> {
-        Ok(Response::new(options()))
+        Ok(Response::new(api::device_plugin_options()))
     }
 
     type ListAndWatchStream = ListStream;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::test_node;
 use crate::plan::{build, device_encoded_len};
 use crate::policy::parse;

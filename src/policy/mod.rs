@@ -6,13 +6,13 @@
 //! twice, a rename colliding with whole GPUs) are checked by [`crate::plan::build`].
 
 pub mod cdi;
-pub mod delivery;
-pub mod mps;
-pub mod names;
-pub mod overrides;
+mod delivery;
+mod mps;
+mod names;
+mod overrides;
 pub mod quantity;
-pub mod read;
-pub mod schema;
+mod read;
+mod schema;
 pub mod select;
 
 use std::collections::BTreeMap;
@@ -20,10 +20,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use delivery::{Delivery, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy};
-pub use mps::{Mps, MpsEntry};
+pub use mps::{Mps, MpsEntry, MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
+pub(crate) use names::is_dns_subdomain;
 pub use names::ResourceName;
 pub use overrides::FlagOverrides;
-pub use read::{read_bounded, Limits, ReadError};
+pub use read::{check_nesting, read_bounded, Limits, NestingError, ReadError, DEFAULT_MAX_BYTES};
 pub use schema::{DeviceRef, DeviceSelector, Enforce, MigStrategy, SharedAllocation, TaintEffect};
 
 /// Where a policy error is in the file.
@@ -266,7 +267,7 @@ pub fn load_overridden(
 
 /// Parses and validates policy text (YAML; JSON is YAML too). A leading UTF-8 byte-order mark
 /// is ignored. The text is not checked against [`Limits`]: text from outside comes through
-/// [`read_bounded`] (or is checked with [`read::check_nesting`]) first.
+/// [`read_bounded`] (or is checked with [`check_nesting`]) first.
 ///
 /// # Errors
 /// [`PolicyError`] naming the field path, with line and column when the parser knows them.
@@ -275,7 +276,7 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
 }
 
 /// [`parse`] with NVIDIA's flag overrides applied to the file's `flags` before validation
-/// ([`overrides`]: a flag or variable that is set wins over the file, as in NVIDIA's plugin);
+/// ([`FlagOverrides`]: a flag or variable that is set wins over the file, as in NVIDIA's plugin);
 /// every override that replaced a different value of the file is a [`Policy::notices`] entry.
 ///
 /// # Errors

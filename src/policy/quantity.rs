@@ -1,9 +1,12 @@
 //! Kubernetes resource quantities (`10Gi`, `20000Mi`, `8G`, `1.5Gi`, `1e9`), as
 //! `pinnedDeviceMemoryLimit` is written.
 //!
-//! Written here rather than taken from a crate: the Rust crates that parse quantities
-//! (`kube_quantity`, `k8s-quantity-parser`) depend on `k8s-openapi`, a large generated crate,
-//! for one small grammar. This follows Kubernetes' `resource.Quantity` grammar exactly:
+//! Written here rather than taken from a crate: `k8s-openapi` (a dependency, for the API
+//! objects) has a `Quantity` that is only its text, without parsing, and a crate that parses
+//! it (`kube_quantity`, `k8s_quantity_parser`) would be one more dependency for one small
+//! grammar, with its own errors instead of [`QuantityError`]'s (the text, and what is wrong
+//! with it) and without this exact arithmetic. This follows Kubernetes' `resource.Quantity`
+//! grammar exactly:
 //!
 //! ```text
 //! <quantity>        ::= <signedNumber><suffix>

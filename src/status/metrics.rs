@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::plan::Plan;
 use crate::usage::metrics::{ResourceLabels, UsageMetrics};
 use crate::usage::view::NodeView;

@@ -2,7 +2,7 @@
 //! view timeout.
 
 use super::*;
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::usage::view::NodeView;
 
 #[test]

@@ -63,8 +63,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::in_use::{Holder, InUse};
+use crate::inventory::sample::GpuSample;
 use crate::plan::{Plan, VirtualDevice};
-use crate::usage::{ClaimEntry, GpuSample, Samples};
+use crate::usage::{ClaimEntry, Samples};
 
 /// Everything one sample says, attributed.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -2,11 +2,12 @@
 //! holders and memory limits.
 
 use super::*;
-use crate::health::Health;
+use crate::device_health::Health;
 use crate::inventory::sample::{CgroupLimits, LimitReading};
+use crate::inventory::sample::{GpuSample, MigSample, ProcessSample};
 use crate::plan::{MigInfo, ResourcePlan, Strategy};
 use crate::policy::ResourceName;
-use crate::usage::{CheckpointEntry, GpuSample, MigSample, ProcessSample};
+use crate::usage::CheckpointEntry;
 use std::sync::Arc;
 
 pub(crate) const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";

@@ -19,7 +19,7 @@ pub mod report;
 pub mod sampler;
 pub mod view;
 
-pub use crate::inventory::sample::{GpuSample, MigSample, ProcessSample};
+use crate::inventory::sample::GpuSample;
 
 /// One sample of the node: every GPU, taken at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -504,9 +504,10 @@ impl Usage {
 /// # Panics
 /// When `containers > gpus * replicas` (not every container could hold a replica).
 pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse, Samples) {
-    use crate::health::Health;
+    use crate::device_health::Health;
+    use crate::inventory::sample::{GpuSample, ProcessSample};
     use crate::plan::{replica_id, ResourcePlan, Strategy, VirtualDevice};
-    use crate::usage::{CheckpointEntry, GpuSample, ProcessSample};
+    use crate::usage::CheckpointEntry;
     const RESOURCE: &str = "nvidia.com/gpu-shared";
     const MIB: u64 = 1024 * 1024;
     assert!(u64::from(containers) <= u64::from(gpus) * u64::from(replicas));

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::cgroup::{self, ProcCgroup};
-use super::{checkpoint, GpuSample, Samples};
+use super::{checkpoint, Samples};
+use crate::inventory::sample::GpuSample;
 use crate::inventory::sample::{CgroupLimits, LimitsRead};
 use crate::inventory::{GpuSource, InventoryError};
 
@@ -165,7 +166,8 @@ pub fn now_unix_ms() -> u64 {
 mod tests {
     use super::*;
     use crate::inventory::sample::LimitReading;
-    use crate::usage::{CheckpointEntry, ProcessSample};
+    use crate::inventory::sample::ProcessSample;
+    use crate::usage::CheckpointEntry;
 
     const ID: &str = "4f9c2a7e5b1d3c8f0a6e2b9d7c4f1a3e5b8d0c2f6a9e1b4d7c3f5a8e0b2d6c9f";
 

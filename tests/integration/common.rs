@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::api;
-use slicelet::daemon::{self, Settings};
+use slicelet::daemon;
+use slicelet::settings::Settings;
+use slicelet::status::Status;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -113,13 +115,13 @@ pub fn write_configmap(dir: &Path, keys: &[(&str, &str)]) {
 pub struct Daemon {
     pub token: CancellationToken,
     pub handle: JoinHandle<Result<(), daemon::DaemonError>>,
-    pub status: tokio::sync::watch::Receiver<daemon::Status>,
+    pub status: tokio::sync::watch::Receiver<Status>,
 }
 
 impl Daemon {
     pub fn start(settings: Settings) -> Daemon {
         let token = CancellationToken::new();
-        let (tx, status) = tokio::sync::watch::channel(daemon::Status::default());
+        let (tx, status) = tokio::sync::watch::channel(Status::default());
         let handle = tokio::spawn(daemon::run_with_status(settings, token.clone(), tx));
         Daemon {
             token,
@@ -129,10 +131,7 @@ impl Daemon {
     }
 
     /// Waits until the supervisor's status satisfies `pred`.
-    pub async fn wait_status(
-        &mut self,
-        pred: impl FnMut(&daemon::Status) -> bool,
-    ) -> daemon::Status {
+    pub async fn wait_status(&mut self, pred: impl FnMut(&Status) -> bool) -> Status {
         tokio::time::timeout(WAIT, self.status.wait_for(pred))
             .await
             .expect("timed out waiting for the daemon status")

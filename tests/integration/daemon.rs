@@ -298,9 +298,9 @@ async fn policy_reload_changes_only_what_changed_and_survives_a_bad_edit() {
 
 /// The simulated node's MIG devices: (GPU index, MIG UUID, profile), in (GPU, MIG) order.
 fn mig_devices(node_file: &std::path::Path) -> Vec<(u32, String, String)> {
-    let (inv, _) = slicelet::daemon::discover(&slicelet::daemon::Settings {
+    let (inv, _) = slicelet::daemon::discover(&slicelet::settings::Settings {
         simulate: Some(node_file.to_path_buf()),
-        ..slicelet::daemon::Settings::new("/nonexistent", "/nonexistent")
+        ..slicelet::settings::Settings::new("/nonexistent", "/nonexistent")
     })
     .unwrap();
     inv.gpus

@@ -9,11 +9,11 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kubelet_emulator::dra::{Answer, DraKubelet, Version};
 use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::Value;
-use slicelet::dra::slices::device_name;
+use slicelet::device_health::Cause;
 use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
-use slicelet::health::Cause;
 use slicelet::inventory::{simulated, Inventory};
 use slicelet::plan;
+use slicelet::plan::dra_names::device_name;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -285,7 +285,7 @@ async fn a_policy_change_bumps_the_generation_and_taints_unhealthy_devices() {
     let second = d.wait_slices(g1 + 1, 16).await;
     check_shape(&second);
     // GPU 3 Unhealthy: its two replicas tainted (not withdrawn), generation bumped again.
-    inv.gpus[3].health = slicelet::health::Health::Unhealthy;
+    inv.gpus[3].health = slicelet::device_health::Health::Unhealthy;
     d.inputs.send_replace(Some(input_of(
         &TS4.replace("replicas: 4", "replicas: 2"),
         &inv,
@@ -509,7 +509,7 @@ async fn done_when_slices_match_the_plan_and_two_replicas_prepare_gpu_0_once() {
 #[tokio::test]
 async fn prepare_refuses_other_pools_unknown_unhealthy_and_held_devices() {
     let mut inv = inventory("h100-80gb-x8.yaml");
-    inv.gpus[1].health = slicelet::health::Health::Unhealthy;
+    inv.gpus[1].health = slicelet::device_health::Health::Unhealthy;
     let mut d = Dra::start(input_of(TS4, &inv)).await;
     // GPU 1's replicas are published tainted; a claim that tolerates the taint and gets one
     // is still refused (a device slicelet holds Unhealthy is never prepared).
@@ -1083,7 +1083,7 @@ struct Claimed {
     node: crate::common::Node,
     api: KubeApi,
     emu: kubelet_emulator::KubeletEmulator,
-    settings: slicelet::daemon::Settings,
+    settings: slicelet::settings::Settings,
     checkpoint: PathBuf,
     registry: PathBuf,
 }
@@ -1272,7 +1272,7 @@ async fn a_taint_keeps_its_time_across_a_restart_and_goes_with_recovery() {
     let healthy = input_with(TS4, &inv, None, Cause::Xid(79), t0);
     let mut d = Dra::start(healthy.clone()).await;
     d.wait_slices(1, 32).await;
-    inv.gpus[2].health = slicelet::health::Health::Unhealthy;
+    inv.gpus[2].health = slicelet::device_health::Health::Unhealthy;
     let t1 = t0 + Duration::from_millis(60_500);
     let sick = input_with(TS4, &inv, Some(&healthy), Cause::Xid(79), t1);
     d.inputs.send_replace(Some(sick.clone()));
@@ -1329,7 +1329,7 @@ async fn a_taint_keeps_its_time_across_a_restart_and_goes_with_recovery() {
         .await
         .unwrap();
     // Recovered: no taint anywhere.
-    inv.gpus[2].health = slicelet::health::Health::Healthy;
+    inv.gpus[2].health = slicelet::device_health::Health::Healthy;
     let writes = d.api.slice_writes().len();
     d.inputs
         .send_replace(Some(input_with(TS4, &inv, None, Cause::Xid(79), t1)));
@@ -1384,7 +1384,7 @@ async fn an_api_server_without_device_taints_gets_withdrawal_and_one_warn() {
         let d = Dra::start(healthy.clone()).await;
         d.api.set_taints(mode);
         d.wait_slices(1, 32).await;
-        inv.gpus[3].health = slicelet::health::Health::Unhealthy;
+        inv.gpus[3].health = slicelet::device_health::Health::Unhealthy;
         let sick = input_with(
             TS4,
             &inv,
@@ -1410,7 +1410,7 @@ async fn an_api_server_without_device_taints_gets_withdrawal_and_one_warn() {
             .unwrap();
         assert!(refused.contains("device taints"), "{mode:?}: {refused}");
         // Another device turns Unhealthy: withdrawn too, and no second WARN.
-        inv.gpus[4].health = slicelet::health::Health::Unhealthy;
+        inv.gpus[4].health = slicelet::device_health::Health::Unhealthy;
         d.inputs.send_replace(Some(input_with(
             TS4,
             &inv,

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 
 use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::{json, Value};
-use slicelet::dra::slices::device_name;
+use slicelet::plan::dra_names::device_name;
 
 use crate::common::{emulator, node_file, uuids, wait_lists, Daemon, Node, WAIT};
 

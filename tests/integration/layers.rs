@@ -551,7 +551,7 @@ fn the_top_level_modules_keep_to_the_architecture_docs_layers() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Within each module too: its submodules form a DAG (in `dra/`, the health view and the
+/// Within each module too: its submodules form a DAG (in `dra/`, the health map and the
 /// slices once imported each other; the pool both enumerate is now below them).
 #[test]
 fn the_submodules_of_every_module_form_a_dag() {

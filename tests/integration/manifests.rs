@@ -529,7 +529,7 @@ fn bridged_devices(
         slices::dra_resources(&plan),
         node,
         &params,
-        &slicelet::dra::health::HealthMap::new(),
+        &slicelet::dra::health_map::HealthMap::new(),
     );
     let mut selected: Vec<String> = built
         .slices
@@ -551,7 +551,7 @@ fn bridged_devices(
         .map(|r| {
             r.devices
                 .iter()
-                .map(|d| slices::device_name(&d.id))
+                .map(|d| slicelet::plan::dra_names::device_name(&d.id))
                 .collect()
         })
         .unwrap_or_default();

@@ -7,8 +7,8 @@ use std::time::Duration;
 use fake_mps_control::{commands, read_journal, set_clients, JournalLine};
 use kubelet_emulator::{KubeletEmulator, State};
 use slicelet::api;
-use slicelet::daemon::Settings;
 use slicelet::plan::mps_dirs;
+use slicelet::settings::Settings;
 
 use crate::common::*;
 
@@ -322,7 +322,7 @@ async fn limit_changes_wait_until_no_client_is_connected() {
     // The GPU drains: the next check restarts the daemon with the new limits.
     set_clients(&dirs.pipe, &[]);
     let pct =
-        |s: &slicelet::daemon::Status| s.mps_applied.get(&gpu).map(|l| l.active_thread_percentage);
+        |s: &slicelet::status::Status| s.mps_applied.get(&gpu).map(|l| l.active_thread_percentage);
     d.wait_status(|s| s.mps_pending.is_empty() && pct(s) == Some(50))
         .await;
     let journal = read_journal(&root);

@@ -39,7 +39,7 @@ impl Setup {
         &self,
         kubeconfig: Option<PathBuf>,
         default: Option<&str>,
-    ) -> slicelet::daemon::Settings {
+    ) -> slicelet::settings::Settings {
         let mut s = self.node.settings(&node_file("a100-40gb-x8.yaml"));
         s.config = self.configs.clone();
         s.selection.default = default.map(str::to_string);

@@ -453,7 +453,7 @@ async fn a_dra_pods_process_is_attributed_through_its_claim() {
     let sim = node.tmp.path().join("node.yaml");
     write_node(&sim, 30, 10);
     let uuids = uuids(&sim);
-    let r0 = slicelet::dra::slices::device_name(&format!("{}::0", uuids[0]));
+    let r0 = slicelet::plan::dra_names::device_name(&format!("{}::0", uuids[0]));
     let proc_root = node.tmp.path().join("host");
     write_proc(&proc_root);
     let pr = PodResources::start(&node.pod_resources()).await.unwrap();

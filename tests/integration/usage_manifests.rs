@@ -319,12 +319,14 @@ fn examples_and_docs_use_only_registered_metrics() {
     samples.gpus[0].memory_limits_supported = Some(true);
     samples.gpus[0].processes[0].cgroup = Some("/kubepods/pod-0/ctr".into());
     // And a MIG device, for the slicelet_mig_* families.
-    samples.gpus[1].mig.push(slicelet::usage::MigSample {
-        uuid: "MIG-00000001-0000-0000-0000-000000000000".into(),
-        utilization_percent: Some(5),
-        memory_used_bytes: Some(1 << 30),
-        memory_total_bytes: Some(10 << 30),
-    });
+    samples.gpus[1]
+        .mig
+        .push(slicelet::inventory::sample::MigSample {
+            uuid: "MIG-00000001-0000-0000-0000-000000000000".into(),
+            utilization_percent: Some(5),
+            memory_used_bytes: Some(1 << 30),
+            memory_total_bytes: Some(10 << 30),
+        });
     let mut usage = slicelet::usage::report::Usage::new();
     usage.allocation(&plan, &in_use, metrics.usage());
     usage.sampled(&samples, &plan, &in_use, metrics.usage());

@@ -38,7 +38,7 @@ fn one_device_per_resource_unit_and_replica_count_with_its_hook() {
         ]
     );
     for n in &names {
-        crate::cdi::check_device_name(n).unwrap();
+        crate::policy::cdi::check_device_name(n).unwrap();
     }
     let two = &v["devices"][1]["containerEdits"];
     assert_eq!(two["env"][0], "SLICELET_GPU_MEMORY_LIMIT_MIB=40960");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::*;
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::inventory::{test_mig, test_node};
 
 /// The UUID of `test_node`'s GPU `i`.
@@ -636,7 +636,7 @@ fn a_lost_probe_answer_is_retried_after_the_timeout() {
         }),
         t0,
     );
-    let due = t0 + crate::health::DEFAULT_RECOVERY;
+    let due = t0 + crate::health_tracker::DEFAULT_RECOVERY;
     let probe = |a: &[Action]| a.iter().any(|a| matches!(a, Action::Probe(_)));
     assert!(probe(&s.fold(Input::RecoveryDue, due)));
     assert!(!probe(

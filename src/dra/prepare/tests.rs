@@ -1,7 +1,7 @@
 use super::*;
-use crate::dra::slices::device_name;
 use crate::inventory::test_node;
 use crate::plan;
+use crate::plan::dra_names::device_name;
 use crate::policy::parse;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,

@@ -4,6 +4,7 @@
 use super::*;
 use crate::inventory::{simulated, test_node};
 use crate::plan;
+use crate::plan::dra_names::is_dns_label;
 use crate::policy::parse;
 
 fn params() -> SliceParams {
@@ -42,7 +43,7 @@ fn is_qualified_name(name: &str) -> bool {
         Some((domain, id)) => {
             !domain.is_empty()
                 && domain.len() <= 63
-                && crate::policy::names::is_dns_subdomain(domain)
+                && crate::policy::is_dns_subdomain(domain)
                 && is_c_identifier(id)
         }
     }

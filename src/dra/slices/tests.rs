@@ -2,6 +2,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::inventory::{simulated, test_node};
+use crate::plan::dra_names::is_dns_label;
 use crate::plan::{self, Plan};
 use crate::policy::parse;
 
@@ -667,7 +668,7 @@ fn at(secs: u64) -> std::time::SystemTime {
 }
 
 fn health_of(plan: &Plan, prev: &HealthMap, cause: Cause, now: u64) -> HealthMap {
-    crate::dra::health::fold(
+    crate::dra::health_map::fold(
         prev,
         plan.resources.values().map(|r| &**r),
         &|_, _| Some((cause, cause.label())),
@@ -816,7 +817,7 @@ fn taint_values_and_effects_table() {
     ];
     for (cause, value) in causes {
         for xid_effect in [TaintEffect::NoSchedule, TaintEffect::NoExecute] {
-            let h = crate::dra::health::DeviceHealth {
+            let h = crate::dra::health_map::DeviceHealth {
                 health: Health::Unhealthy,
                 cause: Some(cause),
                 message: String::new(),

@@ -1,5 +1,8 @@
-//! The NVML Xid event-watch thread: one thread per process waits on an NVML event set for
-//! critical Xid errors and reports them, and whether each GPU is watched, as health events.
+//! The NVML Xid event-watch thread: one thread at a time per NVML source, started for the GPUs
+//! of the last discovery (and replaced, the old one stopped and joined, when a discovery finds
+//! them changed), waits on an NVML event set for `nvmlEventTypeXidCriticalError` events and
+//! reports every Xid, and whether each GPU is watched, as health events. Which Xids are
+//! critical is decided where they are folded ([`crate::health_tracker::XidPolicy`]), not here.
 
 use std::os::raw::c_uint;
 
@@ -45,8 +48,8 @@ impl EventTarget {
     }
 }
 
-/// The one thread per process that reads NVML Xid events (blocking waits with a timeout, so it
-/// can stop). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
+/// The thread that reads NVML Xid events (blocking waits with a timeout, so it can stop; it
+/// stops and is joined when this is dropped). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
 /// `nvmlEventSetWait_v2` is called through its symbol table.
 pub(super) struct EventWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,

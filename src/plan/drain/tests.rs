@@ -429,7 +429,7 @@ fn a_gpu_moved_from_dra_to_the_device_plugin_while_a_claim_holds_it_is_not_adver
                     claim_resources: vec![ClaimResource {
                         driver_name: "gpu.slicelet.io".into(),
                         pool_name: "node-1".into(),
-                        device_name: crate::dra::slices::device_name(&uuid(0)),
+                        device_name: crate::plan::dra_names::device_name(&uuid(0)),
                         ..Default::default()
                     }],
                 }],

@@ -274,15 +274,15 @@ fn daemon_readiness_folds_into_its_devices_only() {
         wanted,
         [node.gpus[1].uuid.clone(), node.gpus[2].uuid.clone()].into()
     );
-    let mut tracker = crate::health::Tracker::new(None);
-    let policy_x = crate::health::XidPolicy::default();
+    let mut tracker = crate::health_tracker::Tracker::new(None);
+    let policy_x = crate::health_tracker::XidPolicy::default();
     let now = std::time::Instant::now();
     assert_eq!(tracker.set_mps_wanted(&wanted).len(), 2);
     let p = build(&policy, &tracker.effective(&node)).unwrap().plan;
     assert_eq!(health(&p, "nvidia.com/gpu-mps"), [false; 8]);
     assert_eq!(health(&p, "nvidia.com/gpu-shared"), [true; 2]);
     // GPU 1's daemon ready: exactly its 4 devices Healthy.
-    let ready = crate::health::HealthEvent::MpsReady {
+    let ready = crate::device_health::HealthEvent::MpsReady {
         uuid: node.gpus[1].uuid.clone(),
         ready: true,
     };

@@ -4,8 +4,7 @@
 
 use std::collections::BTreeSet;
 
-pub use crate::policy::DEFAULT_IGNORED_XIDS;
-use crate::policy::{HealthPolicy, NvidiaXids};
+use crate::policy::{HealthPolicy, NvidiaXids, DEFAULT_IGNORED_XIDS};
 
 /// An item of an environment variable that cannot be read as NVIDIA's format (skipped).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

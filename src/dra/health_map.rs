@@ -1,6 +1,6 @@
 //! The health of each device of the DRA pool, and since when it has had it: what the device
 //! taints ([`super::slices`]) and the kubelet's health stream (`NodeWatchResources`,
-//! [`super::health_stream`]) both say. Pure: time is passed in.
+//! [`super::health_service`]) both say. Pure: time is passed in.
 //!
 //! Every device of the pool is here, Healthy or not, by its name in the pool
 //! ([`super::pool::pool_devices`]). An Unhealthy device carries its [`Cause`] (the taint
@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::health::{Cause, Health};
+use crate::device_health::{Cause, Health};
 use crate::plan::{ResourcePlan, VirtualDevice};
 
 /// One device's health.
@@ -120,8 +120,8 @@ mod tests {
         inv.gpus[1].health = Health::Unhealthy;
         let p = plan_of(&inv);
         let h2 = fold(&h1, p.resources.values().map(|r| &**r), &xid, at(200));
-        let name0 = crate::dra::slices::device_name(&inv.gpus[0].uuid);
-        let name1 = crate::dra::slices::device_name(&inv.gpus[1].uuid);
+        let name0 = crate::plan::dra_names::device_name(&inv.gpus[0].uuid);
+        let name1 = crate::plan::dra_names::device_name(&inv.gpus[1].uuid);
         assert_eq!(unix_seconds(h2[&name0].since), 100);
         assert_eq!(unix_seconds(h2[&name1].since), 200);
         assert_eq!(h2[&name1].cause, Some(Cause::Xid(79)));

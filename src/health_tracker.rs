@@ -23,12 +23,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-pub use crate::device_health::{Cause, Health, HealthEvent};
+use crate::device_health::{Cause, Health, HealthEvent};
 use crate::inventory::Inventory;
 
 mod xid;
 
-pub use xid::{XidEnvError, XidPolicy, DEFAULT_IGNORED_XIDS};
+pub use xid::{XidEnvError, XidPolicy};
 
 /// Default quiet period before an Unhealthy device may recover.
 pub const DEFAULT_RECOVERY: Duration = Duration::from_secs(300);

@@ -2,7 +2,7 @@
 //! `pkg/apis/dra-health` v1 and v1alpha1), served on the DRA endpoint beside the DRA service.
 //!
 //! `NodeWatchResources` is one long-lived stream per kubelet. It sends the health of every
-//! device of the pool ([`super::health::HealthMap`]; pool = the node, device = its name in the
+//! device of the pool ([`super::health_map::HealthMap`]; pool = the node, device = its name in the
 //! slices) in one message: at once when the stream opens (as soon as there is a plan), then
 //! whenever a device's health, cause or message changed (each new plan comes through the same
 //! `watch` the slices are published from; nothing is polled), and again every
@@ -32,10 +32,10 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::health::{unix_seconds, HealthMap};
+use super::health_map::{unix_seconds, HealthMap};
 use super::DraInput;
 use crate::api::drahealth;
-use crate::health::Health;
+use crate::device_health::Health;
 
 /// `health_check_timeout_seconds` of every device: how long the kubelet trusts a report.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -245,7 +245,7 @@ health_version!(v1alpha1);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::Cause;
+    use crate::device_health::Cause;
     use std::time::{SystemTime, UNIX_EPOCH};
 
     #[test]
@@ -253,7 +253,7 @@ mod tests {
         let mut health = HealthMap::new();
         health.insert(
             "gpu-b".to_string(),
-            super::super::health::DeviceHealth {
+            super::super::health_map::DeviceHealth {
                 health: Health::Unhealthy,
                 cause: Some(Cause::Xid(79)),
                 message: "x".repeat(2000),
@@ -262,7 +262,7 @@ mod tests {
         );
         health.insert(
             "gpu-a".to_string(),
-            super::super::health::DeviceHealth {
+            super::super::health_map::DeviceHealth {
                 health: Health::Healthy,
                 cause: None,
                 message: String::new(),
@@ -297,7 +297,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn sends_first_then_on_change_and_refreshes() {
         let mut health = HealthMap::new();
-        let dev = |h: Health, secs: u64| super::super::health::DeviceHealth {
+        let dev = |h: Health, secs: u64| super::super::health_map::DeviceHealth {
             health: h,
             cause: (!h.is_healthy()).then_some(Cause::Lost),
             message: if h.is_healthy() {
@@ -354,7 +354,7 @@ mod tests {
         let mut health = HealthMap::new();
         health.insert(
             "gpu-a".to_string(),
-            super::super::health::DeviceHealth {
+            super::super::health_map::DeviceHealth {
                 health: Health::Healthy,
                 cause: None,
                 message: String::new(),

@@ -2,6 +2,7 @@
 //! on virtual time, the level conditions and Xid recovery tables, the effective inventory.
 
 use super::*;
+use crate::policy::DEFAULT_IGNORED_XIDS;
 
 #[test]
 fn default_ignored_xids_match_nvidia() {
