@@ -333,6 +333,9 @@ async fn a_taint_is_one_slice_write_and_no_change_lists_again() {
     assert_eq!(first.len(), 2);
     let g = first[0].spec.pool.generation;
     let before = d.api.counters();
+    // A start with no claim of this node (the checkpoint rebuilt from the claims' list) lists
+    // the slices once, for the publisher.
+    assert_eq!(before.slice_lists, 1);
     let gpu0: Vec<(String, String)> = (0..16)
         .map(|n| {
             let id = format!("{}::{n}", inv.gpus[0].uuid);
