@@ -7,7 +7,10 @@
 //! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST, then a
 //! WATCH from its resourceVersion, re-listing when the
 //! API server says the version is too old (410 Gone), and exponential backoff (0.8 s doubling
-//! to 30 s, kube-runtime's default) after any error. It publishes [`LabelView`] on a `watch`
+//! to 30 s, with jitter) after any error, reset only by an answer (a completed list, a change):
+//! not kube-runtime's `default_backoff`, which the watcher's `Init` before every re-list resets,
+//! so that a LIST failing for good (403, an API server down) was retried about once a second
+//! forever: on a fleet, every node once a second. It publishes [`LabelView`] on a `watch`
 //! channel, changed only when the label's value, the sync state or the error changes; the
 //! supervisor re-reads the policy on a change.
 //!
@@ -21,7 +24,6 @@ use std::pin::pin;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client, Config};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
@@ -111,6 +113,22 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Clie
     Client::try_from(config).map_err(ClientError::Client)
 }
 
+/// The first retry delay after an API error.
+pub const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(800);
+/// The longest retry delay after API errors.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// 0.8 s doubling to 30 s, with jitter, forever.
+fn retry_backoff() -> impl Iterator<Item = std::time::Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_MIN)
+        .with_max_delay(RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 /// The label's value on a node object (its metadata).
 fn value_of(node: &PartialObjectMeta<Node>, label: &str) -> Option<String> {
     node.metadata.labels.as_ref()?.get(label).cloned()
@@ -149,13 +167,15 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     // `Api<PartialObjectMeta<Node>>` asks for metadata only.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", w.node));
-    let mut events = pin!(watcher::watcher(nodes, config).default_backoff());
+    let mut events = pin!(watcher::watcher(nodes, config));
     // The value seen during a (re-)list, applied when the list is complete.
     let mut listing: Option<Option<String>> = None;
+    let mut backoff = retry_backoff();
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
+                let delay = backoff.next().unwrap_or(RETRY_MAX);
                 let error = crate::errors::chain(&e);
                 tx.send_if_modified(|v| {
                     if v.error.as_deref() == Some(error.as_str()) {
@@ -165,9 +185,16 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
                     v.error = Some(error.clone());
                     true
                 });
+                // The watcher tries again at the next poll: wait first.
+                tokio::time::sleep(delay).await;
                 continue;
             }
         };
+        // An answer (a list complete, a change) resets the backoff; `Init`, which the watcher
+        // yields before every (re-)list, is not one.
+        if matches!(ev, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
+            backoff = retry_backoff();
+        }
         let seen = match ev {
             Event::Init => {
                 listing = Some(None);
