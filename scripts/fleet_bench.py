@@ -661,14 +661,19 @@ class Fleet:
             time.sleep(max(0.0, t1 - now()))
             ev = self.audit.requests(t0, t1)
             writes = [e for e in ev if e[2] in ("create", "update", "patch", "delete") and e[3] == "resourceslices"]
-            stored = [e for e in writes if not e[4]]
+            # Stored: answered 2xx and not a dry run. A write the API server refused (429: its
+            # in-flight limit, every node writing in the same instant) is retried by kube's
+            # client and counted as a request, not as a stored write.
+            stored = [e for e in writes if not e[4] and e[7] is not None and e[7] < 300]
+            refused = [e for e in ev if e[7] == 429]
             r.update(requests_per_node=len(ev) / self.n, writes_per_node=len(writes) / self.n,
-                     stored_writes_per_node=len(stored) / self.n, stored_writes_max=max(self.per_node(stored)))
+                     stored_writes_per_node=len(stored) / self.n, stored_writes_max=max(self.per_node(stored)),
+                     refused_429=len(refused))
             out[what] = r
             log(f"health: GPU 0 of every node {what}: on every node's slices within p50 {r['p50']:.2f} s, "
                 f"p99 {r['p99']:.2f} s; per node {r['requests_per_node']:.2f} requests, "
                 f"{r['writes_per_node']:.2f} slice writes ({r['stored_writes_per_node']:.2f} stored, max "
-                f"{r['stored_writes_max']} on one node; the rest dry runs)")
+                f"{r['stored_writes_max']} on one node; the rest dry runs or refused: {len(refused)} answered 429)")
             print(table(ev, f"health ({what}), slicelet's requests"))
             self.say_cpu(f"health ({what}), until the last node", r["cpu"])
         self.results["health"] = out
