@@ -4,8 +4,9 @@
 //! [`watch_label`] starts a task that watches the Node named `--node-name` only (field selector
 //! `metadata.name=<node>`, so the API server sends nothing about other nodes), metadata only
 //! (`PartialObjectMetadata`: the API server leaves out the Node's spec and status, and the
-//! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST, then a
-//! WATCH from its resourceVersion, re-listing when the
+//! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST (from the API
+//! server's watch cache, `resourceVersion=0`), then a WATCH from its resourceVersion,
+//! re-listing when the
 //! API server says the version is too old (410 Gone), and exponential backoff (0.8 s doubling
 //! to 30 s, with jitter) after any error, reset only by an answer (a completed list, a change):
 //! not kube-runtime's `default_backoff`, which the watcher's `Init` before every re-list resets,
@@ -180,7 +181,16 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     };
     // `Api<PartialObjectMeta<Node>>` asks for metadata only.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", w.node));
+    // Its LISTs from the API server's watch cache (`resourceVersion=0`), as client-go's
+    // reflectors (the kubelet's own Node watch) do: a quorum read makes an API server without
+    // consistent reads from its cache (etcd before 3.5.13) read every Node from etcd, once per
+    // node of a fleet starting together. The watch that follows brings any newer label. No
+    // pages (one Node): kube sends no `resourceVersion=0` with a `limit`, which the API server
+    // would not honour from its cache.
+    let mut config = watcher::Config::default()
+        .fields(&format!("metadata.name={}", w.node))
+        .any_semantic();
+    config.page_size = None;
     let mut events = pin!(watcher::watcher(nodes, config));
     // The value seen during a (re-)list, applied when the list is complete.
     let mut listing: Option<Option<String>> = None;

@@ -5,7 +5,8 @@
 //! registration means "publish again"), and after an API error (retried with exponential
 //! backoff, 0.5 s doubling to 30 s, forever), the loop:
 //! 1. lists the slices with field selector `spec.nodeName=<node>,spec.driver=<driver>` (the
-//!    only slices it ever touches), unless it knows them: after a reconcile that succeeded it
+//!    only slices it ever touches; from the API server's watch cache, `resourceVersion=0`),
+//!    unless it knows them: after a reconcile that succeeded it
 //!    keeps the API server's answers to its own writes (and the listed copies it left alone),
 //!    so a change costs only its writes. It lists again at the start, after any error (a
 //!    conflict: somebody else wrote them) and after a registration (the kubelet may have
@@ -366,8 +367,13 @@ async fn reconcile_once(
     // a reconcile that fails or stops part way lists again.
     let listed = match state.stored.take() {
         Some(stored) => stored,
+        // From the API server's watch cache (`resourceVersion=0`, any version): a quorum read
+        // (the default) makes an API server without consistent reads from its cache (etcd
+        // before 3.5.13) read every slice of the cluster from etcd, which a fleet starting
+        // together multiplies by its nodes. A stale answer shows as a conflict at the write,
+        // and the LIST after it is fresher.
         None => {
-            api.list(&ListParams::default().fields(&selector))
+            api.list(&ListParams::default().fields(&selector).match_any())
                 .await
                 .map_err(|source| PublishError::List {
                     node: params.node.clone(),

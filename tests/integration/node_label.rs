@@ -60,6 +60,9 @@ async fn the_node_label_chooses_the_config_live_and_removing_it_goes_back_to_the
     wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
     d.wait_status(|st| st.generation >= 1 && st.node_label.is_none())
         .await;
+    // The Node's LIST is served from the API server's watch cache (resourceVersion 0), as the
+    // kubelet's is, not a quorum read of every Node from etcd.
+    assert_eq!(api.node_list_versions(), [Some("0".to_string())]);
 
     api.set_label(DEFAULT_LABEL, "a100-ts4");
     let state = wait_lists(&emu, &[("nvidia.com/gpu", 32)]).await;
