@@ -4,10 +4,14 @@
 //! [`watch_label`] starts a task that watches the Node named `--node-name` only (field selector
 //! `metadata.name=<node>`, so the API server sends nothing about other nodes), metadata only
 //! (`PartialObjectMetadata`: the API server leaves out the Node's spec and status, and the
-//! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST, then a
-//! WATCH from its resourceVersion, re-listing when the
+//! daemon carries no deserializer for them), with kube-runtime's watcher: a LIST (from the API
+//! server's watch cache, `resourceVersion=0`), then a WATCH from its resourceVersion,
+//! re-listing when the
 //! API server says the version is too old (410 Gone), and exponential backoff (0.8 s doubling
-//! to 30 s, kube-runtime's default) after any error. It publishes [`LabelView`] on a `watch`
+//! to 30 s, with jitter) after any error, reset only by an answer (a completed list, a change):
+//! not kube-runtime's `default_backoff`, which the watcher's `Init` before every re-list resets,
+//! so that a LIST failing for good (403, an API server down) was retried about once a second
+//! forever: on a fleet, every node once a second. It publishes [`LabelView`] on a `watch`
 //! channel, changed only when the label's value, the sync state or the error changes; the
 //! supervisor re-reads the policy on a change.
 //!
@@ -21,7 +25,6 @@ use std::pin::pin;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt as _;
 use kube::{Api, Client, Config};
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
@@ -108,7 +111,37 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, Clie
     // the CDI library's jsonschema brings aws-lc-rs) would panic building the TLS config, even
     // for an http:// server. An install after the first is refused, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::try_from(config).map_err(ClientError::Client)
+    Client::try_from(with_user_agent(config)).map_err(ClientError::Client)
+}
+
+/// What slicelet's requests say they are (`User-Agent`), so that an API server's audit log,
+/// or a flow schema matching user agents, tells them from other clients of the same
+/// service account: kube's client sends none of its own.
+pub const USER_AGENT: &str = concat!("slicelet/", env!("CARGO_PKG_VERSION"));
+
+/// `config` sending [`USER_AGENT`] with every request.
+fn with_user_agent(mut config: Config) -> Config {
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(USER_AGENT),
+    ));
+    config
+}
+
+/// The first retry delay after an API error.
+pub const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(800);
+/// The longest retry delay after API errors.
+pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// 0.8 s doubling to 30 s, with jitter, forever.
+fn retry_backoff() -> impl Iterator<Item = std::time::Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_MIN)
+        .with_max_delay(RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// The label's value on a node object (its metadata).
@@ -148,14 +181,25 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     };
     // `Api<PartialObjectMeta<Node>>` asks for metadata only.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", w.node));
-    let mut events = pin!(watcher::watcher(nodes, config).default_backoff());
+    // Its LISTs from the API server's watch cache (`resourceVersion=0`), as client-go's
+    // reflectors (the kubelet's own Node watch) do: a quorum read makes an API server without
+    // consistent reads from its cache (etcd before 3.5.13) read every Node from etcd, once per
+    // node of a fleet starting together. The watch that follows brings any newer label. No
+    // pages (one Node): kube sends no `resourceVersion=0` with a `limit`, which the API server
+    // would not honour from its cache.
+    let mut config = watcher::Config::default()
+        .fields(&format!("metadata.name={}", w.node))
+        .any_semantic();
+    config.page_size = None;
+    let mut events = pin!(watcher::watcher(nodes, config));
     // The value seen during a (re-)list, applied when the list is complete.
     let mut listing: Option<Option<String>> = None;
+    let mut backoff = retry_backoff();
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
+                let delay = backoff.next().unwrap_or(RETRY_MAX);
                 let error = crate::errors::chain(&e);
                 tx.send_if_modified(|v| {
                     if v.error.as_deref() == Some(error.as_str()) {
@@ -165,9 +209,16 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
                     v.error = Some(error.clone());
                     true
                 });
+                // The watcher tries again at the next poll: wait first.
+                tokio::time::sleep(delay).await;
                 continue;
             }
         };
+        // An answer (a list complete, a change) resets the backoff; `Init`, which the watcher
+        // yields before every (re-)list, is not one.
+        if matches!(ev, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
+            backoff = retry_backoff();
+        }
         let seen = match ev {
             Event::Init => {
                 listing = Some(None);
@@ -198,5 +249,24 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
             *v = next;
             true
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every request names slicelet and its version (the fleet bench read an empty user agent
+    /// in the API server's audit log before).
+    #[test]
+    fn requests_say_they_are_slicelets() {
+        let config = with_user_agent(Config::new("https://127.0.0.1:6443".parse().unwrap()));
+        let agents: Vec<_> = config
+            .headers
+            .iter()
+            .filter(|(k, _)| k == http::header::USER_AGENT)
+            .map(|(_, v)| v.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(agents, [format!("slicelet/{}", env!("CARGO_PKG_VERSION"))]);
     }
 }

@@ -139,8 +139,9 @@ fn set_aside(path: &Path, e: &CheckpointError) -> Result<PathBuf, DraError> {
 }
 
 /// The claims allocated from this node's pool by this driver, as the API has them
-/// ([`checkpoint::rebuild`]): a cluster-wide `list` of ResourceClaims, and the node's
-/// ResourceSlices for each device's resource and ID (a failed slice list leaves those empty).
+/// ([`checkpoint::rebuild`]): a cluster-wide `list` of ResourceClaims, and, when one of them
+/// has devices of this pool, the node's ResourceSlices for each device's resource and ID (a
+/// failed slice list leaves those empty; a new node's start, with none, asks nothing more).
 ///
 /// # Errors
 /// The claim list's error.
@@ -148,6 +149,25 @@ async fn from_api(settings: &DraSettings, client: &Client) -> Result<Checkpoint,
     use k8s_openapi::api::resource::v1::ResourceSlice;
     let claims: Api<ResourceClaim> = Api::all(client.clone());
     let claims = claims.list(&kube::api::ListParams::default()).await?.items;
+    let ours = claims.iter().any(|c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .is_some_and(|r| {
+                r.iter()
+                    .any(|r| r.driver == settings.driver && r.pool == settings.node)
+            })
+    });
+    if !ours {
+        return Ok(checkpoint::rebuild(
+            &claims,
+            &[],
+            &settings.driver,
+            &settings.node,
+        ));
+    }
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let selector = format!(
         "spec.nodeName={},spec.driver={}",

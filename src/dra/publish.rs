@@ -5,11 +5,18 @@
 //! registration means "publish again"), and after an API error (retried with exponential
 //! backoff, 0.5 s doubling to 30 s, forever), the loop:
 //! 1. lists the slices with field selector `spec.nodeName=<node>,spec.driver=<driver>` (the
-//!    only slices it ever touches);
+//!    only slices it ever touches; from the API server's watch cache, `resourceVersion=0`),
+//!    unless it knows them: after a reconcile that succeeded it
+//!    keeps the API server's answers to its own writes (and the listed copies it left alone),
+//!    so a change costs only its writes. It lists again at the start, after any error (a
+//!    conflict: somebody else wrote them) and after a registration (the kubelet may have
+//!    deleted them);
 //! 2. builds the wanted slices ([`super::slices::build`] of the plan's DRA resources). The
-//!    pool generation is bumped whenever the devices differ from what this loop published
-//!    last, and always starts above every generation listed (so a restarted daemon's slices
-//!    win over a predecessor's leftovers);
+//!    pool generation is bumped whenever the slices differ from what this loop published
+//!    last, unless only one slice changes and every slice keeps its devices' names (a taint
+//!    coming or going: one write, as Kubernetes' own resourceslice controller does it; the
+//!    pool is consistent after that one write), and always starts above every generation
+//!    listed (so a restarted daemon's slices win over a predecessor's leftovers);
 //! 3. creates the missing slices, replaces the changed ones (with the listed
 //!    `resourceVersion`, so a concurrent writer is a conflict, retried), and then deletes the
 //!    extra ones (newest generation first in, old one out: the scheduler ignores a pool's
@@ -153,8 +160,13 @@ pub struct PublishStatus {
 #[derive(Debug, Default)]
 struct State {
     generation: i64,
-    /// The device lists last published, per slice (generation not included).
-    published: Option<Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>>>,
+    /// The slices last published: name and spec, generation zeroed.
+    published: Option<Vec<(String, ResourceSliceSpec)>>,
+    /// The API server's copies of this node's slices after the last reconcile that succeeded
+    /// (its answers to the writes, the listed copies of the others), so that the next
+    /// reconcile needs no LIST; `None`: list first (at the start, after an error, after a
+    /// registration).
+    stored: Option<Vec<ResourceSlice>>,
     /// Why taints are not used (the API server dropped or refused them); `None`: they are.
     taints_refused: Option<String>,
     /// The API server kept the taints of a write (a dry run first, until one did).
@@ -271,20 +283,65 @@ fn keep_listed_times(wanted: &mut slices::Slices, listed: &[ResourceSlice]) {
     }
 }
 
-fn devices_of(s: &slices::Slices) -> Vec<Option<Vec<k8s_openapi::api::resource::v1::Device>>> {
-    s.slices.iter().map(|x| x.spec.devices.clone()).collect()
+/// Each slice's name and spec, generation zeroed: what a change is compared on.
+fn specs_of(s: &slices::Slices) -> Vec<(String, ResourceSliceSpec)> {
+    s.slices
+        .iter()
+        .map(|x| {
+            let mut spec = x.spec.clone();
+            spec.pool.generation = 0;
+            (x.metadata.name.clone().unwrap_or_default(), spec)
+        })
+        .collect()
+}
+
+/// Whether going from `prev` to `next` may keep the pool's generation: the same slices, each
+/// with the same devices by name, and at most one of them changed (so the pool is consistent
+/// after that one write; devices added, removed or moved between slices need a new
+/// generation, which rewrites every slice).
+fn keeps_generation(
+    prev: &[(String, ResourceSliceSpec)],
+    next: &[(String, ResourceSliceSpec)],
+) -> bool {
+    let names = |s: &ResourceSliceSpec| -> Vec<String> {
+        s.devices.iter().flatten().map(|d| d.name.clone()).collect()
+    };
+    prev.len() == next.len()
+        && prev
+            .iter()
+            .zip(next)
+            .all(|((pn, ps), (nn, ns))| pn == nn && names(ps) == names(ns))
+        && prev.iter().zip(next).filter(|(a, b)| a != b).count() <= 1
 }
 
 /// Reconciles: once with taints (unless the API server refused them before), and once more
-/// withdrawing Unhealthy devices when this time it did (logged once, at WARN).
+/// withdrawing Unhealthy devices when this time it did (logged once, at WARN). A write that
+/// finds the kept copies stale (409: somebody else wrote the slice; 404: deleted it) is
+/// reconciled again at once from a LIST, once, before it counts as an error.
 async fn reconcile(
     api: &Api<ResourceSlice>,
     params: &SliceParams,
     input: &DraInput,
     state: &mut State,
 ) -> Result<(i64, usize), PublishError> {
+    let mut stale_once = false;
     loop {
-        match reconcile_once(api, params, input, state).await? {
+        let kept = state.stored.is_some();
+        let outcome = match reconcile_once(api, params, input, state).await {
+            Err(PublishError::Write {
+                source: kube::Error::Api(s),
+                ..
+            }) if kept && !stale_once && (s.code == 404 || s.code == 409) => {
+                stale_once = true;
+                tracing::debug!(
+                    code = s.code,
+                    "DRA: the kept copies of the ResourceSlices were stale; listing them again"
+                );
+                continue;
+            }
+            other => other?,
+        };
+        match outcome {
             Outcome::Done(generation, devices) => return Ok((generation, devices)),
             Outcome::TaintsRefused(why) => {
                 tracing::warn!(reason = %why, "DRA: the API server does not keep device taints; Unhealthy devices are withdrawn from the ResourceSlices instead");
@@ -306,16 +363,27 @@ async fn reconcile_once(
         "spec.nodeName={},spec.driver={}",
         params.node, params.driver
     );
-    let listed = api
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .map_err(|source| PublishError::List {
-            node: params.node.clone(),
-            driver: params.driver.clone(),
-            source,
-        })?;
+    // What the API server has: its answers to the last reconcile's writes, else a LIST. Taken:
+    // a reconcile that fails or stops part way lists again.
+    let listed = match state.stored.take() {
+        Some(stored) => stored,
+        // From the API server's watch cache (`resourceVersion=0`, any version): a quorum read
+        // (the default) makes an API server without consistent reads from its cache (etcd
+        // before 3.5.13) read every slice of the cluster from etcd, which a fleet starting
+        // together multiplies by its nodes. A stale answer shows as a conflict at the write,
+        // and the LIST after it is fresher.
+        None => {
+            api.list(&ListParams::default().fields(&selector).match_any())
+                .await
+                .map_err(|source| PublishError::List {
+                    node: params.node.clone(),
+                    driver: params.driver.clone(),
+                    source,
+                })?
+                .items
+        }
+    };
     let listed_max = listed
-        .items
         .iter()
         .map(|s| s.spec.pool.generation)
         .max()
@@ -332,9 +400,14 @@ async fn reconcile_once(
         }
     };
     let mut wanted = slices::build(resources, &input.inventory, &p, &input.health);
-    keep_listed_times(&mut wanted, &listed.items);
-    let devices = devices_of(&wanted);
-    if state.published.as_ref() != Some(&devices) || listed_max > state.generation {
+    keep_listed_times(&mut wanted, &listed);
+    let specs = specs_of(&wanted);
+    let changed = state.published.as_ref() != Some(&specs);
+    let keep = state
+        .published
+        .as_ref()
+        .is_some_and(|prev| keeps_generation(prev, &specs));
+    if (changed && !keep) || listed_max > state.generation {
         let generation = state.generation.max(listed_max) + 1;
         for s in &mut wanted.slices {
             s.spec.pool.generation = generation;
@@ -345,7 +418,6 @@ async fn reconcile_once(
         tracing::warn!(device = %skipped, "DRA: a device of this name is published already; skipped");
     }
     let mut existing: std::collections::BTreeMap<String, ResourceSlice> = listed
-        .items
         .into_iter()
         .filter_map(|s| Some((s.metadata.name.clone()?, s)))
         .collect();
@@ -354,10 +426,11 @@ async fn reconcile_once(
         .iter()
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();
+    let mut stored = Vec::with_capacity(wanted.slices.len());
     for mut slice in wanted.slices {
         let name = slice.metadata.name.clone().unwrap_or_default();
         match existing.remove(&name) {
-            Some(old) if same_spec(&old.spec, &slice.spec) => {}
+            Some(old) if same_spec(&old.spec, &slice.spec) => stored.push(old),
             Some(old) => {
                 slice.metadata.resource_version = old.metadata.resource_version;
                 if let Some(refused) = try_taints(api, &slice, true, state).await {
@@ -370,11 +443,11 @@ async fn reconcile_once(
                 if let Some(e) = capacity_lost(&slice, &answer) {
                     return Err(e);
                 }
-                answer.map_err(|source| PublishError::Write {
+                stored.push(answer.map_err(|source| PublishError::Write {
                     op: "replacing",
                     name: name.clone(),
                     source,
-                })?;
+                })?);
             }
             None => {
                 if let Some(refused) = try_taints(api, &slice, false, state).await {
@@ -387,11 +460,11 @@ async fn reconcile_once(
                 if let Some(e) = capacity_lost(&slice, &answer) {
                     return Err(e);
                 }
-                answer.map_err(|source| PublishError::Write {
+                stored.push(answer.map_err(|source| PublishError::Write {
                     op: "creating",
                     name: name.clone(),
                     source,
-                })?;
+                })?);
             }
         }
     }
@@ -410,7 +483,8 @@ async fn reconcile_once(
         }
     }
     state.generation = p.generation;
-    state.published = Some(devices);
+    state.published = Some(specs);
+    state.stored = Some(stored);
     Ok(Outcome::Done(p.generation, count))
 }
 
@@ -445,9 +519,16 @@ pub async fn run(
             .build()
     };
     let mut backoff = new_backoff();
+    let mut registered = *registrations.borrow_and_update();
     loop {
         let input = inputs.borrow_and_update().clone();
-        registrations.borrow_and_update();
+        // A registration: the kubelet may have deleted the slices (it does when it starts), so
+        // what the API server has is listed again.
+        let now_registered = *registrations.borrow_and_update();
+        if now_registered != registered {
+            registered = now_registered;
+            state.stored = None;
+        }
         let mut retry = None;
         if let Some(input) = input {
             match reconcile(&api, &params, &input, &mut state).await {

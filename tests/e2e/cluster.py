@@ -180,11 +180,13 @@ def _oci_image(busybox, out):
 class Cluster:
     """One node: `start()` brings every component up (about 10 s), `stop()` tears down."""
 
-    def __init__(self, kit_bin, etcd, busybox="/bin/busybox"):
+    def __init__(self, kit_bin, etcd, busybox="/bin/busybox", prefix="slicelet-e2e-"):
         self.bin = Path(kit_bin)
         self.etcd_bin = Path(etcd)
         self.busybox = busybox
-        self.dir = Path(tempfile.mkdtemp(prefix="slicelet-e2e-"))
+        # The scratch directory's prefix: .ci/e2e ends what it left by this name
+        # (scripts/fleet-bench, a control plane of its own, uses another).
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.logs = self.dir / "logs"
         self.logs.mkdir()
         self.root = KUBELET_ROOT
@@ -233,7 +235,9 @@ class Cluster:
         self.up_seconds = time.monotonic() - started
         return self
 
-    def _certs(self):
+    def _certs(self, tokens=()):
+        """The CA, the API server's serving pair, the service-account keys, the token file
+        (the admin token, then `tokens`: (token, user, group) rows) and the admin kubeconfig."""
         pki = self.dir / "pki"
         pki.mkdir()
         run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
@@ -250,7 +254,8 @@ class Cluster:
             "-extfile", pki / "san.cnf", "-extensions", "ext")
         run("openssl", "genrsa", "-out", pki / "sa.key", "2048")
         run("openssl", "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
-        (pki / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+        rows = [f'{TOKEN},admin,admin,"system:masters"'] + [f"{t},{u},{u},{g}" for t, u, g in tokens]
+        (pki / "tokens.csv").write_text("\n".join(rows) + "\n")
         self.pki = pki
         ca = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
         self.kubeconfig.write_text(json.dumps({
@@ -279,7 +284,7 @@ class Cluster:
         ])
         wait_for("etcd", lambda: urllib.request.urlopen(self.etcd_url + "/health", timeout=1).status == 200, 30)
 
-    def _apiserver(self):
+    def _apiserver(self, *extra):
         p = self.pki
         self._spawn("kube-apiserver", [
             self.bin / "kube-apiserver",
@@ -299,6 +304,7 @@ class Cluster:
             "--runtime-config", "resource.k8s.io/v1=true,resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
+            *extra,
         ])
         ctx = ssl.create_default_context(cafile=str(p / "ca.crt"))
 
@@ -322,11 +328,16 @@ class Cluster:
             "--use-service-account-credentials=false",
             "--bind-address", "127.0.0.1", "--secure-port", free_port(),
         ])
+        self._scheduler()
+
+    def _scheduler(self, *extra):
+        kc = self.kubeconfig
         self._spawn("kube-scheduler", [
             self.bin / "kube-scheduler",
             "--kubeconfig", kc, "--authentication-kubeconfig", kc, "--authorization-kubeconfig", kc,
             "--leader-elect=false",
             "--bind-address", "127.0.0.1", "--secure-port", free_port(),
+            *extra,
         ])
 
     def _containerd(self):

@@ -60,6 +60,9 @@ async fn the_node_label_chooses_the_config_live_and_removing_it_goes_back_to_the
     wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
     d.wait_status(|st| st.generation >= 1 && st.node_label.is_none())
         .await;
+    // The Node's LIST is served from the API server's watch cache (resourceVersion 0), as the
+    // kubelet's is, not a quorum read of every Node from etcd.
+    assert_eq!(api.node_list_versions(), [Some("0".to_string())]);
 
     api.set_label(DEFAULT_LABEL, "a100-ts4");
     let state = wait_lists(&emu, &[("nvidia.com/gpu", 32)]).await;
@@ -207,6 +210,31 @@ async fn an_unreachable_api_at_start_serves_the_default_and_the_label_applies_on
     api.set_unavailable(false);
     wait_lists(&emu, &[("nvidia.com/gpu", 32)]).await;
     d.wait_status(|st| st.api_error.is_none()).await;
+    d.stop().await;
+}
+
+/// An API that keeps refusing the Node's LIST is asked again after a growing delay (0.8 s
+/// doubling to 30 s, jittered), not about once a second: kube-runtime's default backoff
+/// restarts at every re-list (the watcher says `Init` before each), which on a real API
+/// server with the RBAC missing was 53 LISTs in a minute from one node (the fleet bench), and
+/// on a fleet is every node's LIST every second for as long as it lasts.
+#[tokio::test]
+async fn a_failing_api_is_asked_again_after_a_growing_delay() {
+    let s = setup(&[("any", "version: v1\n"), ("a100-ts4", &ts(4))]);
+    let api = KubeApi::start(NODE, &[(DEFAULT_LABEL, "a100-ts4")]).await;
+    api.set_unavailable(true);
+    let emu = emulator(&s.node).await;
+    let d = Daemon::start(s.settings(Some(api.kubeconfig(s.node.tmp.path())), Some("any")));
+    wait_lists(&emu, &[("nvidia.com/gpu", 8)]).await;
+    let first = api.wait(|c| c.refused >= 1).await.refused;
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    // Retries after 0.8-1.6, 1.6-3.2 and 3.2-6.4 s: at most three more in 8 s (the default
+    // backoff made about eight).
+    let again = api.counters().refused - first;
+    assert!(again <= 3, "{again} retries in 8 s");
+    // Still retried: the label applies once the API answers.
+    api.set_unavailable(false);
+    wait_lists(&emu, &[("nvidia.com/gpu", 32)]).await;
     d.stop().await;
 }
 

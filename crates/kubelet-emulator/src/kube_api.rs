@@ -49,6 +49,10 @@ struct Inner {
     watchers: Vec<(mpsc::UnboundedSender<Result<String, std::io::Error>>, bool)>,
     /// Every request's `fieldSelector` (empty when none), in order.
     selectors: Vec<String>,
+    /// Every ResourceSlice LIST's `resourceVersion` and `resourceVersionMatch`, in order.
+    slice_list_versions: Vec<(Option<String>, Option<String>)>,
+    /// Every Node LIST's (not WATCH's) `resourceVersion`, in order.
+    node_list_versions: Vec<Option<String>>,
     /// ResourceSlices by name (JSON as stored, with `metadata.resourceVersion`).
     slices: BTreeMap<String, Value>,
     /// ResourceClaims by (namespace, name).
@@ -122,6 +126,8 @@ struct NodeQuery {
     field_selector: String,
     #[serde(default)]
     watch: Option<String>,
+    #[serde(rename = "resourceVersion", default)]
+    resource_version: Option<String>,
 }
 
 impl Inner {
@@ -182,6 +188,7 @@ async fn nodes(
         let body = Body::from_stream(UnboundedReceiverStream::new(rx).map(|r| r));
         return ([("content-type", "application/json")], body).into_response();
     }
+    inner.node_list_versions.push(q.resource_version.clone());
     let items: Vec<Value> = if matches {
         vec![inner.node_json(meta_only)]
     } else {
@@ -291,6 +298,10 @@ fn apply_taints(mode: Taints, mut v: Value) -> Result<Value, String> {
 struct ListQuery {
     #[serde(rename = "fieldSelector", default)]
     field_selector: String,
+    #[serde(rename = "resourceVersion", default)]
+    resource_version: Option<String>,
+    #[serde(rename = "resourceVersionMatch", default)]
+    version_match: Option<String>,
 }
 
 fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
@@ -304,6 +315,9 @@ fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
 async fn list_slices(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let mut inner = s.inner.lock().unwrap();
     inner.selectors.push(q.field_selector.clone());
+    inner
+        .slice_list_versions
+        .push((q.resource_version.clone(), q.version_match.clone()));
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
@@ -814,6 +828,21 @@ impl KubeApi {
     /// Every request's field selector so far.
     pub fn selectors(&self) -> Vec<String> {
         self.shared.inner.lock().unwrap().selectors.clone()
+    }
+
+    /// Every Node LIST's `resourceVersion` so far (`None`: a quorum read).
+    pub fn node_list_versions(&self) -> Vec<Option<String>> {
+        self.shared.inner.lock().unwrap().node_list_versions.clone()
+    }
+
+    /// Every ResourceSlice LIST's `resourceVersion` and `resourceVersionMatch` so far.
+    pub fn slice_list_versions(&self) -> Vec<(Option<String>, Option<String>)> {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .slice_list_versions
+            .clone()
     }
 
     /// The counters now.
