@@ -330,7 +330,7 @@ pub struct XidEvent {
 }
 
 /// Where a source's background event watcher delivers health events (the hardware actor
-/// forwards them to the supervisor's bounded channel; see [`actor`]).
+/// forwards them to the supervisor's bounded channel; see [`crate::daemon::hardware`]).
 pub type EventSink = std::sync::Arc<dyn Fn(crate::device_health::HealthEvent) + Send + Sync>;
 
 /// A source of GPUs: NVML on a real node, a file for a simulated one. Every method may block

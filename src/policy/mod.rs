@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 pub use delivery::{Delivery, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy};
 pub use mps::{Mps, MpsEntry, MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 pub(crate) use names::is_dns_subdomain;
-pub use names::ResourceName;
+pub use names::{ResourceName, ResourceNameError};
 pub use overrides::FlagOverrides;
 pub use read::{check_nesting, read_bounded, Limits, NestingError, ReadError, DEFAULT_MAX_BYTES};
 pub use schema::{DeviceRef, DeviceSelector, Enforce, MigStrategy, SharedAllocation, TaintEffect};

@@ -16,7 +16,7 @@ pub const DEFAULT_PREFIX: &str = "nvidia.com";
 /// A resource name that is not a valid Kubernetes extended resource name; each variant
 /// carries the text as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
+pub enum ResourceNameError {
     /// The part before `/` is not a DNS subdomain.
     #[error(
         "`{raw}`: prefix `{prefix}` is not a DNS subdomain (lowercase letters, digits, `-`, `.`)"
@@ -55,9 +55,9 @@ impl ResourceName {
     /// Qualifies (adds `nvidia.com/` when there is no `/`) and validates `raw`.
     ///
     /// # Errors
-    /// [`NameError`] naming the text and what is wrong, for the caller to prefix with the
+    /// [`ResourceNameError`] naming the text and what is wrong, for the caller to prefix with the
     /// field path (rules: Kubernetes extended resource names).
-    pub fn parse(raw: &str) -> Result<Self, NameError> {
+    pub fn parse(raw: &str) -> Result<Self, ResourceNameError> {
         let full = if raw.contains('/') {
             raw.to_string()
         } else {
@@ -65,18 +65,18 @@ impl ResourceName {
         };
         let (prefix, name) = full.split_once('/').expect("qualified above");
         if prefix.is_empty() || prefix.len() > 253 || !is_dns_subdomain(prefix) {
-            return Err(NameError::Prefix {
+            return Err(ResourceNameError::Prefix {
                 raw: raw.to_string(),
                 prefix: prefix.to_string(),
             });
         }
         if prefix == "kubernetes.io" || prefix.ends_with(".kubernetes.io") {
-            return Err(NameError::Reserved {
+            return Err(ResourceNameError::Reserved {
                 raw: raw.to_string(),
             });
         }
         if name.is_empty() || name.len() > 63 {
-            return Err(NameError::Length {
+            return Err(ResourceNameError::Length {
                 raw: raw.to_string(),
             });
         }
@@ -86,7 +86,7 @@ impl ResourceName {
         let ok_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
             && name.ends_with(|c: char| c.is_ascii_alphanumeric());
         if !ok_chars || !ok_ends {
-            return Err(NameError::Characters {
+            return Err(ResourceNameError::Characters {
                 raw: raw.to_string(),
             });
         }
@@ -101,8 +101,8 @@ impl ResourceName {
     /// `<name>.shared`, the name `renameByDefault` gives (NVIDIA's rule).
     ///
     /// # Errors
-    /// [`NameError`] when `<name>.shared` is too long.
-    pub fn shared(&self) -> Result<Self, NameError> {
+    /// [`ResourceNameError`] when `<name>.shared` is too long.
+    pub fn shared(&self) -> Result<Self, ResourceNameError> {
         Self::parse(&format!("{}.shared", self.0))
     }
 }

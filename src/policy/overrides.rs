@@ -59,7 +59,7 @@ impl FlagOverrides {
     /// where absent) and returns one notice per override that replaced a different value of
     /// the file, e.g. `flags.migStrategy: the file says mixed; MIG_STRATEGY=single takes
     /// precedence (as in NVIDIA's plugin)`.
-    pub fn apply(&self, file: &mut schema::ConfigFile) -> Vec<String> {
+    pub(super) fn apply(&self, file: &mut schema::ConfigFile) -> Vec<String> {
         let mut notices = Vec::new();
         if self.is_empty() {
             return notices;

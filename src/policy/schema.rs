@@ -19,6 +19,7 @@ use super::names::ResourceName;
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ConfigFile {
     /// `v1`, or absent (NVIDIA defaults it to `v1`).
+    #[expect(dead_code, reason = "checked by parsing: `v1` is its only value")]
     pub version: Option<Version>,
     /// Daemon settings (NVIDIA: command-line flags that may also come from the file).
     pub flags: Option<Flags>,
@@ -302,6 +303,7 @@ impl SharedAllocation {
 
 /// `flags.gfd`. Recognised, not acted on.
 #[derive(Debug, Default, Deserialize)]
+#[expect(dead_code, reason = "read from the file, not acted on")]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct GfdFlags {
     /// GFD runs once and exits.
@@ -318,6 +320,7 @@ pub struct GfdFlags {
 
 /// `resources`: NVIDIA's renaming by product pattern. Recognised, not acted on.
 #[derive(Debug, Default, Deserialize)]
+#[expect(dead_code, reason = "read from the file, not acted on")]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     /// Patterns for whole GPUs.
@@ -328,6 +331,7 @@ pub struct Resources {
 
 /// One `resources.gpus[]` / `resources.mig[]` entry.
 #[derive(Debug, Deserialize)]
+#[expect(dead_code, reason = "read from the file, not acted on")]
 #[serde(deny_unknown_fields)]
 pub struct PatternResource {
     /// Product-name glob.
@@ -549,6 +553,7 @@ impl Enforce {
 
 /// `imex`. Recognised, not acted on.
 #[derive(Debug, Default, Deserialize)]
+#[expect(dead_code, reason = "read from the file, not acted on")]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Imex {
     /// IMEX channel IDs.
