@@ -350,7 +350,7 @@ async fn a_taint_is_one_slice_write_and_no_change_lists_again() {
         .collect();
     // GPU 0 Unhealthy, then Healthy again: one write each (the first taint's dry run aside),
     // the generation kept, nothing listed.
-    inv.gpus[0].health = slicelet::health::Health::Unhealthy;
+    inv.gpus[0].health = slicelet::device_health::Health::Unhealthy;
     d.inputs.send_replace(Some(input_of(&ts16, &inv)));
     let sick = parse(&d.api.wait_slices(|s| tainted(&parse(s)).len() == 16).await);
     assert_eq!(tainted(&sick), gpu0);
@@ -358,7 +358,7 @@ async fn a_taint_is_one_slice_write_and_no_change_lists_again() {
         sick.iter().all(|s| s.spec.pool.generation == g),
         "generation kept"
     );
-    inv.gpus[0].health = slicelet::health::Health::Healthy;
+    inv.gpus[0].health = slicelet::device_health::Health::Healthy;
     d.inputs.send_replace(Some(input_of(&ts16, &inv)));
     let well = parse(
         &d.api
