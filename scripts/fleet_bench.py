@@ -517,7 +517,11 @@ class Fleet:
         self.cpu_start = self.cpu()
         self.t_start = now()
         self.spawned = {}
-        for name in self.names:
+        rate = self.a.start_rate
+        for i, name in enumerate(self.names):
+            if rate:
+                # A rollout's pace rather than every node in the same second.
+                time.sleep(max(0.0, self.t_start + i / rate - now()))
             self.spawned[name] = now()
             self.daemons[name] = Process(f"slicelet-{name}", args[name], self.dir / "nodes" / name / "logs")
         log(f"{self.n} daemons started in {now() - self.t_start:.2f} s")
@@ -1026,6 +1030,8 @@ def main():
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--slicelet", required=True)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--start-rate", type=float, default=0,
+                    help="daemons started per second (default: all at once)")
     ap.add_argument("--check", action="store_true",
                     help="fail unless the per-node goals hold (the CI smoke run)")
     ap.add_argument("--forbidden-seconds", type=float, default=0,
