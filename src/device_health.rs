@@ -1,6 +1,6 @@
 //! A device's health and the events that change it, as plain types: the hardware sources
-//! ([`crate::inventory`]) report them, [`crate::health_tracker`] folds them. A leaf: it uses no other
-//! module of the crate.
+//! ([`crate::inventory`]) report them, [`crate::health_tracker`] folds them. A leaf: it uses no
+//! other module of the crate.
 
 /// A device's health as the kubelet sees it (the v1beta1 `Device.health` strings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -42,8 +42,8 @@ pub struct MigDevice {
     pub caps: Option<MigCaps>,
     /// Unhealthy when this MIG device is known to be unusable. Discovery reports what it sees;
     /// the effective health (Xids, watch failures, MPS readiness folded in) comes from
-    /// [`crate::health_tracker::Tracker::effective`]. A MIG device is advertised healthy only when it
-    /// and its parent GPU ([`Gpu::health`]) both are.
+    /// [`crate::health_tracker::Tracker::effective`]. A MIG device is advertised healthy only
+    /// when it and its parent GPU ([`Gpu::health`]) both are.
     pub health: Health,
 }
 

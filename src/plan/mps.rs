@@ -11,8 +11,8 @@
 //!   with the numbers; replicas above the clients a daemon serves on that GPU (48, or 16 before
 //!   compute capability 7.0) is [`PlanError::MpsClientLimit`].
 //! - A daemon's devices are Healthy only while it is ready: readiness is device health, held by
-//!   [`crate::health_tracker::Tracker`] and folded into the inventory before the plan is built; the
-//!   limits a daemon still enforces while a change is pending are an input of
+//!   [`crate::health_tracker::Tracker`] and folded into the inventory before the plan is built;
+//!   the limits a daemon still enforces while a change is pending are an input of
 //!   [`super::build_with`]. Devices of other GPUs are never touched.
 //!
 //! MIG: an MPS entry may name a MIG resource (`nvidia.com/mig-1g.10gb` under `migStrategy:
@@ -397,8 +397,8 @@ impl Plan {
     /// replicas as fit the memory the policy planned for at the old per-client memory limit
     /// stay allocatable, the rest are Unhealthy until the GPU drains (else, e.g., ×4 → ×8
     /// would hand out 8 × a quarter of the GPU). Daemon readiness is device health, owned by
-    /// [`crate::health_tracker::Tracker`] and folded into the inventory before the build. Devices of
-    /// other GPUs and of other strategies are untouched.
+    /// [`crate::health_tracker::Tracker`] and folded into the inventory before the build.
+    /// Devices of other GPUs and of other strategies are untouched.
     pub(super) fn apply_mps_limits(&mut self, applied: &BTreeMap<String, MpsLimits>) {
         for res in self.resources.values_mut() {
             let Some(mps) = &res.mps else { continue };

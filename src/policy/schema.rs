@@ -104,6 +104,10 @@ pub struct Health {
 
 /// An NVML event type of NVIDIA's `health.eventTypes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "the variants are the file's words"
+)]
 pub enum EventType {
     /// Xid errors: the only events that mark a GPU Unhealthy.
     EventTypeXidCriticalError,

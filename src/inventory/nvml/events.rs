@@ -49,8 +49,9 @@ impl EventTarget {
 }
 
 /// The thread that reads NVML Xid events (blocking waits with a timeout, so it can stop; it
-/// stops and is joined when this is dropped). nvml-wrapper's safe event API drops the GPU-/compute-instance ids, so the raw
-/// `nvmlEventSetWait_v2` is called through its symbol table.
+/// stops and is joined when this is dropped). nvml-wrapper's safe event API drops the
+/// GPU-/compute-instance ids, so the raw `nvmlEventSetWait_v2` is called through its symbol
+/// table.
 pub(super) struct EventWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
