@@ -470,9 +470,10 @@ fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), ClaimError> {
 /// string ([`claim_error`]) and retries the claim; the pod's events show it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError {
-    /// The claim's reference, its allocation, or the devices it names were refused.
+    /// The claim's reference, its allocation, or the devices it names were refused (boxed:
+    /// the largest variant by far).
     #[error(transparent)]
-    Refused(#[from] PrepareError),
+    Refused(Box<PrepareError>),
     /// The claim could not be read from the API server.
     #[error("claim {claim}: getting it from the API")]
     Get {
@@ -529,6 +530,12 @@ pub enum ClaimError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<PrepareError> for ClaimError {
+    fn from(e: PrepareError) -> Self {
+        ClaimError::Refused(Box::new(e))
+    }
 }
 
 /// The claim's `error` string in a NodePrepareResources or NodeUnprepareResources answer:
