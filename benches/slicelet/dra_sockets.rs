@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use kubelet_emulator::dra::{DraKubelet, Version};
-use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
+use kubelet_emulator::kube_api::KubeApi;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api::drahealth::v1alpha1 as health;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -87,24 +87,7 @@ pub fn run(b: &Bench, table: &mut Table) {
         .env_remove("KUBECONFIG")
         .spawn()
         .unwrap();
-    let slices = rt.block_on(api.wait_slices(|s| !s.is_empty()));
-    let device = slices[0]["spec"]["devices"][0]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    api.set_claim(
-        "ns",
-        "one",
-        "uid-one",
-        &[AllocatedDevice {
-            request: "gpu".to_string(),
-            driver: DRIVER.to_string(),
-            pool: NODE.to_string(),
-            device,
-            ..AllocatedDevice::default()
-        }],
-    );
-    api.reserve_claim("ns", "one", &[("p1", "pod-uid-1")]);
+    rt.block_on(api.claim_first_device(DRIVER, NODE, ("ns", "one", "uid-one")));
     // The daemon's own process (prlimit execs it: the same pid).
     let pid = child.id();
     let rounds = if b.quick { 5 } else { 20 };
@@ -154,7 +137,6 @@ pub fn run(b: &Bench, table: &mut Table) {
         .args(["-TERM", &pid.to_string()])
         .status();
     let _ = child.wait();
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e6;
     let flood_max = ms(&dra_flood, 1.0).max(ms(&m_flood, 1.0));
     table.row(
         "12. GetInfo + prepare, /metrics under 2,000 idle conns + 3,000 health streams",

@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use hdrhistogram::Histogram;
-
 use crate::harness::*;
 
 /// Measures this row's figures into `table`.
@@ -32,7 +30,6 @@ pub fn run(b: &Bench, table: &mut Table) {
         std::hint::black_box(usage.view(&plan, &in_use));
         view.record(t.elapsed().as_nanos() as u64).unwrap();
     }
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e6;
     table.row(
         "10. /metrics render, 2,688 devices, 500 containers",
         format!(

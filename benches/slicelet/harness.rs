@@ -119,6 +119,11 @@ pub fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap()
 }
 
+/// The value at quantile `q` (0..=1) of a histogram of nanoseconds, in milliseconds.
+pub fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1e6
+}
+
 pub fn us(ns: u64) -> f64 {
     ns as f64 / 1e3
 }

@@ -292,12 +292,9 @@ mod tests {
         );
     }
 
-    /// The stream without sockets: the first message at once, the next on a change only (a
-    /// plan that changes nothing of the health sends nothing), and the stream ends with DRA.
-    #[tokio::test(start_paused = true)]
-    async fn sends_first_then_on_change_and_refreshes() {
-        let mut health = HealthMap::new();
-        let dev = |h: Health, secs: u64| super::super::health_map::DeviceHealth {
+    /// A device `h` since `secs` after the epoch; an Unhealthy one lost.
+    fn dev(h: Health, secs: u64) -> super::super::health_map::DeviceHealth {
+        super::super::health_map::DeviceHealth {
             health: h,
             cause: (!h.is_healthy()).then_some(Cause::Lost),
             message: if h.is_healthy() {
@@ -306,7 +303,14 @@ mod tests {
                 "lost".to_string()
             },
             since: UNIX_EPOCH + Duration::from_secs(secs),
-        };
+        }
+    }
+
+    /// The stream without sockets: the first message at once, the next on a change only (a
+    /// plan that changes nothing of the health sends nothing), and the stream ends with DRA.
+    #[tokio::test(start_paused = true)]
+    async fn sends_first_then_on_change_and_refreshes() {
+        let mut health = HealthMap::new();
         health.insert("gpu-a".to_string(), dev(Health::Healthy, 1));
         let input = |h: &HealthMap| {
             Some(Arc::new(DraInput {
@@ -352,15 +356,7 @@ mod tests {
 
     fn one_device_input() -> Option<Arc<DraInput>> {
         let mut health = HealthMap::new();
-        health.insert(
-            "gpu-a".to_string(),
-            super::super::health_map::DeviceHealth {
-                health: Health::Healthy,
-                cause: None,
-                message: String::new(),
-                since: UNIX_EPOCH,
-            },
-        );
+        health.insert("gpu-a".to_string(), dev(Health::Healthy, 0));
         Some(Arc::new(DraInput {
             health,
             ..DraInput::default()

@@ -391,6 +391,18 @@ pub(crate) async fn wait_for_log(child: &mut Child, needle: &str) -> String {
     wait_for_log_count(child, needle, 1).await
 }
 
+/// The status endpoint's address from the daemon's "serving /healthz" log line.
+pub(crate) fn status_address(log: &str) -> std::net::SocketAddr {
+    log.lines()
+        .find(|l| l.contains("serving /healthz"))
+        .and_then(|l| l.split("address=").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .map(|s| s.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != ':'))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 pub(crate) async fn sigterm_and_wait(mut child: Child) -> (Option<i32>, String) {
     let pid = child.id().unwrap().to_string();
     let st = std::process::Command::new("kill")
@@ -1275,18 +1287,7 @@ async fn idle_status_connections_do_not_starve_a_kubelet_restart() {
         .spawn()
         .unwrap();
     let log = wait_for_log(&mut child, "serving /healthz").await;
-    let line = log
-        .lines()
-        .find(|l| l.contains("serving /healthz"))
-        .unwrap();
-    let address: std::net::SocketAddr = line
-        .split("address=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .map(|s| s.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != ':'))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let address = status_address(&log);
     wait_lists(&emu, &[("nvidia.com/gpu-shared", 2)]).await;
     let mut idle = Vec::new();
     for _ in 0..200 {

@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use kubelet_emulator::dra::{DraKubelet, Version};
-use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
+use kubelet_emulator::kube_api::KubeApi;
 use kubelet_emulator::KubeletEmulator;
 use slicelet::api::drahealth::v1alpha1 as health;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
-use crate::binary::{bin, sigterm_and_wait, wait_for_log};
+use crate::binary::{bin, sigterm_and_wait, status_address, wait_for_log};
 use crate::common::{node_file, Node, WAIT};
 
 const NODE: &str = "node-1";
@@ -22,33 +22,6 @@ const POLICY: &str = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n   
 const CALL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Descriptors the daemon may open: far fewer than the connections below.
 const NOFILE: u32 = 256;
-
-/// The status endpoint's address from the daemon's "serving /healthz" line.
-fn status_address(log: &str) -> std::net::SocketAddr {
-    log.lines()
-        .find(|l| l.contains("serving /healthz"))
-        .and_then(|l| l.split("address=").nth(1))
-        .and_then(|s| s.split_whitespace().next())
-        .map(|s| s.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != ':'))
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-/// `GET /metrics` on a fresh connection: the status line.
-async fn metrics(address: std::net::SocketAddr) -> String {
-    let mut c = tokio::net::TcpStream::connect(address).await.unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    c.read_to_end(&mut answer).await.unwrap();
-    String::from_utf8_lossy(&answer)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
 
 /// Opens up to `per_conn` health streams on each of `conns` new connections to `endpoint` and
 /// never reads them: (streams opened, refused with RESOURCE_EXHAUSTED, connections refused).
@@ -127,24 +100,8 @@ async fn idle_floods_and_unread_health_streams_leave_a_new_kubelet_served() {
     let mut log = wait_for_log(&mut child, "serving /healthz").await;
     let status = status_address(&log);
     log += &wait_for_log(&mut child, "DRA: kubelet plugin serving").await;
-    let slices = api.wait_slices(|s| !s.is_empty()).await;
-    let device = slices[0]["spec"]["devices"][0]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    api.set_claim(
-        "ns",
-        "one",
-        "uid-one",
-        &[AllocatedDevice {
-            request: "gpu".to_string(),
-            driver: DRIVER.to_string(),
-            pool: NODE.to_string(),
-            device,
-            ..AllocatedDevice::default()
-        }],
-    );
-    api.reserve_claim("ns", "one", &[("p1", "pod-uid-1")]);
+    api.claim_first_device(DRIVER, NODE, ("ns", "one", "uid-one"))
+        .await;
     let endpoint: PathBuf = plugins.join(DRIVER).join("dra.sock");
     let registration = registry.join(format!("{DRIVER}-reg.sock"));
 
@@ -187,10 +144,10 @@ async fn idle_floods_and_unread_health_streams_leave_a_new_kubelet_served() {
         .expect("NodePrepareResources was not answered")
         .unwrap();
     assert_eq!(answer["uid-one"].error, "", "{answer:?}");
-    let line = tokio::time::timeout(WAIT, metrics(status))
+    let (code, _) = tokio::time::timeout(WAIT, crate::live::get(status, "/metrics"))
         .await
         .expect("/metrics was not answered");
-    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    assert_eq!(code, 200);
 
     drop(held);
     drop(idle);

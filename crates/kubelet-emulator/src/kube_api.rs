@@ -793,6 +793,40 @@ impl KubeApi {
             .insert((namespace.to_string(), name.to_string()), claim);
     }
 
+    /// Waits for the first ResourceSlice, then stores ResourceClaim `namespace/name` (UID
+    /// `uid`) allocated the first device it publishes (request `gpu`, driver `driver`, pool
+    /// `pool`) and reserved for pod `p1`, as the scheduler leaves a claim for the kubelet to
+    /// prepare. Returns the device's name.
+    ///
+    /// # Panics
+    /// After [`WAIT`] without a slice, or when the slice names no device.
+    pub async fn claim_first_device(
+        &self,
+        driver: &str,
+        pool: &str,
+        (namespace, name, uid): (&str, &str, &str),
+    ) -> String {
+        let slices = self.wait_slices(|s| !s.is_empty()).await;
+        let device = slices[0]["spec"]["devices"][0]["name"]
+            .as_str()
+            .expect("the slice names no device")
+            .to_string();
+        self.set_claim(
+            namespace,
+            name,
+            uid,
+            &[AllocatedDevice {
+                request: "gpu".to_string(),
+                driver: driver.to_string(),
+                pool: pool.to_string(),
+                device: device.clone(),
+                ..AllocatedDevice::default()
+            }],
+        );
+        self.reserve_claim(namespace, name, &[("p1", "pod-uid-1")]);
+        device
+    }
+
     /// Reserves the stored ResourceClaim `namespace/name` for `pods` (name, UID): its
     /// `status.reservedFor` becomes one core `pods` consumer reference per pod, as the
     /// scheduler writes it before the kubelet prepares the claim.
