@@ -201,19 +201,26 @@ class Api:
     def metrics(self):
         """The API server's /metrics: {(name, frozenset(labels)): value} of the series read."""
         status, out = self.request("GET", "/metrics", raw=True)
-        series = {}
-        for line in out.decode().splitlines():
-            if not line.startswith(("apiserver_request_total{", "apiserver_longrunning_requests{")):
-                continue
-            head, _, value = line.rpartition(" ")
-            name, _, labels = head.partition("{")
-            pairs = {}
-            for part in labels.rstrip("}").split('",'):
-                if "=" in part:
-                    k, _, v = part.partition("=")
-                    pairs[k] = v.strip('"')
-            series[(name, frozenset(pairs.items()))] = float(value)
-        return series
+        return parse_series(out.decode(), ("apiserver_request_total{",
+                                            "apiserver_longrunning_requests{"))
+
+
+def parse_series(text, prefixes):
+    """The samples of Prometheus text `text` whose lines start with one of `prefixes`:
+    {(name, frozenset(labels)): value}."""
+    series = {}
+    for line in text.splitlines():
+        if not line.startswith(prefixes):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        pairs = {}
+        for part in labels.rstrip("}").split('",'):
+            if "=" in part:
+                k, _, v = part.partition("=")
+                pairs[k] = v.strip('"')
+        series[(name, frozenset(pairs.items()))] = float(value)
+    return series
 
 
 def metric_delta(before, after, name, group_by):
@@ -699,21 +706,9 @@ class Fleet:
             out = c.getresponse().read().decode()
         finally:
             c.close()
-        series = {}
-        for line in out.splitlines():
-            if not line.startswith(("scheduler_plugin_execution_duration_seconds_",
-                                    "scheduler_scheduling_algorithm_duration_seconds_",
-                                    "scheduler_schedule_attempts_total")):
-                continue
-            head, _, value = line.rpartition(" ")
-            name, _, labels = head.partition("{")
-            pairs = {}
-            for part in labels.rstrip("}").split('",'):
-                if "=" in part:
-                    k, _, v = part.partition("=")
-                    pairs[k] = v.strip('"')
-            series[(name, frozenset(pairs.items()))] = float(value)
-        return series
+        return parse_series(out, ("scheduler_plugin_execution_duration_seconds_",
+                                  "scheduler_scheduling_algorithm_duration_seconds_",
+                                  "scheduler_schedule_attempts_total"))
 
     def stop_scheduler(self):
         p = self.cp.procs.pop("kube-scheduler", None)
