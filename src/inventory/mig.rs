@@ -28,6 +28,8 @@
 //! configurable root, so tests use a temp directory) and [`resolve_caps`] attaches the minors to
 //! every MIG device of an inventory.
 
+pub mod table;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -231,6 +233,99 @@ pub fn standard_mig_minors(gpus: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every row of the profile tables: its name parses with its slice count, its memory
+    /// rounds back to its name's GB on its product, and its placements fit the GPU without
+    /// two starts closer than a placement's size (the driver's placements never overlap
+    /// their own profile's) while at most `instance_count` fit.
+    #[test]
+    fn the_profile_tables_agree_with_their_names_and_geometry() {
+        assert_eq!(table::TABLES.len(), 5);
+        for (t, total_mib) in table::TABLES {
+            for row in t.profiles {
+                let p = Profile::parse(row.name).expect(row.name);
+                assert_eq!(p.gpu_slices, row.gpu_slices, "{} {}", t.product, row.name);
+                assert!(row.gpu_slices <= t.compute_slices, "{}", row.name);
+                assert_eq!(
+                    memory_gb(*total_mib, row.memory_mib),
+                    p.memory_gb,
+                    "{} {}",
+                    t.product,
+                    row.name
+                );
+                assert!(!row.starts.is_empty(), "{}", row.name);
+                for &s in row.starts {
+                    assert_eq!(
+                        s % row.size.min(4),
+                        0,
+                        "{} {} start {s}",
+                        t.product,
+                        row.name
+                    );
+                    assert!(
+                        s + row.size <= t.memory_slices,
+                        "{} {}",
+                        t.product,
+                        row.name
+                    );
+                }
+                assert!(table::full_compute_profile(row.gpu_slices).is_some());
+            }
+            assert!(t
+                .profiles
+                .windows(2)
+                .all(|w| w[0].nvml_profile < w[1].nvml_profile));
+            assert_eq!(
+                table::for_product(t.product, *total_mib).map(|f| f.product),
+                Some(t.product)
+            );
+        }
+        assert_eq!(
+            table::for_product("NVIDIA A100 80GB PCIe", 81920).map(|t| t.product),
+            Some("NVIDIA A100-SXM4-80GB")
+        );
+        assert_eq!(table::for_product("NVIDIA L4", 23034), None);
+    }
+
+    /// The tables' profiles and instance counts are the simulated models' (the file the
+    /// simulated nodes are checked against).
+    #[test]
+    fn the_profile_tables_match_the_simulated_models() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/models/gpu-models.yaml"),
+        )
+        .unwrap();
+        for (t, total_mib) in table::TABLES {
+            let at = text
+                .find(&format!("name: {}\n", t.product))
+                .expect(t.product);
+            let block = &text[at..];
+            let mig_line = block
+                .lines()
+                .find(|l| l.trim_start().starts_with("mig:"))
+                .unwrap();
+            assert!(
+                block.contains(&format!("memoryMiB: {total_mib}\n")),
+                "{}",
+                t.product
+            );
+            for row in t.profiles {
+                assert!(
+                    mig_line.contains(&format!("{}: {}", row.name, row.instance_count)),
+                    "{} {}: {mig_line}",
+                    t.product,
+                    row.name
+                );
+            }
+            assert_eq!(
+                mig_line.matches(':').count() - 1,
+                t.profiles.len(),
+                "{}",
+                t.product
+            );
+        }
+    }
 
     #[test]
     fn profiles_parse_as_nvidia_spells_them() {
