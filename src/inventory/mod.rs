@@ -40,6 +40,10 @@ pub struct MigDevice {
     /// The nvidia-caps minors granting access to its GPU and compute instance, when the
     /// driver's `mig-minors` file was read (see [`mig::resolve_caps`]).
     pub caps: Option<MigCaps>,
+    /// Where its GPU instance sits on the parent GPU (NVML's `nvmlGpuInstanceGetInfo`
+    /// placement), when the source can tell: needed to know which placements of a dynamic MIG
+    /// GPU are still free.
+    pub placement: Option<MigPlacement>,
     /// Unhealthy when this MIG device is known to be unusable. Discovery reports what it sees;
     /// the effective health (Xids, watch failures, MPS readiness folded in) comes from
     /// [`crate::health_tracker::Tracker::effective`]. A MIG device is advertised healthy only
@@ -62,9 +66,110 @@ impl MigDevice {
             gpu_slices: profile.gpu_slices,
             compute_slices: profile.compute_slices,
             caps: None,
+            placement: None,
             health: Health::Healthy,
         }
     }
+}
+
+/// Where a GPU instance sits on its GPU: NVML's `nvmlGpuInstancePlacement_t`. Both numbers
+/// count **memory slices** (8 on an A100, H100 or H200, 4 on an A30): the instance covers
+/// slices `start .. start + size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MigPlacement {
+    /// The first memory slice.
+    pub start: u32,
+    /// How many memory slices.
+    pub size: u32,
+}
+
+impl MigPlacement {
+    /// Whether the two placements share a memory slice (the driver refuses a GPU instance
+    /// whose placement overlaps an existing one's with `NVML_ERROR_INSUFFICIENT_RESOURCES`).
+    pub fn overlaps(&self, other: &MigPlacement) -> bool {
+        self.start < other.start + other.size && other.start < self.start + self.size
+    }
+}
+
+/// One GPU instance profile a MIG-enabled GPU offers (NVML's
+/// `nvmlDeviceGetGpuInstanceProfileInfo`), with every placement the driver allows it
+/// (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`), free or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigProfileInfo {
+    /// The profile as NVIDIA names it: `1g.10gb`, `1g.10gb+me`.
+    pub profile: String,
+    /// NVML's profile index (`NVML_GPU_INSTANCE_PROFILE_*`, the argument of the profile
+    /// query).
+    pub nvml_profile: u32,
+    /// NVML's profile id (`nvmlGpuInstanceProfileInfo_t.id`, what the create call takes).
+    pub id: u32,
+    /// Compute slices of an instance of it (the `g` of the name).
+    pub gpu_slices: u32,
+    /// Memory of an instance of it, MiB.
+    pub memory_mib: u64,
+    /// At most this many instances of it at once on the GPU.
+    pub instance_count: u32,
+    /// Every placement the driver allows it, `start` ascending.
+    pub placements: Vec<MigPlacement>,
+}
+
+/// A MIG-enabled GPU's geometry: its slices and the profiles it can place. Discovered for
+/// every GPU in MIG mode; what dynamic MIG publishes and creates from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MigGeometry {
+    /// Memory slices of the whole GPU (the end of the widest placement: 8, or 4 on an A30).
+    pub memory_slices: u32,
+    /// Compute slices of the whole GPU (the largest profile's slice count: 7, or 4 on an A30).
+    pub compute_slices: u32,
+    /// Its GPU instance profiles, NVML profile index ascending.
+    pub profiles: Vec<MigProfileInfo>,
+}
+
+impl MigGeometry {
+    /// The geometry of a product from NVIDIA's table ([`mig::table`]), as a simulated node
+    /// and the fake NVML lay it out; `None` for a product without one.
+    pub fn from_table(product: &str, memory_mib: u64) -> Option<MigGeometry> {
+        let t = mig::table::for_product(product, memory_mib)?;
+        Some(MigGeometry {
+            memory_slices: t.memory_slices,
+            compute_slices: t.compute_slices,
+            profiles: t
+                .profiles
+                .iter()
+                .map(|r| MigProfileInfo {
+                    profile: r.name.to_string(),
+                    nvml_profile: r.nvml_profile,
+                    id: r.id,
+                    gpu_slices: r.gpu_slices,
+                    memory_mib: r.memory_mib,
+                    instance_count: r.instance_count,
+                    placements: r
+                        .starts
+                        .iter()
+                        .map(|&start| MigPlacement {
+                            start,
+                            size: r.size,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    /// The profile with this name.
+    pub fn profile(&self, name: &str) -> Option<&MigProfileInfo> {
+        self.profiles.iter().find(|p| p.profile == name)
+    }
+}
+
+/// What a GPU source created for a dynamic MIG request: the new MIG device (its UUID is what
+/// the container is given) and where it sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedMig {
+    /// The parent GPU's UUID.
+    pub parent_uuid: String,
+    /// The new MIG device, as discovery will report it from now on.
+    pub device: MigDevice,
 }
 
 /// The `N`s of `/dev/nvidia-caps/nvidia-cap<N>` for one MIG device.
@@ -103,6 +208,10 @@ pub struct Gpu {
     /// MIG devices, when MIG mode is enabled, sorted by [`MigDevice::index`]. A MIG-enabled
     /// GPU may have none (no instances created yet).
     pub mig_devices: Vec<MigDevice>,
+    /// The profiles and placements the GPU offers, when MIG mode is enabled and the source
+    /// can tell (NVML's profile and placement queries; a simulated node's table); `None`
+    /// otherwise.
+    pub mig_geometry: Option<MigGeometry>,
     /// Unhealthy when the GPU is known to be unusable (a simulated failure, a lost GPU), as
     /// discovery reports it; see [`MigDevice::health`] for the effective health.
     pub health: Health,
@@ -293,6 +402,32 @@ pub enum InventoryError {
         #[source]
         source: std::io::Error,
     },
+    /// Creating a GPU instance and its compute instance at a placement failed (NVML's reason:
+    /// `Insufficient Resources` when the placement overlaps an instance, `In use by another
+    /// client` when the GPU is busy).
+    #[error("creating MIG {profile} at placement {start} on {uuid}: {reason}")]
+    MigCreate {
+        /// The parent GPU's UUID.
+        uuid: String,
+        /// The profile, e.g. `3g.40gb`.
+        profile: String,
+        /// The placement's first memory slice.
+        start: u32,
+        /// The driver's (or the simulated node's) reason.
+        reason: String,
+    },
+    /// Destroying a compute instance and its GPU instance failed.
+    #[error("destroying MIG GPU instance {gi_id} (compute instance {ci_id}) on {uuid}: {reason}")]
+    MigDestroy {
+        /// The parent GPU's UUID.
+        uuid: String,
+        /// The GPU instance id.
+        gi_id: u32,
+        /// The compute instance id.
+        ci_id: u32,
+        /// The driver's (or the simulated node's) reason.
+        reason: String,
+    },
     /// The simulated node file is invalid.
     #[error("invalid simulated node {path}: {path_in_file}: {message}{}", location.map(|(l, c)| format!(" (line {l}, column {c})")).unwrap_or_default())]
     SimulatedInvalid {
@@ -398,6 +533,51 @@ pub trait GpuSource: Send {
         sample::LimitsRead::Unsupported
     }
 
+    /// Creates a GPU instance of `profile` at the placement starting at memory slice `start` on
+    /// the MIG-enabled GPU `parent_uuid`, and one compute instance spanning it
+    /// (`nvmlDeviceCreateGpuInstanceWithPlacement`, `nvmlGpuInstanceCreateComputeInstance`),
+    /// and returns the new MIG device with its UUID. Never toggles MIG mode. The default
+    /// refuses: the source cannot create MIG devices.
+    ///
+    /// # Errors
+    /// [`InventoryError::MigCreate`] with the driver's reason (an overlapping or unknown
+    /// placement, an unknown profile, a GPU not in MIG mode); a GPU instance created before
+    /// its compute instance failed is destroyed again before the error returns.
+    fn create_mig(
+        &mut self,
+        parent_uuid: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<CreatedMig, InventoryError> {
+        Err(InventoryError::MigCreate {
+            uuid: parent_uuid.to_string(),
+            profile: profile.to_string(),
+            start,
+            reason: format!("{} cannot create MIG devices", self.describe()),
+        })
+    }
+
+    /// Destroys compute instance `ci_id` of GPU instance `gi_id` on GPU `parent_uuid`, then the
+    /// GPU instance (`nvmlComputeInstanceDestroy`, `nvmlGpuInstanceDestroy`). A GPU instance
+    /// that no longer exists is success (destroying is idempotent, so a restart may repeat it).
+    ///
+    /// # Errors
+    /// [`InventoryError::MigDestroy`] with the driver's reason (`In use by another client`
+    /// while a process still runs on it).
+    fn destroy_mig(
+        &mut self,
+        parent_uuid: &str,
+        gi_id: u32,
+        ci_id: u32,
+    ) -> Result<(), InventoryError> {
+        Err(InventoryError::MigDestroy {
+            uuid: parent_uuid.to_string(),
+            gi_id,
+            ci_id,
+            reason: format!("{} cannot destroy MIG devices", self.describe()),
+        })
+    }
+
     /// A short description for logs, e.g. `NVML (libnvidia-ml.so.1)`.
     fn describe(&self) -> String;
 }
@@ -419,6 +599,7 @@ pub(crate) fn test_node(n: u32) -> Inventory {
                 pcie_root: None,
                 mig_enabled: false,
                 mig_devices: Vec::new(),
+                mig_geometry: None,
                 health: Health::Healthy,
             })
             .collect(),

@@ -259,6 +259,7 @@ impl NvmlSource {
                 gpu_slices,
                 compute_slices,
                 caps: None,
+                placement: None,
                 health: Health::Healthy,
             });
         }
@@ -518,6 +519,7 @@ impl GpuSource for NvmlSource {
                                 numa_node: None,
                                 pcie_root: None,
                                 mig_enabled: false,
+                                mig_geometry: None,
                                 mig_devices: Vec::new(),
                                 health: Health::Unhealthy,
                             });
@@ -690,6 +692,7 @@ impl NvmlSource {
             pcie_root,
             mig_enabled,
             mig_devices,
+            mig_geometry: None,
             health: Health::Healthy,
         })
     }

@@ -597,6 +597,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
                 pcie_root: entry.pcie_root.clone(),
                 mig_enabled: entry.mig.is_some(),
                 mig_devices,
+                mig_geometry: None,
                 health: Health::from_bool(entry.health != Some(HealthValue::Unhealthy)),
             });
             if let Some(x) = entry.xid {
