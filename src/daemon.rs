@@ -46,7 +46,6 @@ use crate::inventory::{GpuSource, Inventory, InventoryError};
 use crate::labels;
 use crate::mps;
 use crate::plan::Plan;
-use crate::plugin;
 use crate::policy;
 use crate::policy::select;
 use crate::settings::Settings;
@@ -848,11 +847,6 @@ fn dra_cause(
     } else {
         (Cause::Lost, "the unit is no longer present".to_string())
     }
-}
-
-/// The socket path a resource is served on in `dir` (for tests and tools).
-pub fn socket_path(dir: &Path, resource: &str) -> PathBuf {
-    dir.join(plugin::socket_name(dir, resource))
 }
 
 #[cfg(test)]
