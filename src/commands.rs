@@ -206,7 +206,7 @@ pub fn resolve(settings: &Settings) -> Result<Settings, CommandError> {
             "no config chosen from {} (the `empty` fallback): every GPU is advertised whole",
             settings.config.display()
         ))),
-        Err(e) => Err(CommandError::Select(e)),
+        Err(e) => Err(CommandError::Select(e.to_string())),
     }
 }
 

@@ -31,9 +31,10 @@ use crate::cdi;
 use crate::device_health::HealthEvent;
 use crate::health_tracker::{Tracker, Transition, XidPolicy, DEFAULT_RECOVERY};
 use crate::in_use::InUse;
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, InventoryError};
 use crate::mps;
 use crate::plan::{self, MpsLimits, MpsWanted, Plan};
+use crate::podres::client::PodResourcesError;
 use crate::policy::{Policy, PolicyError};
 
 /// How long a probe may go unanswered (its report lost, or the hardware thread stuck) before
@@ -66,7 +67,7 @@ pub enum Input {
         error: String,
     },
     /// A discovery finished: the inventory and the source's description, or the error.
-    Discovered(Result<(Inventory, String), String>),
+    Discovered(Result<(Inventory, String), InventoryError>),
     /// A health event from the hardware.
     Health(HealthEvent),
     /// Probe answers for devices due to recover: (UUID, answers).
@@ -81,7 +82,7 @@ pub enum Input {
     /// What is in use, as the kubelet's pod-resources API answered (after
     /// [`Action::RefreshInUse`], the periodic refresh, or an Allocate), or why it could not be
     /// read.
-    InUse(Result<InUse, String>),
+    InUse(Result<InUse, PodResourcesError>),
 }
 
 /// What the shell must do, in order.
@@ -385,7 +386,7 @@ impl State {
         self.replan(out);
     }
 
-    fn in_use_read(&mut self, result: Result<InUse, String>, out: &mut Vec<Action>) {
+    fn in_use_read(&mut self, result: Result<InUse, PodResourcesError>, out: &mut Vec<Action>) {
         let waited = std::mem::take(&mut self.in_use_wanted);
         match result {
             Ok(u) => {
@@ -398,6 +399,7 @@ impl State {
                 self.in_use = u;
             }
             Err(e) => {
+                let e = crate::errors::chain(&e);
                 if self.in_use_error.as_deref() != Some(e.as_str()) {
                     tracing::warn!(error = %e, "cannot read what is in use from the kubelet's pod-resources API; running pods are protected by the last answer only, and GPU use has no pod labels");
                     self.in_use_error = Some(e);
@@ -423,7 +425,11 @@ impl State {
         self.replan(out);
     }
 
-    fn discovered(&mut self, result: Result<(Inventory, String), String>, out: &mut Vec<Action>) {
+    fn discovered(
+        &mut self,
+        result: Result<(Inventory, String), InventoryError>,
+        out: &mut Vec<Action>,
+    ) {
         match result {
             Ok((inv, describe)) => {
                 let first = self.inventory.is_none();
@@ -455,6 +461,7 @@ impl State {
                 }
             }
             Err(e) => {
+                let e = crate::errors::chain(&e);
                 if self.inventory.is_none() {
                     if self.discovery_error.as_deref() != Some(e.as_str()) {
                         tracing::error!(error = %e, "GPU discovery failed; advertising nothing and retrying");

@@ -72,10 +72,20 @@ pub enum Report {
     Health(HealthEvent),
     /// Probe answers: (UUID, answers).
     Probed(Vec<(String, bool)>),
-    /// The result of a [`Command::Sample`]: the sample, or why there is none (the source is
-    /// not open yet, or could not be sampled; the error and its sources on one line). The
-    /// supervisor keeps its last figures on an error.
-    Sampled(Result<crate::usage::Samples, String>),
+    /// The result of a [`Command::Sample`]: the sample, or why there is none. The supervisor
+    /// keeps its last figures on an error.
+    Sampled(Result<crate::usage::Samples, SampleError>),
+}
+
+/// Why a [`Command::Sample`] has no sample.
+#[derive(Debug, thiserror::Error)]
+pub enum SampleError {
+    /// No discovery succeeded yet, so there is no source to sample.
+    #[error("the GPU source is not open yet (no discovery succeeded)")]
+    NotOpen,
+    /// The source could not be sampled (shown as the error and its sources on one line).
+    #[error("{}", crate::errors::chain(.0))]
+    Source(#[source] InventoryError),
 }
 
 /// Sends reports from hardware threads into the supervisor's bounded channel.
@@ -247,9 +257,9 @@ impl Actor {
     }
 
     /// One GPU use sample, or why there is none.
-    fn sample(&mut self, request: &SampleRequest) -> Result<crate::usage::Samples, String> {
+    fn sample(&mut self, request: &SampleRequest) -> Result<crate::usage::Samples, SampleError> {
         match self.source.as_mut() {
-            None => Err("the GPU source is not open yet (no discovery succeeded)".to_string()),
+            None => Err(SampleError::NotOpen),
             Some(s) => {
                 let mut samples = crate::usage::sampler::sample(
                     s.as_mut(),
@@ -257,7 +267,7 @@ impl Actor {
                     &request.checkpoint,
                     &mut self.limits,
                 )
-                .map_err(|e| crate::errors::chain(&e))?;
+                .map_err(SampleError::Source)?;
                 samples.claims = request.dra_checkpoint.as_deref().and_then(read_claims);
                 Ok(samples)
             }
@@ -483,7 +493,9 @@ mod tests {
         );
         hw.send(Command::Sample(req.clone()));
         match rx.recv().await {
-            Some(Report::Sampled(Err(e))) => assert!(e.contains("not open yet"), "{e}"),
+            Some(Report::Sampled(Err(e))) => {
+                assert!(e.to_string().contains("not open yet"), "{e}");
+            }
             other => panic!("{other:?}"),
         }
         hw.send(Command::Discover);

@@ -6,35 +6,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
-use super::hardware::{Command, Hardware, Report, SampleRequest};
+use super::cdi_check::CdiAnswer;
+use super::fold::{Input, State};
+use super::hardware::{Command, Report, SampleRequest};
+use super::in_use;
+use super::policy_source::PolicySource;
+use super::servers;
+use super::shell::{publish_label, Shell};
+use super::wiring::{self, Inputs};
 use super::{
-    labels_report, open_source, publish_label, read_policy_off_loop, servers, CdiAnswer, CdiCheck,
-    DaemonError, HealthEnv, InUseReader, Input, Shell, State, Target, ALLOCATE_SETTLE, BIND_RETRY,
-    CHANNEL_CAPACITY, DRA_RECORD_WAIT, POLICY_DEBOUNCE, RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
+    dra_link, DaemonError, Target, ALLOCATE_SETTLE, BIND_RETRY, DRA_RECORD_WAIT, POLICY_DEBOUNCE,
+    RESIDENCY_SETTLE, SHUTDOWN_DEADLINE,
 };
 use crate::inventory::InventoryError;
 use crate::k8s::LabelView;
 use crate::mps;
-use crate::plan::Plan;
-use crate::policy::select;
 use crate::settings::Settings;
-use crate::status::{self as status_http, Metrics, Status};
-use crate::watch::{self as fswatch, Inbox, WatchError};
-
-/// The receivers every source of change reports on.
-struct Inputs {
-    reports: mpsc::Receiver<Report>,
-    mps_events: mpsc::Receiver<mps::Event>,
-    in_use_answers: mpsc::Receiver<Result<crate::in_use::InUse, String>>,
-    cdi_specs: mpsc::Receiver<CdiAnswer>,
-    view_requests: mpsc::Receiver<crate::status::ViewRequest>,
-    server: servers::ServerEvents,
-}
+use crate::status::{Metrics, Status};
+use crate::watch::{self as fswatch, Inbox};
 
 /// The periodic timers. None catches up on ticks missed while its arm was disabled or the loop
 /// was busy (a bind retry disabled for an hour would otherwise fire 3,600 times at once).
@@ -77,19 +71,11 @@ struct Deadlines {
     residency_settle: Option<Instant>,
 }
 
-/// Policy reads: one at a time, off the loop; a request while one runs is queued (a forced
-/// one wins).
-#[derive(Default)]
-struct PolicyReads {
-    running: Option<JoinHandle<Input>>,
-    again: Option<bool>,
-}
-
 /// What woke the loop: one variant per source.
 enum Event {
     Shutdown,
     Files,
-    PolicyRead(Result<Input, tokio::task::JoinError>),
+    PolicyRead(Input),
     Report(Option<Report>),
     Label(bool),
     Dra(bool),
@@ -103,7 +89,7 @@ enum Event {
     Recheck,
     Allocated,
     AllocateSettled,
-    InUse(Result<crate::in_use::InUse, String>),
+    InUse(in_use::Answer),
     InUseRefresh,
     SampleDue,
     Reaped,
@@ -121,17 +107,18 @@ pub(super) struct Supervisor {
     settings: Settings,
     shutdown: CancellationToken,
     plugin_mode: bool,
-    config_dir: bool,
     state: State,
     shell: Shell,
     servers: servers::Servers,
     inputs: Inputs,
     timers: Timers,
     deadlines: Deadlines,
-    policy: PolicyReads,
+    policy: PolicySource,
     inbox: Inbox,
     watches: fswatch::Watches,
     status: Arc<watch::Sender<Status>>,
+    /// `/metrics` (DRA's state goes there).
+    metrics: Arc<Metrics>,
     status_server: Option<JoinHandle<()>>,
     dra: Option<crate::dra::DraHandle>,
     /// DRA's status, folded into [`Status::dra_down`] and `slicelet_dra_up`.
@@ -141,24 +128,6 @@ pub(super) struct Supervisor {
     hangup: Option<tokio::signal::unix::Signal>,
     hardware_gone: bool,
     sampling: Option<Duration>,
-}
-
-/// The watches of the policy directory (and, for the device plugin, the kubelet's directory).
-fn watch_all(
-    settings: &Settings,
-    plugin_mode: bool,
-    inbox: &Inbox,
-) -> Result<fswatch::Watches, WatchError> {
-    if plugin_mode {
-        fswatch::start(
-            &settings.config,
-            &settings.device_plugin_path,
-            settings.simulate.as_deref(),
-            inbox,
-        )
-    } else {
-        fswatch::start_policy(&settings.config, settings.simulate.as_deref(), inbox)
-    }
 }
 
 impl Supervisor {
@@ -182,23 +151,23 @@ impl Supervisor {
                 }
             })?;
         }
-        let env = health_env(&settings);
+        let env = wiring::health_env(&settings);
         let inbox = Inbox::default();
-        let watches = watch_all(&settings, plugin_mode, &inbox)?;
+        let watches = wiring::watch_all(&settings, plugin_mode, &inbox)?;
         let status = Arc::new(status);
         let metrics = Arc::new(Metrics::new());
         let status_server =
-            serve_status(&settings, plugin_mode, &status, &metrics, &shutdown).await?;
+            wiring::serve_status(&settings, plugin_mode, &status, &metrics, &shutdown).await?;
         let (shell, inputs, servers, dra) =
-            wire_shell(&settings, plugin_mode, &shutdown, &status, &metrics);
+            wiring::wire_shell(&settings, plugin_mode, &shutdown, &status, &metrics);
         let mut state = State::new(env).with_cdi_kind(&settings.cdi_kind);
-        if shell.in_use.socket.is_some() {
+        if shell.has_in_use_source() {
             state = state.with_in_use_source();
         }
         let sampling = settings.sample_interval.filter(|_| plugin_mode);
         let timers = Timers::new(&settings, sampling, true);
+        let policy = PolicySource::new(&settings);
         Ok(Supervisor {
-            config_dir: select::is_config_dir(&settings.config),
             settings,
             shutdown,
             plugin_mode,
@@ -208,10 +177,11 @@ impl Supervisor {
             inputs,
             timers,
             deadlines: Deadlines::default(),
-            policy: PolicyReads::default(),
+            policy,
             inbox,
             watches,
             status,
+            metrics,
             status_server,
             dra_status: dra.as_ref().map(|d| d.status.clone()),
             dra,
@@ -230,18 +200,10 @@ impl Supervisor {
     /// # Errors
     /// [`DaemonError`]: discovery failed where that ends the daemon.
     pub(super) async fn start(&mut self) -> Result<bool, DaemonError> {
-        self.shell.in_use.start();
-        self.shell.hardware.send(Command::Discover);
+        self.shell.refresh_in_use();
+        self.shell.tell_hardware(Command::Discover);
         self.wait_for_label().await;
-        let first_policy = read_policy_off_loop(
-            self.settings.config.clone(),
-            self.config_dir,
-            true,
-            self.settings.selection.clone(),
-            self.label_value.clone(),
-            self.settings.flag_overrides.clone(),
-        )
-        .await;
+        let first_policy = self.policy.read(true, self.label_value.clone()).await;
         let fail_on_init_error = match &first_policy {
             Input::Policy { parsed: Ok(p), .. } => p.fail_on_init_error,
             _ => true,
@@ -256,7 +218,7 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!(error = %crate::errors::chain(&e), retry_in = ?self.settings.nvml_retry_interval,
                     "GPU discovery failed; failOnInitError is false, so advertising nothing and retrying");
-                Err(crate::errors::chain(&e))
+                Err(e)
             }
         };
         let discovered = first.is_ok();
@@ -267,7 +229,7 @@ impl Supervisor {
         // The periods count from here (discovery is retried sooner while it fails).
         self.timers = Timers::new(&self.settings, self.sampling, discovered);
         if self.sampling.is_some() && discovered {
-            self.shell.hardware.send(self.sample_request());
+            self.shell.tell_hardware(self.sample_request());
         }
         Ok(true)
     }
@@ -277,7 +239,7 @@ impl Supervisor {
     /// default config for a moment.
     async fn wait_for_label(&mut self) {
         self.node_label = match &self.settings.label_watch {
-            Some(w) if self.config_dir => Some(crate::k8s::watch_label(
+            Some(w) if self.policy.is_config_dir() => Some(crate::k8s::watch_label(
                 w.clone(),
                 self.settings.selection.label.clone(),
                 self.shutdown.child_token(),
@@ -333,13 +295,13 @@ impl Supervisor {
     /// The answer to the in-use read asked at start, when one is running (bounded by the
     /// client's own timeout, 5 s; a missing socket answers at once).
     async fn first_in_use(&mut self) {
-        if !self.shell.in_use.busy {
+        if !self.shell.in_use_busy() {
             return;
         }
         tokio::select! {
             _ = self.shutdown.cancelled() => {}
             Some(answer) = self.inputs.in_use_answers.recv() => {
-                self.shell.in_use.busy = false;
+                self.shell.in_use_answered_first();
                 self.fold(Input::InUse(answer));
             }
         }
@@ -400,7 +362,7 @@ impl Supervisor {
             match self.next_event().await {
                 Event::Shutdown => break,
                 Event::Files => self.on_fs_event(),
-                Event::PolicyRead(done) => self.on_policy_read(done),
+                Event::PolicyRead(input) => self.fold(input),
                 Event::Report(report) => self.on_report(report),
                 Event::Label(ended) => self.on_label(ended),
                 Event::Dra(ended) => self.on_dra(ended),
@@ -415,8 +377,8 @@ impl Supervisor {
                 Event::Allocated => self.on_allocated(),
                 Event::AllocateSettled => self.on_allocate_settled(),
                 Event::InUse(answer) => self.on_in_use(answer),
-                Event::InUseRefresh => self.shell.in_use.start(),
-                Event::SampleDue => self.shell.hardware.send(self.sample_request()),
+                Event::InUseRefresh => self.shell.refresh_in_use(),
+                Event::SampleDue => self.shell.tell_hardware(self.sample_request()),
                 Event::Reaped => {}
                 Event::PolicyDebounced => self.on_policy_debounced(),
                 Event::NodeDebounced => self.on_node_debounced(),
@@ -431,28 +393,17 @@ impl Supervisor {
 
     /// Arms what the last turn asked for: the settle deadline, a queued policy read.
     fn before_wait(&mut self) {
-        if std::mem::take(&mut self.shell.unsettled) {
+        if self.shell.take_unsettled() {
             self.deadlines.residency_settle = Some(Instant::now() + RESIDENCY_SETTLE);
         }
-        if self.policy.running.is_none() {
-            if let Some(force) = self.policy.again.take() {
-                self.policy.running = Some(tokio::spawn(read_policy_off_loop(
-                    self.settings.config.clone(),
-                    self.config_dir,
-                    force,
-                    self.settings.selection.clone(),
-                    self.label_value.clone(),
-                    self.settings.flag_overrides.clone(),
-                )));
-            }
-        }
+        self.policy.start_queued(self.label_value.clone());
     }
 
     /// Waits for whichever source reports first.
     async fn next_event(&mut self) -> Event {
         let recovery = self.state.next_deadline().map(Instant::from_std);
         let stream_deadline = self.servers.next_stream_deadline();
-        let in_use_source = self.shell.in_use.socket.is_some();
+        let in_use_source = self.shell.has_in_use_source();
         let sample_due = self.sampling.is_some() && self.state.inventory.is_some();
         let unserved = self.servers.has_unserved();
         let hardware_gone = self.hardware_gone;
@@ -478,7 +429,7 @@ impl Supervisor {
         tokio::select! {
             _ = shutdown.cancelled() => Event::Shutdown,
             () = inbox.changed() => Event::Files,
-            done = async { policy.running.as_mut().expect("guarded").await }, if policy.running.is_some() => Event::PolicyRead(done),
+            input = policy.done(), if policy.is_running() => Event::PolicyRead(input),
             report = inputs.reports.recv(), if !hardware_gone => Event::Report(report),
             changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => Event::Label(changed.is_err()),
             changed = async { dra_status.as_mut().expect("guarded").changed().await }, if dra_status.is_some() => Event::Dra(changed.is_err()),
@@ -511,7 +462,7 @@ impl Supervisor {
     }
 
     fn want_policy(&mut self, force: bool) {
-        self.policy.again = Some(self.policy.again.unwrap_or(false) || force);
+        self.policy.want(force);
     }
 
     fn sample_request(&self) -> Command {
@@ -527,7 +478,7 @@ impl Supervisor {
     fn on_fs_event(&mut self) {
         let p = self.inbox.take();
         if p.policy_dir_replaced {
-            match watch_all(&self.settings, self.plugin_mode, &self.inbox) {
+            match wiring::watch_all(&self.settings, self.plugin_mode, &self.inbox) {
                 Ok(w) => {
                     tracing::info!("the policy directory was replaced; watching the new one");
                     self.watches = w;
@@ -555,15 +506,6 @@ impl Supervisor {
         }
     }
 
-    fn on_policy_read(&mut self, done: Result<Input, tokio::task::JoinError>) {
-        self.policy.running = None;
-        let input = done.unwrap_or_else(|e| Input::PolicyUnreadable {
-            path: self.settings.config.clone(),
-            error: format!("reading the policy failed: {e}"),
-        });
-        self.fold(input);
-    }
-
     /// The hardware actor's reports: this one and every one already queued behind it.
     fn on_report(&mut self, report: Option<Report>) {
         let Some(report) = report else {
@@ -576,7 +518,7 @@ impl Supervisor {
         let mut next = Some(report);
         while let Some(r) = next {
             let input = match r {
-                Report::Discovered(r) => Input::Discovered(r.map_err(|e| crate::errors::chain(&e))),
+                Report::Discovered(r) => Input::Discovered(r),
                 Report::Health(e) => Input::Health(e),
                 Report::Probed(p) => Input::Probed(p),
                 Report::Sampled(r) => {
@@ -629,9 +571,8 @@ impl Supervisor {
         if ended {
             self.dra_status = None;
         }
-        self.shell.metrics.set_dra_up(down.is_none());
-        self.shell
-            .metrics
+        self.metrics.set_dra_up(down.is_none());
+        self.metrics
             .set_dra_device_taints(serving && taints_refused.is_none());
         self.status.send_modify(|s| {
             s.dra_down = down;
@@ -647,7 +588,7 @@ impl Supervisor {
 
     /// `/status` asks for its view: built from the state at this moment.
     fn on_view_request(&mut self, answer: oneshot::Sender<crate::usage::view::NodeView>) {
-        let _ = answer.send(self.shell.usage.view(&self.state.plan, &self.state.in_use));
+        let _ = answer.send(self.shell.view(&self.state));
     }
 
     fn on_cdi(&mut self, answer: CdiAnswer) {
@@ -659,21 +600,19 @@ impl Supervisor {
             }
             CdiAnswer::Done(index) => index,
         };
-        self.shell.cdi.busy = false;
+        // The read that ran is done (a queued one starts) before the fold may ask for another.
+        self.shell.cdi_answered();
         self.fold(Input::CdiSpecs(index));
-        if std::mem::take(&mut self.shell.cdi.again) {
-            self.shell.cdi.start();
-        }
     }
 
     fn on_registered(&mut self, r: servers::Registered) {
         self.servers.registered(r);
-        self.shell.unsettled = true;
+        self.shell.mark_unsettled();
     }
 
     fn on_stream(&mut self, ev: crate::plugin::StreamEvent) {
         self.servers.stream_event(ev);
-        self.shell.unsettled = true;
+        self.shell.mark_unsettled();
     }
 
     fn on_settle(&mut self) {
@@ -696,16 +635,11 @@ impl Supervisor {
         self.deadlines.allocate_settle = None;
         // Allocates from now on signal again; this read covers those before.
         self.inputs.server.allocated.rearm();
-        self.shell.in_use.start();
+        self.shell.refresh_in_use();
     }
 
-    fn on_in_use(&mut self, answer: Result<crate::in_use::InUse, String>) {
-        self.shell.in_use.busy = false;
-        if std::mem::take(&mut self.shell.in_use.again) {
-            // A read was asked for while this one ran (a plan that withdraws devices waits on
-            // it, or an Allocate came): this answer may predate that, so only the next counts.
-            self.shell.in_use.start();
-        } else {
+    fn on_in_use(&mut self, answer: in_use::Answer) {
+        if let Some(answer) = self.shell.in_use_answered(answer) {
             self.fold(Input::InUse(answer));
         }
     }
@@ -717,7 +651,7 @@ impl Supervisor {
 
     fn on_node_debounced(&mut self) {
         self.deadlines.node_debounce = None;
-        self.shell.hardware.send(Command::Discover);
+        self.shell.tell_hardware(Command::Discover);
     }
 
     fn on_hangup(&mut self) {
@@ -731,10 +665,10 @@ impl Supervisor {
     /// Nobody reads reports any more: the channels are dropped first, so a hardware thread
     /// never waits for room.
     pub(super) async fn stop(self) {
-        let deadline = Instant::now() + SHUTDOWN_DEADLINE;
+        let started = Instant::now();
         let Supervisor {
             inputs,
-            mut shell,
+            shell,
             servers,
             status_server,
             dra,
@@ -747,28 +681,18 @@ impl Supervisor {
         } = inputs;
         drop(reports);
         drop(mps_events);
-        let labels = shell.labels.take();
-        tokio::join!(
-            servers.shutdown(SHUTDOWN_DEADLINE),
-            shell.mps.shutdown(SHUTDOWN_DEADLINE),
-            async {
-                // Graceful shutdown removes the labels' file: slicelet advertises nothing once
-                // it stops, so NFD must drop the labels (a crash leaves it for the next start).
-                if let Some(w) = labels {
-                    w.shutdown(SHUTDOWN_DEADLINE).await;
-                }
-            },
-            async {
-                if let Some(h) = status_server {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
-                }
-            },
-            stop_dra(dra),
-        );
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(500));
-        shell.hardware.shutdown(left).await;
+        let others = async {
+            tokio::join!(
+                servers.shutdown(SHUTDOWN_DEADLINE),
+                async {
+                    if let Some(h) = status_server {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), h).await;
+                    }
+                },
+                dra_link::stop(dra),
+            );
+        };
+        shell.stop(others, started).await;
         tracing::info!("stopped: every stream ended and every socket removed");
     }
 
@@ -777,192 +701,6 @@ impl Supervisor {
     pub(super) async fn abort(self) {
         let Supervisor { inputs, shell, .. } = self;
         drop(inputs);
-        shell.hardware.shutdown(SHUTDOWN_DEADLINE).await;
-        shell.mps.shutdown(SHUTDOWN_DEADLINE).await;
+        shell.abort().await;
     }
-}
-
-async fn stop_dra(dra: Option<crate::dra::DraHandle>) {
-    let Some(d) = dra else {
-        return;
-    };
-    match tokio::time::timeout(SHUTDOWN_DEADLINE, d.task).await {
-        Ok(Ok(Err(e))) => {
-            tracing::error!(error = %crate::errors::chain(&e), "DRA stopped with an error");
-        }
-        Err(_) => tracing::warn!("DRA did not stop in time"),
-        _ => {}
-    }
-}
-
-/// The health checks' environment (`DP_DISABLE_HEALTHCHECKS`, `DP_ENABLE_HEALTHCHECKS`), each
-/// item that is not an Xid, `all` or `xids` logged once.
-fn health_env(settings: &Settings) -> HealthEnv {
-    let env = HealthEnv {
-        disable: settings.disable_healthchecks.clone(),
-        enable: settings.enable_healthchecks.clone(),
-    };
-    for e in crate::health_tracker::XidPolicy::new(
-        env.disable.as_deref(),
-        env.enable.as_deref(),
-        &[],
-        &[],
-    )
-    .skipped
-    {
-        tracing::warn!(variable = e.var, item = %e.item, "not an Xid, `all` or `xids`; skipped");
-    }
-    env
-}
-
-/// `/healthz`, `/readyz`, `/metrics` and `/status` on `--status-address` (the device plugin
-/// only).
-async fn serve_status(
-    settings: &Settings,
-    plugin_mode: bool,
-    status: &Arc<watch::Sender<Status>>,
-    metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-) -> Result<Option<JoinHandle<()>>, DaemonError> {
-    let Some(address) = settings.status_address.filter(|_| plugin_mode) else {
-        return Ok(None);
-    };
-    let (local, handle) = status_http::serve(
-        address,
-        status.subscribe(),
-        Arc::clone(metrics),
-        shutdown.child_token(),
-    )
-    .await
-    .map_err(|source| DaemonError::Status { address, source })?;
-    tracing::info!(address = %local, "serving /healthz, /readyz and /metrics");
-    status.send_modify(|s| s.address = Some(local));
-    Ok(Some(handle))
-}
-
-/// The shell (the hardware actor, the MPS supervisor, the readers and writers the fold's
-/// actions drive), the receivers they report on, the device-plugin servers and DRA.
-fn wire_shell(
-    settings: &Settings,
-    plugin_mode: bool,
-    shutdown: &CancellationToken,
-    status: &Arc<watch::Sender<Status>>,
-    metrics: &Arc<Metrics>,
-) -> (
-    Shell,
-    Inputs,
-    servers::Servers,
-    Option<crate::dra::DraHandle>,
-) {
-    let (hardware, reports, mps, mps_events, owns_compute) = spawn_actors(settings, plugin_mode);
-    let (plans, _) = watch::channel(Arc::new(Plan::default()));
-    let (servers, server) = servers::Servers::new(
-        settings.device_plugin_path.clone(),
-        settings.dev_root.clone(),
-        plans.subscribe(),
-        shutdown.clone(),
-        Arc::clone(status),
-        Arc::clone(metrics),
-        settings.stream_grace,
-    );
-    let (dra_inputs, dra) = spawn_dra(settings, plugin_mode, shutdown);
-    let (in_use_tx, in_use_answers) = mpsc::channel(1);
-    let (cdi_tx, cdi_specs) = mpsc::channel(2);
-    // /status asks for its view; the answer is built from the state at that moment.
-    let (view_tx, view_requests) = mpsc::channel::<crate::status::ViewRequest>(8);
-    if plugin_mode {
-        metrics.answer_views(view_tx);
-    }
-    let labels = settings
-        .nfd_features_file
-        .clone()
-        .filter(|_| plugin_mode)
-        .map(|path| crate::labels::file::Writer::spawn(path, labels_report(Arc::clone(status))));
-    let shell = Shell {
-        plans,
-        status: Arc::clone(status),
-        metrics: Arc::clone(metrics),
-        hardware,
-        mps,
-        owns_compute,
-        plugin_mode,
-        labels,
-        labels_content: None,
-        cdi: CdiCheck::new(settings.cdi_spec_dirs.clone(), cdi_tx),
-        in_use: InUseReader {
-            socket: settings
-                .pod_resources_socket
-                .clone()
-                .filter(|_| plugin_mode),
-            tx: in_use_tx,
-            busy: false,
-            again: false,
-            last: None,
-        },
-        usage: crate::usage::report::Usage::new(),
-        sample_error: None,
-        checkpoint_error: None,
-        dra_inputs,
-        unsettled: false,
-        memory_spec: settings
-            .memory_spec_dir
-            .clone()
-            .filter(|_| plugin_mode)
-            .map(|dir| (dir, settings.memory_hook.clone())),
-        memory_spec_on_disk: None,
-    };
-    let inputs = Inputs {
-        reports,
-        mps_events,
-        in_use_answers,
-        cdi_specs,
-        view_requests,
-        server,
-    };
-    (shell, inputs, servers, dra)
-}
-
-/// The hardware actor (every NVML call happens on its thread) and the MPS supervisor, with the
-/// channels they report on; whether slicelet owns the GPUs' compute modes (not with
-/// `--mps-external`).
-fn spawn_actors(
-    settings: &Settings,
-    plugin_mode: bool,
-) -> (
-    Hardware,
-    mpsc::Receiver<Report>,
-    mps::Supervisor,
-    mpsc::Receiver<mps::Event>,
-    bool,
-) {
-    let (report_tx, reports) = mpsc::channel(CHANNEL_CAPACITY);
-    let opener_settings = settings.clone();
-    let hardware = Hardware::spawn(Box::new(move || open_source(&opener_settings)), report_tx);
-    let (mps_tx, mps_events) = mpsc::channel(CHANNEL_CAPACITY);
-    let mut mps_config = settings.mps.clone();
-    if !plugin_mode {
-        mps_config.external = false;
-    }
-    let owns_compute = !mps_config.external;
-    let mps = mps::Supervisor::spawn(mps_config, mps_tx);
-    (hardware, reports, mps, mps_events, owns_compute)
-}
-
-/// DRA (`--dra`): the policy's DRA resources published as ResourceSlices and prepared for the
-/// kubelet's DRA manager, from the same plan; the sender each plan goes to.
-#[allow(clippy::type_complexity)]
-fn spawn_dra(
-    settings: &Settings,
-    plugin_mode: bool,
-    shutdown: &CancellationToken,
-) -> (
-    Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
-    Option<crate::dra::DraHandle>,
-) {
-    let Some(dra) = settings.dra.clone().filter(|_| plugin_mode) else {
-        return (None, None);
-    };
-    let (inputs, rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
-    let handle = crate::dra::spawn(dra, rx, shutdown.child_token());
-    (Some(inputs), Some(handle))
 }

@@ -480,7 +480,7 @@ fn health_table() {
                 started(TS2),
                 vec![step(
                     10,
-                    Input::Discovered(Err("NVML: driver not loaded".into())),
+                    Input::Discovered(Err(InventoryError::NvmlCount("driver not loaded".into()))),
                     &[],
                     |s, before| {
                         plan_kept(s, before);
@@ -841,6 +841,13 @@ fn a_withdrawing_reload_asks_what_is_in_use_first() {
     );
 }
 
+/// The error a read of a missing pod-resources socket answers.
+fn socket_missing() -> crate::podres::client::PodResourcesError {
+    crate::podres::client::PodResourcesError::Missing {
+        path: "/pr.sock".into(),
+    }
+}
+
 /// pod-resources failing while a plan waits: the last answer decides (no deadlock), and the
 /// error is kept for `/readyz` and the logs.
 #[test]
@@ -854,15 +861,16 @@ fn a_failed_read_applies_the_plan_with_the_last_answer() {
         ["PolicyApplied(2)", "RefreshInUse"]
     );
     assert_eq!(
-        summary(&s.fold(Input::InUse(Err("socket missing".into())), t)),
+        summary(&s.fold(Input::InUse(Err(socket_missing())), t)),
         ["Publish", "InUseChanged"]
     );
     assert_eq!(ids(&s).len(), 2);
-    assert_eq!(s.in_use_error.as_deref(), Some("socket missing"));
+    assert_eq!(
+        s.in_use_error.as_deref(),
+        Some("pod-resources socket /pr.sock does not exist (mount /var/lib/kubelet/pod-resources)")
+    );
     // Not waiting: a failed periodic read changes nothing.
-    assert!(s
-        .fold(Input::InUse(Err("socket missing".into())), t)
-        .is_empty());
+    assert!(s.fold(Input::InUse(Err(socket_missing())), t).is_empty());
 }
 
 /// Without a pod-resources socket nothing waits: the reload applies at once.

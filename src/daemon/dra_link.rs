@@ -1,0 +1,131 @@
+//! DRA wiring (`--dra`): the DRA component spawned beside the loop, each published plan handed
+//! to it as a [`crate::dra::DraInput`] (with the cause of every Unhealthy device), and its
+//! task stopped at shutdown.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::fold::State;
+use crate::settings::Settings;
+
+/// The sender each plan goes to DRA on (`None` without `--dra`).
+pub(super) struct DraLink {
+    inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
+}
+
+impl DraLink {
+    /// DRA (`--dra`, the device plugin only): the policy's DRA resources published as
+    /// ResourceSlices and prepared for the kubelet's DRA manager, from the same plan; the link
+    /// each plan goes to and the DRA component's handle.
+    pub(super) fn spawn(
+        settings: &Settings,
+        plugin_mode: bool,
+        shutdown: &CancellationToken,
+    ) -> (DraLink, Option<crate::dra::DraHandle>) {
+        let Some(dra) = settings.dra.clone().filter(|_| plugin_mode) else {
+            return (DraLink { inputs: None }, None);
+        };
+        let (inputs, rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
+        let handle = crate::dra::spawn(dra, rx, shutdown.child_token());
+        (
+            DraLink {
+                inputs: Some(inputs),
+            },
+            Some(handle),
+        )
+    }
+
+    /// Hands DRA the input for `plan`: its devices' health folded over the last input's (so a
+    /// taint's `timeAdded` stays put while its cause does), each Unhealthy device's cause from
+    /// the tracker as it is now.
+    pub(super) fn send(&self, state: &State, plan: &Arc<crate::plan::Plan>) {
+        let Some(tx) = &self.inputs else { return };
+        let prev = tx.borrow().clone();
+        let input = crate::dra::DraInput::new(
+            Arc::clone(plan),
+            Arc::new(state.inventory.clone().unwrap_or_default()),
+            state
+                .policy
+                .as_ref()
+                .map(|p| p.dra_xid_taint_effect)
+                .unwrap_or_default(),
+            &|res, d| Some(dra_cause(state, res, d)),
+            prev.as_deref(),
+            std::time::SystemTime::now(),
+        );
+        tx.send_replace(Some(Arc::new(input)));
+    }
+
+    /// The same plan with other causes: DRA's taints and health stream follow (once DRA has
+    /// had a first input).
+    pub(super) fn causes_changed(&self, state: &State) {
+        let started = self.inputs.as_ref().is_some_and(|tx| tx.borrow().is_some());
+        if started {
+            self.send(state, &Arc::clone(&state.plan));
+        }
+    }
+}
+
+/// Waits (at most [`super::SHUTDOWN_DEADLINE`]) for the DRA component to stop, logging how it
+/// ended.
+pub(super) async fn stop(dra: Option<crate::dra::DraHandle>) {
+    let Some(d) = dra else {
+        return;
+    };
+    match tokio::time::timeout(super::SHUTDOWN_DEADLINE, d.task).await {
+        Ok(Ok(Err(e))) => {
+            tracing::error!(error = %crate::errors::chain(&e), "DRA stopped with an error");
+        }
+        Err(_) => tracing::warn!("DRA did not stop in time"),
+        _ => {}
+    }
+}
+
+/// Why the plan holds DRA device `d` of `res` Unhealthy, as a cause (the device taint's value)
+/// and a sentence: the tracker's condition on its unit, the drain rules' reason, its MIG
+/// parent's condition, a unit no longer present (lost), else the drain rules (an MPS unit
+/// whose replicas shrink while clients hold them).
+fn dra_cause(
+    state: &State,
+    res: &crate::plan::ResourcePlan,
+    d: &crate::plan::VirtualDevice,
+) -> (crate::device_health::Cause, String) {
+    use crate::device_health::Cause;
+    let tracked = |uuid: &str| {
+        let cause = state.tracker.cause(uuid)?;
+        Some((
+            cause,
+            state.tracker.reason(uuid).unwrap_or_default().to_string(),
+        ))
+    };
+    if let Some(c) = tracked(&d.gpu_uuid) {
+        return c;
+    }
+    if let Some(why) = state
+        .plan
+        .drain
+        .draining
+        .get(res.name.as_str())
+        .and_then(|m| m.get(&d.id))
+    {
+        return (Cause::Draining, why.clone());
+    }
+    if let Some(c) = d.mig.as_ref().and_then(|m| tracked(&m.parent_uuid)) {
+        return c;
+    }
+    let present = state.inventory.as_ref().is_some_and(|inv| {
+        inv.gpus
+            .iter()
+            .any(|g| g.uuid == d.gpu_uuid || g.mig_devices.iter().any(|m| m.uuid == d.gpu_uuid))
+    });
+    if present {
+        (
+            Cause::Draining,
+            "held Unhealthy until its holders release the unit (drain rules)".to_string(),
+        )
+    } else {
+        (Cause::Lost, "the unit is no longer present".to_string())
+    }
+}
