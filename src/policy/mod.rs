@@ -408,8 +408,25 @@ fn nvidia_xids(
         .as_ref()
         .is_none_or(|t| t.contains(&schema::EventType::EventTypeXidCriticalError));
     let off = h.disabled == Some(true) || !xid_events;
+    notices.push(nvidia_xids_notice(h, off, &ignored, critical.as_deref()));
+    Ok(Some(NvidiaXids {
+        off,
+        ignored,
+        critical,
+    }))
+}
+
+/// The notice that NVIDIA's `health` keys replace the default Xid classification: no Xid
+/// counts when `off`, else which Xids are ignored (`ignored`) and which are critical
+/// (`critical`; `None`: every other one).
+fn nvidia_xids_notice(
+    h: &schema::Health,
+    off: bool,
+    ignored: &[u64],
+    critical: Option<&[u64]>,
+) -> String {
     let defaults = DEFAULT_IGNORED_XIDS.map(|x| x.to_string()).join(", ");
-    notices.push(if off {
+    if off {
         format!(
             "health: read as NVIDIA's plugin reads it, no Xid marks a GPU Unhealthy ({}); a GPU \
              that stops answering NVML still does",
@@ -432,7 +449,7 @@ fn nvidia_xids(
                     .collect::<Vec<_>>()
                     .join(", ")
             },
-            match &critical {
+            match critical {
                 None => "every other Xid is critical".to_string(),
                 Some(c) => format!(
                     "only criticalXIDs' are critical ({})",
@@ -440,12 +457,7 @@ fn nvidia_xids(
                 ),
             }
         )
-    });
-    Ok(Some(NvidiaXids {
-        off,
-        ignored,
-        critical,
-    }))
+    }
 }
 
 fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
@@ -453,60 +465,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     let mut ignored = Vec::new();
 
     if let Some(flags) = &file.flags {
-        policy.mig_strategy = flags.mig_strategy.unwrap_or_default();
-        policy.fail_on_init_error = flags.fail_on_init_error.unwrap_or(true);
-        policy.mps_root = mps::validate_root(flags.mps_root.as_deref())?;
-        let not_acted: [(&str, bool); 9] = [
-            (
-                "restartOnDeviceUnhealthy",
-                flags.restart_on_device_unhealthy.is_some(),
-            ),
-            ("nvidiaDriverRoot", flags.nvidia_driver_root.is_some()),
-            ("nvidiaDevRoot", flags.nvidia_dev_root.is_some()),
-            ("gdrcopyEnabled", flags.gdrcopy_enabled.is_some()),
-            ("gdsEnabled", flags.gds_enabled.is_some()),
-            ("mofedEnabled", flags.mofed_enabled.is_some()),
-            ("useNodeFeatureAPI", flags.use_node_feature_api.is_some()),
-            (
-                "deviceDiscoveryStrategy",
-                flags.device_discovery_strategy.is_some(),
-            ),
-            ("gfd", flags.gfd.is_some()),
-        ];
-        ignored.extend(
-            not_acted
-                .iter()
-                .filter(|(_, set)| *set)
-                .map(|(k, _)| format!("flags.{k}")),
-        );
-        if let Some(plugin) = &flags.plugin {
-            policy.pass_device_specs = plugin.pass_device_specs.unwrap_or(false);
-            policy.shared_allocation = plugin.shared_devices_allocation_policy.unwrap_or_default();
-            if let Some(list) = plugin.device_list_strategy {
-                policy.delivery.strategies = list;
-            }
-            policy.delivery.id = plugin.device_id_strategy.unwrap_or_default();
-            if let Some(prefix) = &plugin.cdi_annotation_prefix {
-                delivery::validate_prefix(prefix)
-                    .map_err(|e| err("flags.plugin.cdiAnnotationPrefix", e.to_string()))?;
-                policy.delivery.annotation_prefix.clone_from(prefix);
-            }
-            let not_acted: [(&str, bool); 4] = [
-                ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
-                (
-                    "containerDriverRoot",
-                    plugin.container_driver_root.is_some(),
-                ),
-                ("kubeletSocket", plugin.kubelet_socket.is_some()),
-                ("cdiFeatureFlags", plugin.cdi_feature_flags.is_some()),
-            ];
-            ignored.extend(
-                not_acted
-                    .iter()
-                    .filter(|(_, set)| *set)
-                    .map(|(k, _)| format!("flags.plugin.{k}")),
-            );
-        }
+        read_flags(flags, &mut policy, &mut ignored)?;
     }
     if file.resources.is_some() {
         ignored.push("resources".to_string());
@@ -515,22 +474,7 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
         ignored.push("imex".to_string());
     }
     if let Some(h) = &file.health {
-        let ignored_xids = h.ignored_xids.clone().unwrap_or_default();
-        let critical_xids = h.critical_xids.clone().unwrap_or_default();
-        if let Some(x) = ignored_xids.iter().find(|x| critical_xids.contains(x)) {
-            return Err(err(
-                "health.criticalXids",
-                format!("Xid {x} is also in health.ignoredXids; list it in one of them"),
-            ));
-        }
-        policy.health = HealthPolicy {
-            ignored_xids,
-            critical_xids,
-            nvidia: nvidia_xids(h, &mut policy.notices)?,
-            recovery: h
-                .recovery_seconds
-                .map(|s| std::time::Duration::from_secs_f64(s.0.min(1e9))),
-        };
+        policy.health = read_health(h, &mut policy.notices)?;
     }
 
     // Entries that say `dra: false` in so many words: a `dra.resources` item naming what one
@@ -556,44 +500,11 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
             )?;
         }
     }
-    let entries = || {
-        policy
-            .time_slicing
-            .resources
-            .iter()
-            .chain(policy.mps.resources.iter().map(|m| &m.shared))
-    };
     let mut listed = std::collections::BTreeSet::new();
     if let Some(d) = &file.dra {
-        for (i, name) in d.resources.iter().flatten().enumerate() {
-            if !listed.insert(name.clone()) {
-                return Err(err(
-                    format!("dra.resources[{i}]"),
-                    format!("{name} is listed twice"),
-                ));
-            }
-            // One name, one path: an entry that asks for the device plugin by name cannot be
-            // DRA's because of this list.
-            if let Some(e) =
-                entries().find(|e| &e.advertised == name && says_not_dra.contains(&e.path))
-            {
-                return Err(err(
-                    format!("{}.dra", e.path),
-                    format!(
-                        "false, but dra.resources[{i}] lists {name}, which this entry advertises; a node serves a name through the device plugin or through DRA, not both: remove one of the two"
-                    ),
-                ));
-            }
-        }
-        if let Some(effect) = d.xid_taint_effect {
-            policy.dra_xid_taint_effect = effect;
-            policy.extensions.push(format!(
-                "dra.xidTaintEffect: {}: the effect of the DRA device taint on a device with a critical Xid is a slicelet extension; NVIDIA's plugin has no such key",
-                effect.as_str()
-            ));
-        }
+        listed = read_dra(d, &mut policy, &says_not_dra)?;
     }
-    let from_entries: Vec<ResourceName> = entries()
+    let from_entries: Vec<ResourceName> = shared_entries(&policy)
         .filter(|e| e.dra)
         .map(|e| e.advertised.clone())
         .collect();
@@ -601,6 +512,150 @@ fn validate(file: schema::ConfigFile) -> Result<Policy, PolicyError> {
     policy.dra.extend(from_entries);
     policy.ignored_keys = ignored;
     Ok(policy)
+}
+
+/// The time-slicing and MPS entries of `policy`, in that order.
+fn shared_entries(policy: &Policy) -> impl Iterator<Item = &SharedResource> {
+    policy
+        .time_slicing
+        .resources
+        .iter()
+        .chain(policy.mps.resources.iter().map(|m| &m.shared))
+}
+
+/// The `dra` section: the names `dra.resources` lists (each once, none that an entry saying
+/// `dra: false` advertises: `says_not_dra` holds those entries' paths), and the Xid taint
+/// effect into `policy`.
+fn read_dra(
+    d: &schema::Dra,
+    policy: &mut Policy,
+    says_not_dra: &std::collections::BTreeSet<String>,
+) -> Result<std::collections::BTreeSet<ResourceName>, PolicyError> {
+    let mut listed = std::collections::BTreeSet::new();
+    for (i, name) in d.resources.iter().flatten().enumerate() {
+        if !listed.insert(name.clone()) {
+            return Err(err(
+                format!("dra.resources[{i}]"),
+                format!("{name} is listed twice"),
+            ));
+        }
+        // One name, one path: an entry that asks for the device plugin by name cannot be
+        // DRA's because of this list.
+        if let Some(e) =
+            shared_entries(policy).find(|e| &e.advertised == name && says_not_dra.contains(&e.path))
+        {
+            return Err(err(
+                format!("{}.dra", e.path),
+                format!(
+                    "false, but dra.resources[{i}] lists {name}, which this entry advertises; a node serves a name through the device plugin or through DRA, not both: remove one of the two"
+                ),
+            ));
+        }
+    }
+    if let Some(effect) = d.xid_taint_effect {
+        policy.dra_xid_taint_effect = effect;
+        policy.extensions.push(format!(
+            "dra.xidTaintEffect: {}: the effect of the DRA device taint on a device with a critical Xid is a slicelet extension; NVIDIA's plugin has no such key",
+            effect.as_str()
+        ));
+    }
+    Ok(listed)
+}
+
+/// The `flags` section: the flags slicelet acts on into `policy`, the ones it does not into
+/// `ignored` (as `flags.<key>`).
+fn read_flags(
+    flags: &schema::Flags,
+    policy: &mut Policy,
+    ignored: &mut Vec<String>,
+) -> Result<(), PolicyError> {
+    policy.mig_strategy = flags.mig_strategy.unwrap_or_default();
+    policy.fail_on_init_error = flags.fail_on_init_error.unwrap_or(true);
+    policy.mps_root = mps::validate_root(flags.mps_root.as_deref())?;
+    let not_acted: [(&str, bool); 9] = [
+        (
+            "restartOnDeviceUnhealthy",
+            flags.restart_on_device_unhealthy.is_some(),
+        ),
+        ("nvidiaDriverRoot", flags.nvidia_driver_root.is_some()),
+        ("nvidiaDevRoot", flags.nvidia_dev_root.is_some()),
+        ("gdrcopyEnabled", flags.gdrcopy_enabled.is_some()),
+        ("gdsEnabled", flags.gds_enabled.is_some()),
+        ("mofedEnabled", flags.mofed_enabled.is_some()),
+        ("useNodeFeatureAPI", flags.use_node_feature_api.is_some()),
+        (
+            "deviceDiscoveryStrategy",
+            flags.device_discovery_strategy.is_some(),
+        ),
+        ("gfd", flags.gfd.is_some()),
+    ];
+    ignored.extend(
+        not_acted
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(k, _)| format!("flags.{k}")),
+    );
+    if let Some(plugin) = &flags.plugin {
+        read_plugin_flags(plugin, policy, ignored)?;
+    }
+    Ok(())
+}
+
+/// `flags.plugin`: the keys slicelet acts on into `policy`, the ones it does not into `ignored`
+/// (as `flags.plugin.<key>`).
+fn read_plugin_flags(
+    plugin: &schema::PluginFlags,
+    policy: &mut Policy,
+    ignored: &mut Vec<String>,
+) -> Result<(), PolicyError> {
+    policy.pass_device_specs = plugin.pass_device_specs.unwrap_or(false);
+    policy.shared_allocation = plugin.shared_devices_allocation_policy.unwrap_or_default();
+    if let Some(list) = plugin.device_list_strategy {
+        policy.delivery.strategies = list;
+    }
+    policy.delivery.id = plugin.device_id_strategy.unwrap_or_default();
+    if let Some(prefix) = &plugin.cdi_annotation_prefix {
+        delivery::validate_prefix(prefix)
+            .map_err(|e| err("flags.plugin.cdiAnnotationPrefix", e.to_string()))?;
+        policy.delivery.annotation_prefix.clone_from(prefix);
+    }
+    let not_acted: [(&str, bool); 4] = [
+        ("nvidiaCTKPath", plugin.nvidia_ctk_path.is_some()),
+        (
+            "containerDriverRoot",
+            plugin.container_driver_root.is_some(),
+        ),
+        ("kubeletSocket", plugin.kubelet_socket.is_some()),
+        ("cdiFeatureFlags", plugin.cdi_feature_flags.is_some()),
+    ];
+    ignored.extend(
+        not_acted
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(k, _)| format!("flags.plugin.{k}")),
+    );
+    Ok(())
+}
+
+/// The `health` section: slicelet's Xid lists (an Xid in both is an error) and NVIDIA's keys
+/// ([`nvidia_xids`], whose notice goes to `notices`).
+fn read_health(h: &schema::Health, notices: &mut Vec<String>) -> Result<HealthPolicy, PolicyError> {
+    let ignored_xids = h.ignored_xids.clone().unwrap_or_default();
+    let critical_xids = h.critical_xids.clone().unwrap_or_default();
+    if let Some(x) = ignored_xids.iter().find(|x| critical_xids.contains(x)) {
+        return Err(err(
+            "health.criticalXids",
+            format!("Xid {x} is also in health.ignoredXids; list it in one of them"),
+        ));
+    }
+    Ok(HealthPolicy {
+        ignored_xids,
+        critical_xids,
+        nvidia: nvidia_xids(h, notices)?,
+        recovery: h
+            .recovery_seconds
+            .map(|s| std::time::Duration::from_secs_f64(s.0.min(1e9))),
+    })
 }
 
 /// The field paths of the sharing entries with `dra: false` written out
