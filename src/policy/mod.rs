@@ -714,66 +714,93 @@ fn validate_replicated(
                 format!("advertises {advertised}, which {other} already advertises; give one of them another rename"),
             ));
         }
-        if let Some(rename) = &entry.rename {
-            notices.push(format!(
-                "{path}.rename: slicelet honours rename (NVIDIA's plugin ignores it): pods must request {rename}"
-            ));
-        }
-        let devices = lenient_devices(
-            entry.devices.clone().unwrap_or_default(),
-            &format!("{path}.devices"),
-            lenient,
-        );
-        if devices != DeviceSelector::All {
-            notices.push(if advertised == entry.name {
-                format!(
-                    "{path}.devices: NVIDIA's plugin ignores devices and shares all; slicelet shares only the listed devices unless other devices of {advertised} would then stay whole under the same name (it shares all then, with a warning)"
-                )
-            } else {
-                format!(
-                    "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
-                )
-            });
-        }
-        let memory = match entry.memory {
-            Some(m) => {
-                let limits = memory_limits(&m, &path)?;
-                extensions.push(format!(
-                    "{path}.memory: per-replica GPU memory limits are a slicelet extension; NVIDIA's plugin ignores them and enforces nothing"
-                ));
-                Some(limits)
-            }
-            None => None,
-        };
-        let mode = entry.dra.unwrap_or(schema::DraMode::Off);
-        let capacity_shares = (mode == schema::DraMode::Capacity).then_some(entry.replicas.0);
-        if capacity_shares.is_some() && memory.is_some() {
-            return Err(err(
-                format!("{path}.memory"),
-                "dra: capacity shares take their memory from each claim's capacity request (exactly.capacity.requests.memory); drop memory or use dra: true".to_string(),
-            ));
-        }
-        if capacity_shares.is_some() {
-            extensions.push(format!(
-                "{path}.dra: capacity publishes each GPU once as a consumable-capacity DRA device (Kubernetes 1.36 or later); a slicelet extension"
-            ));
-        }
-        out.resources.push(SharedResource {
+        out.resources.push(replicated_entry(
+            entry,
             path,
-            source: entry.name,
             advertised,
-            devices,
-            replicas: if capacity_shares.is_some() {
-                1
-            } else {
-                entry.replicas.0
+            &mut Notes {
+                notices: &mut *notices,
+                lenient: &mut *lenient,
+                extensions: &mut *extensions,
             },
-            dra: mode != schema::DraMode::Off,
-            capacity_shares,
-            memory,
-        });
+        )?);
     }
     Ok(out)
+}
+
+/// Where [`validate_replicated`]'s readings go: notices, lenient readings and extensions.
+struct Notes<'a> {
+    notices: &'a mut Vec<String>,
+    lenient: &'a mut Vec<String>,
+    extensions: &'a mut Vec<String>,
+}
+
+/// One `resources[i]` entry of a replicated-resources section (at `path`, advertised as
+/// `advertised`): its devices, memory limits and DRA mode checked, with their notes.
+fn replicated_entry(
+    entry: schema::ReplicatedResource,
+    path: String,
+    advertised: ResourceName,
+    notes: &mut Notes,
+) -> Result<SharedResource, PolicyError> {
+    if let Some(rename) = &entry.rename {
+        notes.notices.push(format!(
+            "{path}.rename: slicelet honours rename (NVIDIA's plugin ignores it): pods must request {rename}"
+        ));
+    }
+    let devices = lenient_devices(
+        entry.devices.clone().unwrap_or_default(),
+        &format!("{path}.devices"),
+        notes.lenient,
+    );
+    if devices != DeviceSelector::All {
+        notes.notices.push(if advertised == entry.name {
+            format!(
+                "{path}.devices: NVIDIA's plugin ignores devices and shares all; slicelet shares only the listed devices unless other devices of {advertised} would then stay whole under the same name (it shares all then, with a warning)"
+            )
+        } else {
+            format!(
+                "{path}.devices: slicelet shares only the listed devices (NVIDIA's plugin ignores devices and shares all)"
+            )
+        });
+    }
+    let memory = match entry.memory {
+        Some(m) => {
+            let limits = memory_limits(&m, &path)?;
+            notes.extensions.push(format!(
+                "{path}.memory: per-replica GPU memory limits are a slicelet extension; NVIDIA's plugin ignores them and enforces nothing"
+            ));
+            Some(limits)
+        }
+        None => None,
+    };
+    let mode = entry.dra.unwrap_or(schema::DraMode::Off);
+    let capacity_shares = (mode == schema::DraMode::Capacity).then_some(entry.replicas.0);
+    if capacity_shares.is_some() && memory.is_some() {
+        return Err(err(
+            format!("{path}.memory"),
+            "dra: capacity shares take their memory from each claim's capacity request (exactly.capacity.requests.memory); drop memory or use dra: true".to_string(),
+        ));
+    }
+    if capacity_shares.is_some() {
+        notes.extensions.push(format!(
+            "{path}.dra: capacity publishes each GPU once as a consumable-capacity DRA device (Kubernetes 1.36 or later); a slicelet extension"
+        ));
+    }
+    Ok(SharedResource {
+        path,
+        source: entry.name,
+        advertised,
+        devices,
+        replicas: if capacity_shares.is_some() {
+            1
+        } else {
+            entry.replicas.0
+        },
+        dra: mode != schema::DraMode::Off,
+        capacity_shares,
+        memory,
+    })
 }
 
 /// `memory` checked: `soft` at most `hard`.
