@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::cmp::Reverse;
 
 use crate::cdi;
-use crate::plan::{ResourcePlan, Strategy, VirtualDevice};
+use crate::plan::{ResourcePlan, Strategy, UnitLinks, VirtualDevice};
 use crate::policy::SharedAllocation;
 
 /// Env var the NVIDIA container runtime reads to expose GPUs.
@@ -174,34 +174,21 @@ pub fn allocate(
             resource: res.name.to_string(),
         });
     }
-    // One entry per physical unit (GPU or MIG device), in (GPU index, MIG index) order.
-    let mut units: BTreeMap<(u32, Option<u32>), &VirtualDevice> = BTreeMap::new();
-    let mut distinct_ids = BTreeSet::new();
-    // Replicas asked per unit (memory limits scale with them).
-    let mut per_unit: BTreeMap<(u32, Option<u32>), u32> = BTreeMap::new();
-    for id in ids {
-        let dev = res.device(id).ok_or_else(|| AllocateError::UnknownDevice {
-            resource: res.name.to_string(),
-            id: id.clone(),
-        })?;
-        // failRequestsGreaterThanOne counts replicas (`<uuid>::<n>`) only, as NVIDIA's
-        // plugin: two whole GPUs under a renamed `replicas: 1` resource are fine.
-        if dev.replica.is_some() {
-            distinct_ids.insert(id.as_str());
-        }
-        units.entry(dev.unit_order()).or_insert(dev);
-        *per_unit.entry(dev.unit_order()).or_default() += 1;
-    }
+    let Request {
+        units,
+        per_unit,
+        replica_ids,
+    } = requested_units(res, ids)?;
     if res.strategy == Strategy::Mps {
         mps::check_request(res, ids)?;
     }
     if res.fail_requests_greater_than_one
         && res.strategy == Strategy::TimeSlicing
-        && distinct_ids.len() > 1
+        && replica_ids > 1
     {
         return Err(AllocateError::TooManyReplicas {
             resource: res.name.to_string(),
-            count: distinct_ids.len(),
+            count: replica_ids,
         });
     }
     let delivery = &res.delivery;
@@ -238,58 +225,118 @@ pub fn allocate(
         }
     }
     if strategies.uses_cdi() {
-        let mut names: Vec<String> = units
-            .values()
-            .map(|d| cdi::qualified_name(&delivery.cdi_kind, d, delivery.id))
-            .collect();
-        // slicelet's own device per unit: the hook that sets the container's memory limit.
-        names.extend(
-            units
-                .iter()
-                .filter_map(|(k, d)| cdi::memory::qualified_name(res, d, per_unit[k])),
-        );
-        if strategies.cdi_annotations {
-            out.annotations.insert(
-                annotation_key(&delivery.annotation_prefix, res.name.as_str(), &names),
-                names.join(","),
-            );
-        }
-        if strategies.cdi_cri {
-            out.cdi_devices = names;
-        }
+        add_cdi_names(&mut out, res, &units, &per_unit);
     }
     if res.pass_device_specs && !strategies.only_cdi() {
-        let root = dev_root.trim_end_matches('/');
-        let node = |name: &str| DeviceNode {
-            container_path: format!("/dev/{name}"),
-            host_path: format!("{root}/dev/{name}"),
-            permissions: "rw".to_string(),
-        };
-        let mut minors = BTreeSet::new();
-        for d in units.values() {
-            if let Some(minor) = d.gpu_minor {
-                if minors.insert(minor) {
-                    out.device_nodes.push(node(&format!("nvidia{minor}")));
-                }
-            }
-        }
-        for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
-            out.device_nodes.push(node(name));
-        }
-        let mut caps = BTreeSet::new();
-        for c in units.values().filter_map(|d| d.mig.as_ref()?.caps) {
-            for n in [c.gi_access, c.ci_access] {
-                if caps.insert(n) {
-                    out.device_nodes
-                        .push(node(&format!("nvidia-caps/nvidia-cap{n}")));
-                }
-            }
-        }
+        add_device_nodes(&mut out, &units, dev_root);
     }
     if let Some(m) = &res.mps {
         mps::add_client(&mut out, res, m, ids);
     }
     Ok(out)
+}
+
+/// Physical unit (GPU index, MIG index) → a requested device on it.
+type ByUnit<'a> = BTreeMap<(u32, Option<u32>), &'a VirtualDevice>;
+
+/// What one container request asks for, unit by unit.
+struct Request<'a> {
+    /// One entry per physical unit (GPU or MIG device), in (GPU index, MIG index) order.
+    units: ByUnit<'a>,
+    /// Replicas asked per unit (memory limits scale with them).
+    per_unit: BTreeMap<(u32, Option<u32>), u32>,
+    /// How many distinct replica IDs (`<uuid>::<n>`) it names.
+    replica_ids: usize,
+}
+
+/// The units `ids` name in `res`; an ID `res` lacks is [`AllocateError::UnknownDevice`].
+fn requested_units<'a>(
+    res: &'a ResourcePlan,
+    ids: &[String],
+) -> Result<Request<'a>, AllocateError> {
+    let mut units: ByUnit<'a> = BTreeMap::new();
+    let mut distinct_ids = BTreeSet::new();
+    let mut per_unit: BTreeMap<(u32, Option<u32>), u32> = BTreeMap::new();
+    for id in ids {
+        let dev = res.device(id).ok_or_else(|| AllocateError::UnknownDevice {
+            resource: res.name.to_string(),
+            id: id.clone(),
+        })?;
+        // failRequestsGreaterThanOne counts replicas (`<uuid>::<n>`) only, as NVIDIA's
+        // plugin: two whole GPUs under a renamed `replicas: 1` resource are fine.
+        if dev.replica.is_some() {
+            distinct_ids.insert(id.as_str());
+        }
+        units.entry(dev.unit_order()).or_insert(dev);
+        *per_unit.entry(dev.unit_order()).or_default() += 1;
+    }
+    Ok(Request {
+        units,
+        per_unit,
+        replica_ids: distinct_ids.len(),
+    })
+}
+
+/// The CDI names of the request's units (and of slicelet's memory-limit device per unit), as
+/// an annotation and/or CRI CDI devices as `res`'s deviceListStrategy says.
+fn add_cdi_names(
+    out: &mut ContainerAllocation,
+    res: &ResourcePlan,
+    units: &ByUnit<'_>,
+    per_unit: &BTreeMap<(u32, Option<u32>), u32>,
+) {
+    let delivery = &res.delivery;
+    let strategies = delivery.strategies;
+    let mut names: Vec<String> = units
+        .values()
+        .map(|d| cdi::qualified_name(&delivery.cdi_kind, d, delivery.id))
+        .collect();
+    // slicelet's own device per unit: the hook that sets the container's memory limit.
+    names.extend(
+        units
+            .iter()
+            .filter_map(|(k, d)| cdi::memory::qualified_name(res, d, per_unit[k])),
+    );
+    if strategies.cdi_annotations {
+        out.annotations.insert(
+            annotation_key(&delivery.annotation_prefix, res.name.as_str(), &names),
+            names.join(","),
+        );
+    }
+    if strategies.cdi_cri {
+        out.cdi_devices = names;
+    }
+}
+
+/// passDeviceSpecs: the device nodes of the request's GPUs (under `dev_root` on the host), the
+/// control nodes, and the nvidia-caps nodes of its MIG devices.
+fn add_device_nodes(out: &mut ContainerAllocation, units: &ByUnit<'_>, dev_root: &str) {
+    let root = dev_root.trim_end_matches('/');
+    let node = |name: &str| DeviceNode {
+        container_path: format!("/dev/{name}"),
+        host_path: format!("{root}/dev/{name}"),
+        permissions: "rw".to_string(),
+    };
+    let mut minors = BTreeSet::new();
+    for d in units.values() {
+        if let Some(minor) = d.gpu_minor {
+            if minors.insert(minor) {
+                out.device_nodes.push(node(&format!("nvidia{minor}")));
+            }
+        }
+    }
+    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
+        out.device_nodes.push(node(name));
+    }
+    let mut caps = BTreeSet::new();
+    for c in units.values().filter_map(|d| d.mig.as_ref()?.caps) {
+        for n in [c.gi_access, c.ci_access] {
+            if caps.insert(n) {
+                out.device_nodes
+                    .push(node(&format!("nvidia-caps/nvidia-cap{n}")));
+            }
+        }
+    }
 }
 
 /// GetPreferredAllocation for one container: exactly `size` IDs from `available` (fewer only
@@ -420,23 +467,89 @@ fn replicas(
     size: usize,
 ) -> Vec<String> {
     // Position of each chosen device in res.devices.
+    let mut chosen = must_first(res, must_include, size);
+    let links = res.links();
+    let mut candidates = candidates(res, available, &chosen);
+    let numa_of = |p: usize| res.devices[p].numa_node;
+    let mut pick = Pick {
+        home_numa: chosen.iter().next().and_then(|&p| numa_of(p)),
+        linked: Vec::new(),
+        links,
+        packed: res.shared_allocation == SharedAllocation::Packed,
+    };
+    for &p in &chosen {
+        if !pick.linked.contains(&links.unit_of(p)) {
+            pick.linked.push(links.unit_of(p));
+        }
+    }
+    while chosen.len() < size {
+        let Some(i) = pick.best(&candidates) else {
+            break;
+        };
+        let c = &mut candidates[i];
+        let p = c.list[c.next];
+        c.next += 1;
+        c.mine += 1;
+        chosen.insert(p);
+        if !pick.linked.contains(&c.link_unit) {
+            pick.linked.push(c.link_unit);
+        }
+        if pick.home_numa.is_none() {
+            pick.home_numa = numa_of(p);
+        }
+    }
+    chosen
+        .into_iter()
+        .map(|p| res.devices[p].id.clone())
+        .collect()
+}
+
+/// The positions (in `res.devices`) of the devices of `must_include` that `res` has, at most
+/// `size` of them.
+fn must_first(res: &ResourcePlan, must_include: &[String], size: usize) -> BTreeSet<usize> {
     let mut chosen: BTreeSet<usize> = BTreeSet::new();
-    let position = |id: &str| res.position(id);
     for id in must_include {
         if chosen.len() >= size {
             break;
         }
-        if let Some(p) = position(id) {
+        if let Some(p) = res.position(id) {
             chosen.insert(p);
         }
     }
+    chosen
+}
+
+/// One unit with available replicas, as [`replicas`] weighs it.
+struct Candidate {
+    /// The unit's key (position of its first device).
+    unit: usize,
+    /// Its available devices, ascending.
+    list: Vec<usize>,
+    /// How many of `list` are taken.
+    next: usize,
+    /// Devices of the unit in use (not available), not counting this container's own.
+    load: usize,
+    /// Devices of the unit chosen for this container so far.
+    mine: usize,
+    /// The unit in link numbering.
+    link_unit: usize,
+    numa: Option<i64>,
+}
+
+/// One candidate per unit with an available device not yet `chosen`, in unit order: a flat
+/// scan per pick (the choice is made `size` times over every unit).
+fn candidates(
+    res: &ResourcePlan,
+    available: &[String],
+    chosen: &BTreeSet<usize>,
+) -> Vec<Candidate> {
     // Units are keyed by the position of their first device in res.devices, which orders them
     // by (GPU index, MIG index).
     let unit = |p: usize| res.unit_at(p).0;
     // Candidates grouped by unit, each list ascending by position (= replica order).
     let mut per_unit: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for id in available {
-        if let Some(p) = position(id) {
+        if let Some(p) = res.position(id) {
             if !chosen.contains(&p) {
                 per_unit.entry(unit(p)).or_default().push(p);
             }
@@ -447,29 +560,11 @@ fn replicas(
         list.dedup();
     }
     let mut picked: HashMap<usize, usize> = HashMap::new();
-    for &p in &chosen {
+    for &p in chosen {
         *picked.entry(unit(p)).or_default() += 1;
     }
     let links = res.links();
-    // One candidate per unit, in unit order: a flat scan per pick (the choice below is made
-    // `size` times over every unit).
-    struct Candidate {
-        /// The unit's key (position of its first device).
-        unit: usize,
-        /// Its available devices, ascending.
-        list: Vec<usize>,
-        /// How many of `list` are taken.
-        next: usize,
-        /// Devices of the unit in use (not available), not counting this container's own.
-        load: usize,
-        /// Devices of the unit chosen for this container so far.
-        mine: usize,
-        /// The unit in link numbering.
-        link_unit: usize,
-        numa: Option<i64>,
-    }
-    let numa_of = |p: usize| res.devices[p].numa_node;
-    let mut candidates: Vec<Candidate> = per_unit
+    per_unit
         .into_iter()
         .map(|(u, list)| {
             let mine = picked.get(&u).copied().unwrap_or(0);
@@ -478,23 +573,31 @@ fn replicas(
                 load: res.unit_at(u).1.saturating_sub(list.len() + mine),
                 mine,
                 link_unit: links.unit_of(u),
-                numa: numa_of(list[0]),
+                numa: res.devices[list[0]].numa_node,
                 list,
                 next: 0,
             }
         })
-        .collect();
-    let mut home_numa = chosen.iter().next().and_then(|&p| numa_of(p));
-    // Units (link numbering) of the devices chosen so far, once each.
-    let mut linked: Vec<usize> = Vec::new();
-    for &p in &chosen {
-        if !linked.contains(&links.unit_of(p)) {
-            linked.push(links.unit_of(p));
-        }
-    }
-    let packed = res.shared_allocation == SharedAllocation::Packed;
-    while chosen.len() < size {
-        let best = candidates
+        .collect()
+}
+
+/// What [`replicas`]' next pick weighs besides each candidate.
+struct Pick<'a> {
+    /// The NUMA node of the first device chosen.
+    home_numa: Option<i64>,
+    /// Units (link numbering) of the devices chosen so far, once each.
+    linked: Vec<usize>,
+    links: &'a UnitLinks,
+    /// sharedDevicesAllocationPolicy packed (else spread).
+    packed: bool,
+}
+
+impl Pick<'_> {
+    /// The index of the candidate to take a replica of next; `None` when none has one left.
+    fn best(&self, candidates: &[Candidate]) -> Option<usize> {
+        let (home_numa, linked, links, packed) =
+            (self.home_numa, &self.linked, self.links, self.packed);
+        candidates
             .iter()
             .enumerate()
             .filter(|(_, c)| c.next < c.list.len())
@@ -521,24 +624,8 @@ fn replicas(
                     (c.mine, c.load, numa_far, Reverse(link), c.unit)
                 }
             })
-            .map(|(i, _)| i);
-        let Some(i) = best else { break };
-        let c = &mut candidates[i];
-        let p = c.list[c.next];
-        c.next += 1;
-        c.mine += 1;
-        chosen.insert(p);
-        if !linked.contains(&c.link_unit) {
-            linked.push(c.link_unit);
-        }
-        if home_numa.is_none() {
-            home_numa = numa_of(p);
-        }
+            .map(|(i, _)| i)
     }
-    chosen
-        .into_iter()
-        .map(|p| res.devices[p].id.clone())
-        .collect()
 }
 
 mod mps;

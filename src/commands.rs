@@ -87,14 +87,7 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
         &settings.flag_overrides,
     )?;
     policy.delivery = policy.delivery.with_cdi_kind(&settings.cdi_kind);
-    let entries = policy.time_slicing.resources.len();
-    let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
-    if !policy.mps.resources.is_empty() {
-        sections.push_str(&format!(
-            ", {}",
-            plural(policy.mps.resources.len(), "MPS entry", "MPS entries")
-        ));
-    }
+    let sections = entry_summary(&policy);
     if let (true, Some(l)) = (strict, policy.lenient.first().or(policy.extensions.first())) {
         return Err(CommandError::Strict {
             path,
@@ -117,23 +110,13 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
                 node: source.clone(),
                 error: Box::new(error),
             })?;
-            let resources: Vec<String> = built
-                .plan
-                .resources
-                .values()
-                .map(|r| format!("{} ×{}", r.name, r.devices.len()))
-                .collect();
             let _ = writeln!(
                 out,
                 "valid: {path} ({}, migStrategy {}); on {source} ({}): {}",
                 sections,
                 policy.mig_strategy.as_str(),
                 plural(inv.gpus.len(), "GPU", "GPUs"),
-                if resources.is_empty() {
-                    "nothing advertised".to_string()
-                } else {
-                    resources.join(", ")
-                }
+                advertised_summary(&built.plan)
             );
             if let (true, Some(f)) = (strict, built.fallbacks.first()) {
                 return Err(CommandError::Strict {
@@ -165,6 +148,33 @@ pub fn validate_with(settings: &Settings, strict: bool) -> Result<String, Comman
         let _ = writeln!(out, "notice: {n}");
     }
     Ok(out)
+}
+
+/// How many entries the policy has: `3 time-slicing entries[, 1 MPS entry]`.
+fn entry_summary(policy: &policy::Policy) -> String {
+    let entries = policy.time_slicing.resources.len();
+    let mut sections = plural(entries, "time-slicing entry", "time-slicing entries");
+    if !policy.mps.resources.is_empty() {
+        sections.push_str(&format!(
+            ", {}",
+            plural(policy.mps.resources.len(), "MPS entry", "MPS entries")
+        ));
+    }
+    sections
+}
+
+/// What a plan advertises: `name ×devices, …`, or `nothing advertised`.
+fn advertised_summary(plan: &plan::Plan) -> String {
+    let resources: Vec<String> = plan
+        .resources
+        .values()
+        .map(|r| format!("{} ×{}", r.name, r.devices.len()))
+        .collect();
+    if resources.is_empty() {
+        "nothing advertised".to_string()
+    } else {
+        resources.join(", ")
+    }
 }
 
 /// The warnings of a plan on a node: where the policy was read as NVIDIA's plugin reads it
@@ -375,62 +385,68 @@ pub fn plan(settings: &Settings, json: bool) -> Result<String, CommandError> {
         "RESOURCE", "STRATEGY", "REPLICAS", "DEVICES"
     );
     for r in &view.resources {
-        let strategy = serde_json::to_value(r.strategy).ok();
-        let strategy = strategy.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
-        let _ = writeln!(
-            out,
-            "{:<32} {:<13} {:>8} {:>8}",
-            r.name,
-            strategy,
-            r.replicas,
-            r.devices.len()
-        );
-        if let Some(c) = r.capacity {
-            let _ = writeln!(
-                out,
-                "  DRA consumable capacity: each device shared by claims of memory and cores (default share 1/{} of each)",
-                c.shares
-            );
-        }
-        for d in r.mps.iter().flatten() {
-            if r.capacity.is_some() {
-                let _ = writeln!(
-                    out,
-                    "  MPS daemon {}: each claim's client limited to its claim's cores and memory",
-                    d.uuid
-                );
-                continue;
-            }
-            let _ = writeln!(
-                out,
-                "  MPS daemon {}: {} clients, each {} % of the threads and {} MiB pinned memory",
-                d.uuid, d.replicas, d.limits.active_thread_percentage, d.limits.pinned_memory_mib
-            );
-        }
-        if !r.devices.is_empty() {
-            let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
-        }
-        for d in &r.devices {
-            let _ = write!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
-            if let (Some(parent), Some(profile)) = (&d.parent, &d.profile) {
-                let _ = write!(out, "  MIG {profile} of {parent}");
-            }
-            if let Some(hard) = d.memory_hard_mib {
-                let _ = write!(out, "  memory {hard} MiB hard");
-                if let Some(soft) = d.memory_soft_mib {
-                    let _ = write!(out, ", {soft} MiB soft");
-                }
-                if d.memory_enforced == Some(false) {
-                    out.push_str(" (not enforced)");
-                }
-            }
-            out.push('\n');
-        }
+        write_resource(&mut out, r);
     }
     if inv.gpus.len() > 1 {
         out.push_str(&link_matrix(&inv));
     }
     Ok(out)
+}
+
+/// One resource of `slicelet plan`'s table: its row, its capacity and MPS daemons, then one
+/// line per device.
+fn write_resource(out: &mut String, r: &plan::ResourceView) {
+    let strategy = serde_json::to_value(r.strategy).ok();
+    let strategy = strategy.as_ref().and_then(|v| v.as_str()).unwrap_or("?");
+    let _ = writeln!(
+        out,
+        "{:<32} {:<13} {:>8} {:>8}",
+        r.name,
+        strategy,
+        r.replicas,
+        r.devices.len()
+    );
+    if let Some(c) = r.capacity {
+        let _ = writeln!(
+            out,
+            "  DRA consumable capacity: each device shared by claims of memory and cores (default share 1/{} of each)",
+            c.shares
+        );
+    }
+    for d in r.mps.iter().flatten() {
+        if r.capacity.is_some() {
+            let _ = writeln!(
+                out,
+                "  MPS daemon {}: each claim's client limited to its claim's cores and memory",
+                d.uuid
+            );
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  MPS daemon {}: {} clients, each {} % of the threads and {} MiB pinned memory",
+            d.uuid, d.replicas, d.limits.active_thread_percentage, d.limits.pinned_memory_mib
+        );
+    }
+    if !r.devices.is_empty() {
+        let _ = writeln!(out, "  {:<56} {:<42} HEALTH", "DEVICE ID", "GPU");
+    }
+    for d in &r.devices {
+        let _ = write!(out, "  {:<56} {:<42} {}", d.id, d.gpu, d.health);
+        if let (Some(parent), Some(profile)) = (&d.parent, &d.profile) {
+            let _ = write!(out, "  MIG {profile} of {parent}");
+        }
+        if let Some(hard) = d.memory_hard_mib {
+            let _ = write!(out, "  memory {hard} MiB hard");
+            if let Some(soft) = d.memory_soft_mib {
+                let _ = write!(out, ", {soft} MiB soft");
+            }
+            if d.memory_enforced == Some(false) {
+                out.push_str(" (not enforced)");
+            }
+        }
+        out.push('\n');
+    }
 }
 
 /// The GPU link matrix as `nvidia-smi topo -m` draws it: `NV<n>` NVLinks, `NVS` NVSwitch,

@@ -99,40 +99,8 @@ fn resource_labels(
         return;
     };
     let name = res.name.as_str();
-    let mut units: Vec<UnitFacts<'_>> = Vec::new();
-    let mut last: Option<&str> = None;
-    for d in &res.devices {
-        if last == Some(d.gpu_uuid.as_str()) {
-            continue;
-        }
-        last = Some(d.gpu_uuid.as_str());
-        let Some(gpu) = inventory.by_index(d.gpu_index) else {
-            continue;
-        };
-        let (memory_mib, profile) = match &d.mig {
-            None => (gpu.memory_mib, None),
-            Some(m) => {
-                let mem = gpu
-                    .mig_devices
-                    .iter()
-                    .find(|x| x.uuid == d.gpu_uuid)
-                    .map_or(0, |x| x.memory_mib);
-                (mem, Some(m.profile.as_str()))
-            }
-        };
-        units.push(UnitFacts {
-            gpu_index: d.gpu_index,
-            model: &gpu.model,
-            memory_mib,
-            profile,
-        });
-    }
-    let count = {
-        let mut seen: Vec<&str> = res.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        seen.len()
-    };
+    let units = unit_facts(res, inventory);
+    let count = unit_count(res);
     let renamed = name != node_resource(first, mig_strategy);
     let shared = res.replicas > 1;
     let strategy = match res.strategy {
@@ -186,6 +154,48 @@ fn resource_labels(
             described.gpu_index
         ));
     }
+}
+
+/// The facts of each physical unit of `res` (once per unit, in device order): its GPU's index
+/// and model, its memory and MIG profile; a unit whose GPU the inventory lacks is skipped.
+fn unit_facts<'a>(res: &'a ResourcePlan, inventory: &'a Inventory) -> Vec<UnitFacts<'a>> {
+    let mut units: Vec<UnitFacts<'_>> = Vec::new();
+    let mut last: Option<&str> = None;
+    for d in &res.devices {
+        if last == Some(d.gpu_uuid.as_str()) {
+            continue;
+        }
+        last = Some(d.gpu_uuid.as_str());
+        let Some(gpu) = inventory.by_index(d.gpu_index) else {
+            continue;
+        };
+        let (memory_mib, profile) = match &d.mig {
+            None => (gpu.memory_mib, None),
+            Some(m) => {
+                let mem = gpu
+                    .mig_devices
+                    .iter()
+                    .find(|x| x.uuid == d.gpu_uuid)
+                    .map_or(0, |x| x.memory_mib);
+                (mem, Some(m.profile.as_str()))
+            }
+        };
+        units.push(UnitFacts {
+            gpu_index: d.gpu_index,
+            model: &gpu.model,
+            memory_mib,
+            profile,
+        });
+    }
+    units
+}
+
+/// How many physical units (GPUs or MIG devices) `res`'s devices are on.
+fn unit_count(res: &ResourcePlan) -> usize {
+    let mut seen: Vec<&str> = res.devices.iter().map(|d| d.gpu_uuid.as_str()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
 }
 
 /// GFD's product name: each part with every character outside `[A-Za-z0-9_. -]` dropped and

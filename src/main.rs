@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use slicelet::cli::{Cli, Command, HookCommand, LogFormat, OutputFormat};
+use slicelet::cli::{
+    Cli, Command, HookCommand, InstallHookArgs, LogFormat, OutputFormat, SetMemoryLimitsArgs,
+};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -97,65 +99,73 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .block_on(slicelet::top::run(&args.source(), args.once))
                 .context("slicelet top")
         }
-        Command::Hook(HookCommand::SetMemoryLimits(a)) => {
-            let req = slicelet::hook::Request {
-                gpu: a.gpu,
-                hard_mib: a.hard_mib,
-                soft_mib: a.soft_mib,
-                enforce: a.enforce,
-                nvml_library: a.nvml_library,
-                cgroup_root: a.cgroup_root,
-                deadline: a.deadline_seconds,
-            };
-            slicelet::hook::start_watchdog(&req);
-            match slicelet::hook::set_memory_limits(&req, std::io::stdin().lock()) {
-                Ok(o) => {
-                    let mib = |b: u64| b / (1024 * 1024);
-                    let added = o.before.map_or(String::new(), |b| {
-                        format!(
-                            " ({} MiB added to the {} MiB another device of the container set)",
-                            req.hard_mib,
-                            mib(b.hard)
-                        )
-                    });
-                    eprintln!(
-                        "slicelet hook: GPU {}: {} MiB hard, {} MiB soft set for {}{added}",
-                        req.gpu,
-                        mib(o.read.hard),
-                        mib(o.read.soft),
-                        o.cgroup.display()
-                    );
-                    Ok(())
-                }
-                Err(e) if req.enforce == slicelet::policy::Enforce::BestEffort => {
-                    eprintln!("slicelet hook: not enforced (best-effort): {e}");
-                    Ok(())
-                }
-                Err(e) => Err(anyhow::Error::new(e)
-                    .context("GPU memory limit not set under enforce: required")),
-            }
-        }
-        Command::InstallHook(args) => {
-            let installed = slicelet::commands::install_hook(&args.to)
-                .with_context(|| format!("installing the hook binary at {}", args.to.display()))?;
-            match installed {
-                slicelet::commands::Installed::Written(bytes) => eprintln!(
-                    "slicelet install-hook: {} written ({bytes} bytes, mode 0755)",
-                    args.to.display()
-                ),
-                slicelet::commands::Installed::Unchanged => eprintln!(
-                    "slicelet install-hook: {} is this binary already",
-                    args.to.display()
-                ),
-            }
-            Ok(())
-        }
+        Command::Hook(HookCommand::SetMemoryLimits(a)) => set_memory_limits(a),
+        Command::InstallHook(args) => install_hook(&args),
         Command::Validate(args) => {
             let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;
             print!("{out}");
             Ok(())
         }
     }
+}
+
+/// `slicelet hook set-memory-limits`: sets the limits, reporting what was set on stderr; a
+/// failure is an error only under `enforce: required`.
+fn set_memory_limits(a: SetMemoryLimitsArgs) -> anyhow::Result<()> {
+    let req = slicelet::hook::Request {
+        gpu: a.gpu,
+        hard_mib: a.hard_mib,
+        soft_mib: a.soft_mib,
+        enforce: a.enforce,
+        nvml_library: a.nvml_library,
+        cgroup_root: a.cgroup_root,
+        deadline: a.deadline_seconds,
+    };
+    slicelet::hook::start_watchdog(&req);
+    match slicelet::hook::set_memory_limits(&req, std::io::stdin().lock()) {
+        Ok(o) => {
+            let mib = |b: u64| b / (1024 * 1024);
+            let added = o.before.map_or(String::new(), |b| {
+                format!(
+                    " ({} MiB added to the {} MiB another device of the container set)",
+                    req.hard_mib,
+                    mib(b.hard)
+                )
+            });
+            eprintln!(
+                "slicelet hook: GPU {}: {} MiB hard, {} MiB soft set for {}{added}",
+                req.gpu,
+                mib(o.read.hard),
+                mib(o.read.soft),
+                o.cgroup.display()
+            );
+            Ok(())
+        }
+        Err(e) if req.enforce == slicelet::policy::Enforce::BestEffort => {
+            eprintln!("slicelet hook: not enforced (best-effort): {e}");
+            Ok(())
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context("GPU memory limit not set under enforce: required"))
+        }
+    }
+}
+
+/// `slicelet install-hook`: copies this binary to `--to`, saying on stderr what it did.
+fn install_hook(args: &InstallHookArgs) -> anyhow::Result<()> {
+    let installed = slicelet::commands::install_hook(&args.to)
+        .with_context(|| format!("installing the hook binary at {}", args.to.display()))?;
+    match installed {
+        slicelet::commands::Installed::Written(bytes) => eprintln!(
+            "slicelet install-hook: {} written ({bytes} bytes, mode 0755)",
+            args.to.display()
+        ),
+        slicelet::commands::Installed::Unchanged => eprintln!(
+            "slicelet install-hook: {} is this binary already",
+            args.to.display()
+        ),
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::select::{claim_units, node_resources, Unit};
+use super::select::{claim_units, node_resources, Unit, Units};
 use super::size::encoded_size;
 use super::{
     memory, mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan, PlanError,
@@ -109,8 +109,37 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
     let mps_claimed = mps::claim(policy, &base, &mut claimed, &mut warnings)?;
 
     // What each node resource still advertises whole.
-    let whole: BTreeMap<&str, Vec<Unit<'_>>> = base
-        .iter()
+    let whole = whole_units(&base, &claimed);
+    let mut resources = BTreeMap::new();
+    insert_time_sliced(policy, &shared, &whole, &mut resources)?;
+    mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
+    insert_whole(policy, &whole, &mut resources)?;
+    if policy.pass_device_specs {
+        warn_unknown_caps(&resources, &mut warnings);
+    }
+    // Link scores between the physical units, once per plan (GetPreferredAllocation reads
+    // them and never asks NVML).
+    finish_resources(policy, inventory, &mut resources);
+    let limits = memory_limits(policy);
+    memory::apply(&mut resources, &limits, inventory, &mut warnings)?;
+    check_dra_overlap(&resources)?;
+    Ok(Built {
+        plan: Plan {
+            resources,
+            drain: Drain::default(),
+        },
+        warnings,
+        mps_wanted: MpsWanted::default(),
+        fallbacks: Vec::new(),
+    })
+}
+
+/// What each node resource of `base` still advertises whole: its units no entry `claimed`.
+fn whole_units<'a>(
+    base: &'a Units<'a>,
+    claimed: &HashMap<&str, &str>,
+) -> BTreeMap<&'a str, Vec<Unit<'a>>> {
+    base.iter()
         .map(|(name, units)| {
             let rest: Vec<Unit<'_>> = units
                 .iter()
@@ -120,20 +149,29 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
             (name.as_str(), rest)
         })
         .filter(|(_, rest)| !rest.is_empty())
-        .collect();
-    let mut resources = BTreeMap::new();
+        .collect()
+}
+
+/// The time-slicing resources of the `shared` entries (each with the units it claimed), into
+/// `resources`; a name some units still advertise whole is [`PlanError::NameCollision`].
+fn insert_time_sliced(
+    policy: &Policy,
+    shared: &[(&SharedResource, Vec<Unit<'_>>)],
+    whole: &BTreeMap<&str, Vec<Unit<'_>>>,
+    resources: &mut BTreeMap<String, Arc<ResourcePlan>>,
+) -> Result<(), PlanError> {
     let fail_gt_one = policy.time_slicing.fail_requests_greater_than_one;
     // Units shared by more than one entry number their replicas across the entries
     // (`<uuid>::0`, `::1` for the first entry's, `::2` for the next one's), so every device
     // ID on the node stays unique; `next` is the first free replica number per unit.
     let mut entries_of: HashMap<&str, u32> = HashMap::new();
-    for (_, units) in &shared {
+    for (_, units) in shared {
         for u in units {
             *entries_of.entry(u.uuid()).or_default() += 1;
         }
     }
     let mut next: HashMap<&str, u32> = HashMap::new();
-    for (entry, units) in &shared {
+    for (entry, units) in shared {
         if let Some(rest) = whole.get(entry.advertised.as_str()) {
             return Err(PlanError::NameCollision {
                 name: entry.advertised.to_string(),
@@ -152,8 +190,16 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         renumber_shared(&mut res, units, &entries_of, &mut next);
         resources.insert(entry.advertised.to_string(), Arc::new(res));
     }
-    mps::insert_resources(policy, mps_claimed, &whole, &mut resources)?;
-    for (name, units) in &whole {
+    Ok(())
+}
+
+/// The resources of the units left whole, one device per unit, into `resources`.
+fn insert_whole(
+    policy: &Policy,
+    whole: &BTreeMap<&str, Vec<Unit<'_>>>,
+    resources: &mut BTreeMap<String, Arc<ResourcePlan>>,
+) -> Result<(), PlanError> {
+    for (name, units) in whole {
         let name = ResourceName::parse(name).expect("validated in node_resources");
         let res = resource(
             &name,
@@ -165,27 +211,37 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         )?;
         resources.insert(name.to_string(), Arc::new(res));
     }
-    if policy.pass_device_specs {
-        let missing: Vec<String> = resources
-            .values()
-            .flat_map(|r| r.devices.iter())
-            .filter_map(|d| match &d.mig {
-                Some(m) if m.caps.is_none() => Some(format!("{}:{}", d.gpu_index, m.index)),
-                _ => None,
-            })
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        if !missing.is_empty() {
-            warnings.push(format!(
-                "flags.plugin.passDeviceSpecs: the nvidia-caps minors of MIG devices {} are unknown ({} is missing or lacks them); Allocate returns no /dev/nvidia-caps nodes for them",
-                missing.join(","),
-                mig::MIG_MINORS_PATH
-            ));
-        }
+    Ok(())
+}
+
+/// With passDeviceSpecs, a warning naming the MIG devices whose nvidia-caps minors are unknown.
+fn warn_unknown_caps(resources: &BTreeMap<String, Arc<ResourcePlan>>, warnings: &mut Vec<String>) {
+    let missing: Vec<String> = resources
+        .values()
+        .flat_map(|r| r.devices.iter())
+        .filter_map(|d| match &d.mig {
+            Some(m) if m.caps.is_none() => Some(format!("{}:{}", d.gpu_index, m.index)),
+            _ => None,
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !missing.is_empty() {
+        warnings.push(format!(
+            "flags.plugin.passDeviceSpecs: the nvidia-caps minors of MIG devices {} are unknown ({} is missing or lacks them); Allocate returns no /dev/nvidia-caps nodes for them",
+            missing.join(","),
+            mig::MIG_MINORS_PATH
+        ));
     }
-    // Link scores between the physical units, once per plan (GetPreferredAllocation reads
-    // them and never asks NVML).
+}
+
+/// Sets what every freshly built resource takes from `policy` and `inventory`: link scores,
+/// the shared-allocation policy, delivery, DRA and capacity shares.
+fn finish_resources(
+    policy: &Policy,
+    inventory: &Inventory,
+    resources: &mut BTreeMap<String, Arc<ResourcePlan>>,
+) {
     for res in resources.values_mut() {
         let fresh = Arc::get_mut(res).expect("built above, not shared yet");
         fresh.set_links_from(inventory);
@@ -201,24 +257,17 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
             .and_then(|e| e.capacity_shares)
             .map(|shares| crate::plan::CapacityPlan { shares });
     }
-    let limits: BTreeMap<String, (String, crate::policy::MemoryLimits)> = policy
+}
+
+/// Advertised name → (entry path, memory limits) of every entry with memory limits.
+fn memory_limits(policy: &Policy) -> BTreeMap<String, (String, crate::policy::MemoryLimits)> {
+    policy
         .time_slicing
         .resources
         .iter()
         .chain(policy.mps.resources.iter().map(|m| &m.shared))
         .filter_map(|e| Some((e.advertised.to_string(), (e.path.clone(), e.memory?))))
-        .collect();
-    memory::apply(&mut resources, &limits, inventory, &mut warnings)?;
-    check_dra_overlap(&resources)?;
-    Ok(Built {
-        plan: Plan {
-            resources,
-            drain: Drain::default(),
-        },
-        warnings,
-        mps_wanted: MpsWanted::default(),
-        fallbacks: Vec::new(),
-    })
+        .collect()
 }
 
 /// One physical GPU in both a DRA resource and a device-plugin resource (a whole GPU, or MIG

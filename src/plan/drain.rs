@@ -48,13 +48,12 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
         claim_units = units;
         &with_claims
     };
-    let mut drain = Drain::default();
-    // Physical unit (GPU or MIG UUID) → the pods holding its old devices; a claim whose
-    // device no plan names any more holds its whole unit.
-    let mut repurposed: BTreeMap<String, BTreeSet<Holder>> = claim_units;
-    let mut retained: BTreeMap<String, Vec<VirtualDevice>> = BTreeMap::new();
-    // Resources that keep their previous DRA flag while a holder of the old path runs.
-    let mut keep_dra: BTreeMap<String, bool> = BTreeMap::new();
+    let mut walk = Walk {
+        drain: Drain::default(),
+        repurposed: claim_units,
+        retained: BTreeMap::new(),
+        keep_dra: BTreeMap::new(),
+    };
     for (resource, id, holders) in in_use.iter() {
         // Only resources slicelet serves or served: another device plugin's resource whose IDs
         // happen to look like slicelet's is none of its business.
@@ -63,66 +62,88 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
         }
         if let Some(res) = plan.resources.get(resource) {
             if let Some(d) = res.device(id) {
-                // What the holder was given: remembered from the last drain, else the
-                // previous plan's resource, when it had this ID.
-                let given = previous
-                    .drain
-                    .given
-                    .get(resource)
-                    .and_then(|g| g.get(id))
-                    .copied()
-                    .or_else(|| {
-                        previous
-                            .resources
-                            .get(resource)
-                            .filter(|old| old.device(id).is_some())
-                            .map(|old| shape(old))
-                    })
-                    .or_else(|| {
-                        // No plan knows it (slicelet restarted with a changed policy): what
-                        // pod-resources lists as a device was handed out by the device plugin,
-                        // so at least its path is known, and a resource now on DRA stays on
-                        // the device plugin while the holder runs, as on a live reload.
-                        (res.dra && plugin_held.is_held(resource, id)).then_some((
-                            res.strategy,
-                            res.replicas,
-                            false,
-                        ))
-                    })
-                    .or_else(|| {
-                        // The other way: a claim holds it (pod-resources' `dynamic_resources`
-                        // or the DRA checkpoint) while the resource is now the device
-                        // plugin's: it stays on DRA while the claim runs.
-                        (!res.dra && !plugin_held.is_held(resource, id)).then_some((
-                            res.strategy,
-                            res.replicas,
-                            true,
-                        ))
-                    });
-                let now = shape(res);
-                let changed = given.is_some_and(|was| {
-                    was != now
-                        && !(was.0 == Strategy::Mps && now.0 == Strategy::Mps && was.2 == now.2)
-                });
-                if let (true, Some(was)) = (changed, given) {
-                    if was.2 != now.2 {
-                        // The other path must not hand out what this one's holder has: the
-                        // resource stays on its old path until the holders are gone.
-                        keep_dra.insert(resource.to_string(), was.2);
-                    }
-                    drain
-                        .given
-                        .entry(resource.to_string())
-                        .or_default()
-                        .insert(id.to_string(), was);
-                    repurposed
-                        .entry(d.gpu_uuid.clone())
-                        .or_default()
-                        .extend(holders.iter().cloned());
-                }
+                let given = given_shape(res, previous, plugin_held, resource, id);
+                walk.note_reshaped(res, d, given, resource, id, holders);
                 continue;
             }
         }
+        walk.retain(previous, inventory, resource, id, holders);
+    }
+    let Walk {
+        mut drain,
+        repurposed,
+        retained,
+        keep_dra,
+    } = walk;
+    merge_retained(plan, previous, retained, inventory);
+    for (resource, dra) in keep_dra {
+        if let Some(res) = plan.resources.get_mut(&resource) {
+            Arc::make_mut(res).dra = dra;
+        }
+    }
+    mark_draining(plan, in_use, &repurposed, &mut drain);
+    plan.drain = drain;
+}
+
+/// What [`apply`] gathers while it walks the held devices.
+struct Walk {
+    /// The drain state being built (its `given` and `retained` so far).
+    drain: Drain,
+    /// Physical unit (GPU or MIG UUID) → the pods holding its old devices; a claim whose
+    /// device no plan names any more holds its whole unit.
+    repurposed: BTreeMap<String, BTreeSet<Holder>>,
+    /// Resource → the held devices the new plan no longer has, with their old shape.
+    retained: BTreeMap<String, Vec<VirtualDevice>>,
+    /// Resources that keep their previous DRA flag while a holder of the old path runs.
+    keep_dra: BTreeMap<String, bool>,
+}
+
+impl Walk {
+    /// A held device the new plan still has (`d` of `res`): when its holder was `given` another
+    /// shape, remembers that shape and re-purposes its unit (and keeps the old path, DRA or
+    /// device plugin, when that changed).
+    fn note_reshaped(
+        &mut self,
+        res: &ResourcePlan,
+        d: &VirtualDevice,
+        given: Option<(Strategy, u32, bool)>,
+        resource: &str,
+        id: &str,
+        holders: &[Holder],
+    ) {
+        let now = shape(res);
+        let changed = given.is_some_and(|was| {
+            was != now && !(was.0 == Strategy::Mps && now.0 == Strategy::Mps && was.2 == now.2)
+        });
+        if let (true, Some(was)) = (changed, given) {
+            if was.2 != now.2 {
+                // The other path must not hand out what this one's holder has: the
+                // resource stays on its old path until the holders are gone.
+                self.keep_dra.insert(resource.to_string(), was.2);
+            }
+            self.drain
+                .given
+                .entry(resource.to_string())
+                .or_default()
+                .insert(id.to_string(), was);
+            self.repurposed
+                .entry(d.gpu_uuid.clone())
+                .or_default()
+                .extend(holders.iter().cloned());
+        }
+    }
+
+    /// A held device the new plan no longer has: retained with its old shape (from `previous`,
+    /// else from its ID and the inventory) and its unit re-purposed; one that names no GPU or
+    /// MIG device on this node is only warned about.
+    fn retain(
+        &mut self,
+        previous: &Plan,
+        inventory: &Inventory,
+        resource: &str,
+        id: &str,
+        holders: &[Holder],
+    ) {
         let Some(mut device) = previous
             .resources
             .get(resource)
@@ -132,24 +153,78 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
         else {
             tracing::warn!(resource, device = id, holders = %names(holders.iter()),
                 "a held device ID names no GPU or MIG device on this node; it cannot stay advertised");
-            continue;
+            return;
         };
         device.health = unit_health(&device, inventory);
-        repurposed
+        self.repurposed
             .entry(device.gpu_uuid.clone())
             .or_default()
             .extend(holders.iter().cloned());
-        drain
+        self.drain
             .retained
             .entry(resource.to_string())
             .or_default()
             .insert(id.to_string());
-        retained
+        self.retained
             .entry(resource.to_string())
             .or_default()
             .push(device);
     }
-    // Retained devices back into their resources (or the resource they kept alive).
+}
+
+/// What the holder of `id` (a device of `res`, the new plan's `resource`) was given: remembered
+/// from the last drain, else the previous plan's resource when it had this ID, else the path
+/// it must have come through (`plugin_held`: pod-resources' device-plugin devices).
+fn given_shape(
+    res: &ResourcePlan,
+    previous: &Plan,
+    plugin_held: &InUse,
+    resource: &str,
+    id: &str,
+) -> Option<(Strategy, u32, bool)> {
+    previous
+        .drain
+        .given
+        .get(resource)
+        .and_then(|g| g.get(id))
+        .copied()
+        .or_else(|| {
+            previous
+                .resources
+                .get(resource)
+                .filter(|old| old.device(id).is_some())
+                .map(|old| shape(old))
+        })
+        .or_else(|| {
+            // No plan knows it (slicelet restarted with a changed policy): what
+            // pod-resources lists as a device was handed out by the device plugin,
+            // so at least its path is known, and a resource now on DRA stays on
+            // the device plugin while the holder runs, as on a live reload.
+            (res.dra && plugin_held.is_held(resource, id)).then_some((
+                res.strategy,
+                res.replicas,
+                false,
+            ))
+        })
+        .or_else(|| {
+            // The other way: a claim holds it (pod-resources' `dynamic_resources`
+            // or the DRA checkpoint) while the resource is now the device
+            // plugin's: it stays on DRA while the claim runs.
+            (!res.dra && !plugin_held.is_held(resource, id)).then_some((
+                res.strategy,
+                res.replicas,
+                true,
+            ))
+        })
+}
+
+/// Puts the retained devices back into their resources (or the resource they kept alive).
+fn merge_retained(
+    plan: &mut Plan,
+    previous: &Plan,
+    retained: BTreeMap<String, Vec<VirtualDevice>>,
+    inventory: &Inventory,
+) {
     for (resource, devices) in retained {
         let merged = match plan.resources.get(&resource) {
             Some(res) => {
@@ -157,8 +232,8 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
                 all.extend(devices);
                 rebuilt(res, all, inventory)
             }
-            // Only resources of the new or the previous plan are retained (the loop above
-            // skips the others), so one of the two has it.
+            // Only resources of the new or the previous plan are retained (the loop in
+            // `apply` skips the others), so one of the two has it.
             None => match previous.resources.get(&resource) {
                 Some(old) => rebuilt(old, devices, inventory),
                 None => continue,
@@ -166,46 +241,50 @@ pub fn apply(plan: &mut Plan, previous: &Plan, in_use: &InUse, inventory: &Inven
         };
         plan.resources.insert(resource, Arc::new(merged));
     }
-    for (resource, dra) in keep_dra {
-        if let Some(res) = plan.resources.get_mut(&resource) {
-            Arc::make_mut(res).dra = dra;
+}
+
+/// Marks the new devices of a re-purposed unit (nobody holds them, none is retained)
+/// Unhealthy with the reason `draining: held by …` while the old holders are there.
+fn mark_draining(
+    plan: &mut Plan,
+    in_use: &InUse,
+    repurposed: &BTreeMap<String, BTreeSet<Holder>>,
+    drain: &mut Drain,
+) {
+    if repurposed.is_empty() {
+        return;
+    }
+    for (name, res) in plan.resources.iter_mut() {
+        let kept = drain.retained.get(name);
+        let hit: Vec<usize> = res
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                repurposed.contains_key(&d.gpu_uuid)
+                    && !in_use.is_held(name, &d.id)
+                    && !kept.is_some_and(|k| k.contains(&d.id))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if hit.is_empty() {
+            continue;
+        }
+        let res = Arc::make_mut(res);
+        for i in hit {
+            let d = &mut res.devices[i];
+            d.health = Health::Unhealthy;
+            let reason = format!(
+                "draining: held by {}",
+                names(repurposed[&d.gpu_uuid].iter())
+            );
+            drain
+                .draining
+                .entry(name.clone())
+                .or_default()
+                .insert(d.id.clone(), reason);
         }
     }
-    // New devices of a re-purposed unit: Unhealthy while the old holders are there.
-    if !repurposed.is_empty() {
-        for (name, res) in plan.resources.iter_mut() {
-            let kept = drain.retained.get(name);
-            let hit: Vec<usize> = res
-                .devices
-                .iter()
-                .enumerate()
-                .filter(|(_, d)| {
-                    repurposed.contains_key(&d.gpu_uuid)
-                        && !in_use.is_held(name, &d.id)
-                        && !kept.is_some_and(|k| k.contains(&d.id))
-                })
-                .map(|(i, _)| i)
-                .collect();
-            if hit.is_empty() {
-                continue;
-            }
-            let res = Arc::make_mut(res);
-            for i in hit {
-                let d = &mut res.devices[i];
-                d.health = Health::Unhealthy;
-                let reason = format!(
-                    "draining: held by {}",
-                    names(repurposed[&d.gpu_uuid].iter())
-                );
-                drain
-                    .draining
-                    .entry(name.clone())
-                    .or_default()
-                    .insert(d.id.clone(), reason);
-            }
-        }
-    }
-    plan.drain = drain;
 }
 
 /// `in_use` with the DRA devices claims hold (by published device name) as device IDs: of the

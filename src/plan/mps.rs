@@ -265,40 +265,7 @@ pub fn mps_resource(
     let mut daemons = BTreeMap::new();
     let mut bytes: u64 = 0;
     for t in targets {
-        if let Some((major, minor)) = t.compute_capability {
-            if major < 7 && !policy.mps.allow_pre_volta {
-                return Err(PlanError::MpsPreVolta {
-                    entry: shared.path.clone(),
-                    gpu: t.gpu_index,
-                    uuid: t.uuid.clone(),
-                    capability: format!("{major}.{minor}"),
-                });
-            }
-        }
-        if replicas > t.max_clients() {
-            return Err(PlanError::MpsClientLimit {
-                entry: shared.path.clone(),
-                replicas,
-                limit: t.max_clients(),
-                gpu: t.gpu_index,
-                uuid: t.uuid.clone(),
-            });
-        }
-        let memory = match entry.pinned_device_memory_limit_mib {
-            Some(m) => m,
-            None => t.memory_mib / u64::from(replicas),
-        };
-        if memory == 0 || u64::from(replicas) * memory > t.memory_mib {
-            return Err(PlanError::MpsMemory {
-                entry: shared.path.clone(),
-                replicas,
-                limit_mib: memory,
-                total_mib: u64::from(replicas) * memory,
-                gpu: t.gpu_index,
-                uuid: t.uuid.clone(),
-                memory_mib: t.memory_mib,
-            });
-        }
+        let memory = check_target(t, entry, policy.mps.allow_pre_volta)?;
         for n in 0..replicas {
             bytes += framed(device_encoded_len(
                 id_len(&t.uuid, replicas, n),
@@ -314,22 +281,88 @@ pub fn mps_resource(
                 limit: MAX_LIST_BYTES,
             });
         }
-        daemons.insert(
-            t.uuid.clone(),
-            MpsDaemon {
-                uuid: t.uuid.clone(),
-                gpu_index: t.gpu_index,
-                gpu_uuid: t.gpu_uuid.clone(),
-                mig: t.mig.is_some(),
-                replicas,
-                limits: MpsLimits {
-                    active_thread_percentage: entry.active_thread_percentage,
-                    pinned_memory_mib: memory,
-                },
-                entry: shared.path.clone(),
-            },
-        );
+        daemons.insert(t.uuid.clone(), daemon(t, entry, memory));
     }
+    let devices = devices(targets, replicas);
+    Ok(ResourcePlan::new(
+        name.clone(),
+        Strategy::Mps,
+        replicas,
+        policy.mps.fail_requests_greater_than_one,
+        policy.pass_device_specs,
+        devices,
+    )
+    .with_mps(MpsResource {
+        root: policy.mps_root.clone(),
+        exclusive_process: policy.mps.exclusive_process,
+        daemons,
+    }))
+}
+
+/// Whether one MPS target can take `entry`'s clients: Volta or later (unless
+/// `allow_pre_volta`), within its client limit, and with memory for every client; the pinned
+/// memory limit per client (MiB) when it can.
+fn check_target(t: &MpsTarget, entry: &MpsEntry, allow_pre_volta: bool) -> Result<u64, PlanError> {
+    let shared = &entry.shared;
+    let replicas = shared.replicas;
+    if let Some((major, minor)) = t.compute_capability {
+        if major < 7 && !allow_pre_volta {
+            return Err(PlanError::MpsPreVolta {
+                entry: shared.path.clone(),
+                gpu: t.gpu_index,
+                uuid: t.uuid.clone(),
+                capability: format!("{major}.{minor}"),
+            });
+        }
+    }
+    if replicas > t.max_clients() {
+        return Err(PlanError::MpsClientLimit {
+            entry: shared.path.clone(),
+            replicas,
+            limit: t.max_clients(),
+            gpu: t.gpu_index,
+            uuid: t.uuid.clone(),
+        });
+    }
+    let memory = match entry.pinned_device_memory_limit_mib {
+        Some(m) => m,
+        None => t.memory_mib / u64::from(replicas),
+    };
+    if memory == 0 || u64::from(replicas) * memory > t.memory_mib {
+        return Err(PlanError::MpsMemory {
+            entry: shared.path.clone(),
+            replicas,
+            limit_mib: memory,
+            total_mib: u64::from(replicas) * memory,
+            gpu: t.gpu_index,
+            uuid: t.uuid.clone(),
+            memory_mib: t.memory_mib,
+        });
+    }
+    Ok(memory)
+}
+
+/// The control daemon of one MPS target, enforcing `memory` MiB per client.
+fn daemon(t: &MpsTarget, entry: &MpsEntry, memory: u64) -> MpsDaemon {
+    let shared = &entry.shared;
+    let replicas = shared.replicas;
+    MpsDaemon {
+        uuid: t.uuid.clone(),
+        gpu_index: t.gpu_index,
+        gpu_uuid: t.gpu_uuid.clone(),
+        mig: t.mig.is_some(),
+        replicas,
+        limits: MpsLimits {
+            active_thread_percentage: entry.active_thread_percentage,
+            pinned_memory_mib: memory,
+        },
+        entry: shared.path.clone(),
+    }
+}
+
+/// The devices of an MPS resource: `replicas` per target (`<uuid>::<n>`, or the bare UUID with
+/// one replica), in target order.
+fn devices(targets: &[MpsTarget], replicas: u32) -> Vec<VirtualDevice> {
     let mut devices = Vec::with_capacity(targets.len() * replicas as usize);
     for t in targets {
         for n in 0..replicas {
@@ -350,19 +383,7 @@ pub fn mps_resource(
             });
         }
     }
-    Ok(ResourcePlan::new(
-        name.clone(),
-        Strategy::Mps,
-        replicas,
-        policy.mps.fail_requests_greater_than_one,
-        policy.pass_device_specs,
-        devices,
-    )
-    .with_mps(MpsResource {
-        root: policy.mps_root.clone(),
-        exclusive_process: policy.mps.exclusive_process,
-        daemons,
-    }))
+    devices
 }
 
 impl ResourcePlan {

@@ -131,104 +131,123 @@ pub(super) fn node_resources<'a>(
     inv: &'a Inventory,
     warnings: &mut Vec<String>,
 ) -> Result<Units<'a>, PlanError> {
-    let whole = |g: &'a Gpu| Unit { gpu: g, mig: None };
-    let mut out: Units<'a> = BTreeMap::new();
-    let mut add = |name: String, u: Unit<'a>| out.entry(name).or_default().push(u);
     let any_mig = inv.gpus.iter().any(|g| g.mig_enabled);
-    match strategy {
-        MigStrategy::Single if any_mig => {
-            let (enabled, disabled): (Vec<&Gpu>, Vec<&Gpu>) =
-                inv.gpus.iter().partition(|g| g.mig_enabled);
-            if !disabled.is_empty() {
-                return Err(PlanError::MigSingleModesDiffer {
-                    enabled: join_indices(enabled),
-                    disabled: join_indices(disabled),
-                });
-            }
-            if let Some(g) = inv.gpus.iter().find(|g| g.mig_devices.is_empty()) {
-                return Err(PlanError::MigSingleNoDevices {
-                    gpu: g.index,
-                    uuid: g.uuid.clone(),
-                });
-            }
-            let mut profiles: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-            for g in &inv.gpus {
-                for m in &g.mig_devices {
-                    profiles.entry(&m.profile).or_default().insert(g.index);
-                }
-            }
-            if profiles.len() > 1 {
-                let profiles = profiles
-                    .iter()
-                    .map(|(p, gpus)| {
-                        let list = gpus.iter().map(u32::to_string).collect::<Vec<_>>();
-                        let noun = if list.len() == 1 { "GPU" } else { "GPUs" };
-                        format!("{p} on {noun} {}", list.join(","))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                return Err(PlanError::MigSingleProfiles { profiles });
-            }
-            for g in &inv.gpus {
-                for m in &g.mig_devices {
-                    add(
-                        WHOLE_GPU_RESOURCE.to_string(),
-                        Unit {
-                            gpu: g,
-                            mig: Some(m),
-                        },
-                    );
-                }
-            }
-        }
-        MigStrategy::Mixed if any_mig => {
-            for g in &inv.gpus {
-                if !g.mig_enabled {
-                    add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
-                    continue;
-                }
-                if g.mig_devices.is_empty() {
-                    warnings.push(format!(
-                        "flags.migStrategy: GPU {} ({}) has MIG enabled and no MIG devices; nothing is advertised for it",
-                        g.index, g.uuid
-                    ));
-                }
-                for m in &g.mig_devices {
-                    let name = mig::resource_name(&m.profile);
-                    if ResourceName::parse(&name).is_err() {
-                        warnings.push(format!(
-                            "flags.migStrategy: MIG device {}:{} ({}) has profile `{}`, which makes no valid resource name; not advertised",
-                            g.index, m.index, m.uuid, m.profile
-                        ));
-                        continue;
-                    }
-                    add(
-                        name,
-                        Unit {
-                            gpu: g,
-                            mig: Some(m),
-                        },
-                    );
-                }
-            }
-        }
+    let mut out = match strategy {
+        MigStrategy::Single if any_mig => single_units(inv)?,
+        MigStrategy::Mixed if any_mig => mixed_units(inv, warnings),
         // none, or single/mixed on a node without MIG-enabled GPUs (NVIDIA's fallback).
-        _ => {
-            for g in &inv.gpus {
-                if g.mig_enabled {
-                    warnings.push(format!(
-                        "flags.migStrategy: GPU {} ({}) has MIG enabled, but migStrategy is none: it is advertised as a whole GPU (under {WHOLE_GPU_RESOURCE} or the entry sharing it) and containers get none of its MIG devices; use single or mixed",
-                        g.index, g.uuid
-                    ));
-                }
-                add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
-            }
-        }
-    }
+        _ => whole_gpu_units(inv, warnings),
+    };
     for units in out.values_mut() {
         units.sort_by_key(Unit::order);
     }
     Ok(out)
+}
+
+/// migStrategy single on a node with MIG: every GPU MIG-enabled, with MIG devices, all of one
+/// profile, each MIG device a unit of the whole-GPU resource.
+fn single_units<'a>(inv: &'a Inventory) -> Result<Units<'a>, PlanError> {
+    let mut out: Units<'a> = BTreeMap::new();
+    let mut add = |name: String, u: Unit<'a>| out.entry(name).or_default().push(u);
+    let (enabled, disabled): (Vec<&Gpu>, Vec<&Gpu>) = inv.gpus.iter().partition(|g| g.mig_enabled);
+    if !disabled.is_empty() {
+        return Err(PlanError::MigSingleModesDiffer {
+            enabled: join_indices(enabled),
+            disabled: join_indices(disabled),
+        });
+    }
+    if let Some(g) = inv.gpus.iter().find(|g| g.mig_devices.is_empty()) {
+        return Err(PlanError::MigSingleNoDevices {
+            gpu: g.index,
+            uuid: g.uuid.clone(),
+        });
+    }
+    let mut profiles: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    for g in &inv.gpus {
+        for m in &g.mig_devices {
+            profiles.entry(&m.profile).or_default().insert(g.index);
+        }
+    }
+    if profiles.len() > 1 {
+        let profiles = profiles
+            .iter()
+            .map(|(p, gpus)| {
+                let list = gpus.iter().map(u32::to_string).collect::<Vec<_>>();
+                let noun = if list.len() == 1 { "GPU" } else { "GPUs" };
+                format!("{p} on {noun} {}", list.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(PlanError::MigSingleProfiles { profiles });
+    }
+    for g in &inv.gpus {
+        for m in &g.mig_devices {
+            add(
+                WHOLE_GPU_RESOURCE.to_string(),
+                Unit {
+                    gpu: g,
+                    mig: Some(m),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// migStrategy mixed on a node with MIG: whole GPUs where MIG is off, each MIG device under
+/// its profile's resource (warning about GPUs without MIG devices and profiles that make no
+/// resource name).
+fn mixed_units<'a>(inv: &'a Inventory, warnings: &mut Vec<String>) -> Units<'a> {
+    let whole = |g: &'a Gpu| Unit { gpu: g, mig: None };
+    let mut out: Units<'a> = BTreeMap::new();
+    let mut add = |name: String, u: Unit<'a>| out.entry(name).or_default().push(u);
+    for g in &inv.gpus {
+        if !g.mig_enabled {
+            add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
+            continue;
+        }
+        if g.mig_devices.is_empty() {
+            warnings.push(format!(
+                    "flags.migStrategy: GPU {} ({}) has MIG enabled and no MIG devices; nothing is advertised for it",
+                    g.index, g.uuid
+                ));
+        }
+        for m in &g.mig_devices {
+            let name = mig::resource_name(&m.profile);
+            if ResourceName::parse(&name).is_err() {
+                warnings.push(format!(
+                        "flags.migStrategy: MIG device {}:{} ({}) has profile `{}`, which makes no valid resource name; not advertised",
+                        g.index, m.index, m.uuid, m.profile
+                    ));
+                continue;
+            }
+            add(
+                name,
+                Unit {
+                    gpu: g,
+                    mig: Some(m),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Every GPU whole (warning about the MIG-enabled ones).
+fn whole_gpu_units<'a>(inv: &'a Inventory, warnings: &mut Vec<String>) -> Units<'a> {
+    let whole = |g: &'a Gpu| Unit { gpu: g, mig: None };
+    let mut out: Units<'a> = BTreeMap::new();
+    let mut add = |name: String, u: Unit<'a>| out.entry(name).or_default().push(u);
+    for g in &inv.gpus {
+        if g.mig_enabled {
+            warnings.push(format!(
+                    "flags.migStrategy: GPU {} ({}) has MIG enabled, but migStrategy is none: it is advertised as a whole GPU (under {WHOLE_GPU_RESOURCE} or the entry sharing it) and containers get none of its MIG devices; use single or mixed",
+                    g.index, g.uuid
+                ));
+        }
+        add(WHOLE_GPU_RESOURCE.to_string(), whole(g));
+    }
+    out
 }
 
 /// The devices of one node resource an entry's `devices` selects, in (GPU index, MIG index)

@@ -103,45 +103,8 @@ pub(super) fn validate_mps(
         resources: Vec::new(),
     };
     for (entry, (pct, mem)) in shared.resources.into_iter().zip(extensions) {
-        if entry.capacity_shares.is_some() && (pct.is_some() || mem.is_some()) {
-            let key = if pct.is_some() {
-                "activeThreadPercentage"
-            } else {
-                "pinnedDeviceMemoryLimit"
-            };
-            return Err(err(
-                format!("{}.{key}", entry.path),
-                "dra: capacity shares take their threads and memory from each claim's capacity request (cores, memory); drop it or use dra: true".to_string(),
-            ));
-        }
-        let clients = entry.capacity_shares.unwrap_or(entry.replicas);
-        if clients > MAX_CLIENTS {
-            return Err(err(
-                format!("{}.replicas", entry.path),
-                format!(
-                    "{clients} replicas exceed the {MAX_CLIENTS} clients one MPS control daemon serves; use at most {MAX_CLIENTS}"
-                ),
-            ));
-        }
-        if let Some(ts) = time_slicing
-            .resources
-            .iter()
-            .find(|t| t.advertised == entry.advertised)
-        {
-            return Err(err(
-                entry.path.clone(),
-                format!(
-                    "advertises {}, which {} already advertises; give one of them another rename",
-                    entry.advertised, ts.path
-                ),
-            ));
-        }
-        out.resources.push(MpsEntry {
-            active_thread_percentage: pct.map_or(100 / entry.replicas, |p| p.0),
-            // `memory.hard` is the daemon-enforced floor where the driver cannot partition.
-            pinned_device_memory_limit_mib: mem.map(|m| m.mib).or(entry.memory.map(|m| m.hard_mib)),
-            shared: entry,
-        });
+        out.resources
+            .push(mps_entry(entry, pct, mem, time_slicing)?);
     }
     if !out.resources.is_empty() && !time_slicing.resources.is_empty() {
         notices.push(format!(
@@ -149,6 +112,56 @@ pub(super) fn validate_mps(
         ));
     }
     Ok(out)
+}
+
+/// One MPS entry, read as a replicated one (`entry`) plus its MPS keys (`pct`, `mem`): capacity
+/// shares take neither key, at most [`MAX_CLIENTS`] clients, and no name time-slicing
+/// advertises too.
+fn mps_entry(
+    entry: SharedResource,
+    pct: Option<schema::Percentage>,
+    mem: Option<schema::MemoryQuantity>,
+    time_slicing: &TimeSlicing,
+) -> Result<MpsEntry, PolicyError> {
+    if entry.capacity_shares.is_some() && (pct.is_some() || mem.is_some()) {
+        let key = if pct.is_some() {
+            "activeThreadPercentage"
+        } else {
+            "pinnedDeviceMemoryLimit"
+        };
+        return Err(err(
+            format!("{}.{key}", entry.path),
+            "dra: capacity shares take their threads and memory from each claim's capacity request (cores, memory); drop it or use dra: true".to_string(),
+        ));
+    }
+    let clients = entry.capacity_shares.unwrap_or(entry.replicas);
+    if clients > MAX_CLIENTS {
+        return Err(err(
+            format!("{}.replicas", entry.path),
+            format!(
+                "{clients} replicas exceed the {MAX_CLIENTS} clients one MPS control daemon serves; use at most {MAX_CLIENTS}"
+            ),
+        ));
+    }
+    if let Some(ts) = time_slicing
+        .resources
+        .iter()
+        .find(|t| t.advertised == entry.advertised)
+    {
+        return Err(err(
+            entry.path.clone(),
+            format!(
+                "advertises {}, which {} already advertises; give one of them another rename",
+                entry.advertised, ts.path
+            ),
+        ));
+    }
+    Ok(MpsEntry {
+        active_thread_percentage: pct.map_or(100 / entry.replicas, |p| p.0),
+        // `memory.hard` is the daemon-enforced floor where the driver cannot partition.
+        pinned_device_memory_limit_mib: mem.map(|m| m.mib).or(entry.memory.map(|m| m.hard_mib)),
+        shared: entry,
+    })
 }
 
 /// Trees `flags.mpsRoot` may not be in (or be): slicelet creates, chmods (1777 for `shm`)

@@ -65,33 +65,47 @@ impl FlagOverrides {
             return notices;
         }
         let flags = file.flags.get_or_insert_with(Default::default);
+        self.apply_flags(flags, &mut notices);
+        let plugin_set = self.pass_device_specs.is_some()
+            || self.device_list_strategy.is_some()
+            || self.device_id_strategy.is_some()
+            || self.cdi_annotation_prefix.is_some();
+        if plugin_set {
+            let plugin = flags.plugin.get_or_insert_with(Default::default);
+            self.apply_plugin(plugin, &mut notices);
+        }
+        notices
+    }
+
+    /// Writes the set overrides of `flags`' own keys, with their notices.
+    fn apply_flags(&self, flags: &mut schema::Flags, notices: &mut Vec<String>) {
         set(
             &mut flags.mig_strategy,
             self.mig_strategy,
             ("flags.migStrategy", "MIG_STRATEGY"),
             |m| m.as_str().to_string(),
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.fail_on_init_error,
             self.fail_on_init_error,
             ("flags.failOnInitError", "FAIL_ON_INIT_ERROR"),
             bool::to_string,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.mps_root,
             self.mps_root.clone(),
             ("flags.mpsRoot", "MPS_ROOT"),
             String::clone,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.nvidia_driver_root,
             self.nvidia_driver_root.clone(),
             ("flags.nvidiaDriverRoot", "NVIDIA_DRIVER_ROOT"),
             String::clone,
-            &mut notices,
+            notices,
         );
         // Recognised, not acted on: set so that validation lists them as ignored keys.
         set(
@@ -99,72 +113,68 @@ impl FlagOverrides {
             self.nvidia_dev_root.clone(),
             ("flags.nvidiaDevRoot", "NVIDIA_DEV_ROOT"),
             String::clone,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.gdrcopy_enabled,
             self.gdrcopy_enabled,
             ("flags.gdrcopyEnabled", "GDRCOPY_ENABLED"),
             bool::to_string,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.gds_enabled,
             self.gds_enabled,
             ("flags.gdsEnabled", "GDS_ENABLED"),
             bool::to_string,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.mofed_enabled,
             self.mofed_enabled,
             ("flags.mofedEnabled", "MOFED_ENABLED"),
             bool::to_string,
-            &mut notices,
+            notices,
         );
         set(
             &mut flags.device_discovery_strategy,
             self.device_discovery_strategy.clone(),
             ("flags.deviceDiscoveryStrategy", "DEVICE_DISCOVERY_STRATEGY"),
             String::clone,
-            &mut notices,
+            notices,
         );
-        let plugin_set = self.pass_device_specs.is_some()
-            || self.device_list_strategy.is_some()
-            || self.device_id_strategy.is_some()
-            || self.cdi_annotation_prefix.is_some();
-        if plugin_set {
-            let plugin = flags.plugin.get_or_insert_with(Default::default);
-            set(
-                &mut plugin.pass_device_specs,
-                self.pass_device_specs,
-                ("flags.plugin.passDeviceSpecs", "PASS_DEVICE_SPECS"),
-                bool::to_string,
-                &mut notices,
-            );
-            set(
-                &mut plugin.device_list_strategy,
-                self.device_list_strategy,
-                ("flags.plugin.deviceListStrategy", "DEVICE_LIST_STRATEGY"),
-                DeviceListStrategies::to_string,
-                &mut notices,
-            );
-            set(
-                &mut plugin.device_id_strategy,
-                self.device_id_strategy,
-                ("flags.plugin.deviceIDStrategy", "DEVICE_ID_STRATEGY"),
-                |d| d.as_str().to_string(),
-                &mut notices,
-            );
-            set(
-                &mut plugin.cdi_annotation_prefix,
-                self.cdi_annotation_prefix.clone(),
-                ("flags.plugin.cdiAnnotationPrefix", "CDI_ANNOTATION_PREFIX"),
-                String::clone,
-                &mut notices,
-            );
-        }
-        notices
+    }
+
+    /// Writes the set overrides of `flags.plugin`'s keys, with their notices.
+    fn apply_plugin(&self, plugin: &mut schema::PluginFlags, notices: &mut Vec<String>) {
+        set(
+            &mut plugin.pass_device_specs,
+            self.pass_device_specs,
+            ("flags.plugin.passDeviceSpecs", "PASS_DEVICE_SPECS"),
+            bool::to_string,
+            notices,
+        );
+        set(
+            &mut plugin.device_list_strategy,
+            self.device_list_strategy,
+            ("flags.plugin.deviceListStrategy", "DEVICE_LIST_STRATEGY"),
+            DeviceListStrategies::to_string,
+            notices,
+        );
+        set(
+            &mut plugin.device_id_strategy,
+            self.device_id_strategy,
+            ("flags.plugin.deviceIDStrategy", "DEVICE_ID_STRATEGY"),
+            |d| d.as_str().to_string(),
+            notices,
+        );
+        set(
+            &mut plugin.cdi_annotation_prefix,
+            self.cdi_annotation_prefix.clone(),
+            ("flags.plugin.cdiAnnotationPrefix", "CDI_ANNOTATION_PREFIX"),
+            String::clone,
+            notices,
+        );
     }
 }
 

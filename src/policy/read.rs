@@ -235,147 +235,208 @@ fn not_regular(t: &std::fs::FileType) -> Option<&'static str> {
 /// # Errors
 /// [`NestingError`] with the line where a limit is passed.
 pub fn check_nesting(text: &str, limits: &Limits) -> Result<(), NestingError> {
-    #[derive(PartialEq)]
-    enum In {
-        Plain,
-        Comment,
-        Double,
-        Single,
+    let mut scan = Scan {
+        b: text.as_bytes(),
+        limits,
+        state: In::Plain,
+        depth: 0,
+        in_string: 0,
+        line: 1,
+        at_line_start: true,
+        column: 0,
+        node_start: true,
+        after_blank: true,
+        i: 0,
+    };
+    while scan.i < scan.b.len() {
+        scan.step()?;
     }
-    let b = text.as_bytes();
-    let mut state = In::Plain;
-    let mut depth = 0usize;
-    // Openings inside the current string or comment, which its own closings may cancel.
-    let mut in_string = 0usize;
-    let mut line = 1usize;
-    let mut at_line_start = true;
-    let mut column = 0usize;
-    // Whether a quote here would start a quoted scalar.
-    let mut node_start = true;
-    // Whether the previous byte was a blank (or a line start), for `#`.
-    let mut after_blank = true;
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
+    Ok(())
+}
+
+/// Where [`check_nesting`]'s scan is: outside strings and comments, or in one.
+#[derive(PartialEq)]
+enum In {
+    Plain,
+    Comment,
+    Double,
+    Single,
+}
+
+/// [`check_nesting`]'s scan of one text.
+struct Scan<'a> {
+    b: &'a [u8],
+    limits: &'a Limits,
+    state: In,
+    depth: usize,
+    /// Openings inside the current string or comment, which its own closings may cancel.
+    in_string: usize,
+    line: usize,
+    at_line_start: bool,
+    column: usize,
+    /// Whether a quote here would start a quoted scalar.
+    node_start: bool,
+    /// Whether the previous byte was a blank (or a line start), for `#`.
+    after_blank: bool,
+    /// The byte being read.
+    i: usize,
+}
+
+impl Scan<'_> {
+    /// Reads the byte at `i` (and any it consumes with it), then moves past it.
+    fn step(&mut self) -> Result<(), NestingError> {
+        let c = self.b[self.i];
         if c == b'\n' {
-            line += 1;
-            if state == In::Comment {
-                state = In::Plain;
-            }
-            if state == In::Plain {
-                at_line_start = true;
-                column = 0;
-                after_blank = true;
-                // Outside flow collections a line may start a new node; inside one a quote
-                // after a line break may continue a plain scalar, so only indicators count.
-                node_start = depth == 0 || node_start;
-            }
-            i += 1;
-            continue;
+            self.newline();
+            self.i += 1;
+            return Ok(());
         }
+        self.count_bracket(c)?;
+        match self.state {
+            In::Comment => {}
+            In::Double => self.in_double(c),
+            In::Single => self.in_single(c),
+            In::Plain => self.in_plain(c)?,
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    /// A line break: ends a comment; outside strings, a new line starts.
+    fn newline(&mut self) {
+        self.line += 1;
+        if self.state == In::Comment {
+            self.state = In::Plain;
+        }
+        if self.state == In::Plain {
+            self.at_line_start = true;
+            self.column = 0;
+            self.after_blank = true;
+            // Outside flow collections a line may start a new node; inside one a quote
+            // after a line break may continue a plain scalar, so only indicators count.
+            self.node_start = self.depth == 0 || self.node_start;
+        }
+    }
+
+    /// Every `[` and `{` opens (past the depth limit: the error); `]` and `}` close outside
+    /// strings and comments, or inside one that opened one itself.
+    fn count_bracket(&mut self, c: u8) -> Result<(), NestingError> {
         match c {
             b'[' | b'{' => {
-                depth += 1;
-                if depth > limits.max_depth {
+                self.depth += 1;
+                if self.depth > self.limits.max_depth {
                     return Err(NestingError::Flow {
-                        line,
-                        limit: limits.max_depth,
+                        line: self.line,
+                        limit: self.limits.max_depth,
                     });
                 }
-                if state != In::Plain {
-                    in_string += 1;
+                if self.state != In::Plain {
+                    self.in_string += 1;
                 }
             }
-            b']' | b'}' => match state {
-                In::Plain => depth = depth.saturating_sub(1),
+            b']' | b'}' => match self.state {
+                In::Plain => self.depth = self.depth.saturating_sub(1),
                 In::Comment | In::Double | In::Single => {
-                    if in_string > 0 {
-                        in_string -= 1;
-                        depth -= 1;
+                    if self.in_string > 0 {
+                        self.in_string -= 1;
+                        self.depth -= 1;
                     }
                 }
             },
             _ => {}
         }
-        match state {
-            In::Comment => {}
-            In::Double => match c {
-                b'\\' => {
-                    if b.get(i + 1) == Some(&b'\n') {
-                        line += 1;
-                    }
-                    i += 1;
+        Ok(())
+    }
+
+    /// Inside a double-quoted string: `\` escapes the next byte, `"` ends it.
+    fn in_double(&mut self, c: u8) {
+        match c {
+            b'\\' => {
+                if self.b.get(self.i + 1) == Some(&b'\n') {
+                    self.line += 1;
                 }
-                b'"' => {
-                    state = In::Plain;
-                    node_start = false;
-                }
-                _ => {}
-            },
-            In::Single => {
-                if c == b'\'' {
-                    if b.get(i + 1) == Some(&b'\'') {
-                        i += 1;
-                    } else {
-                        state = In::Plain;
-                        node_start = false;
-                    }
-                }
+                self.i += 1;
             }
-            In::Plain => {
-                if at_line_start {
-                    // Indentation and block indicators followed by a blank.
-                    let is_indicator = matches!(c, b'-' | b'?' | b':')
-                        && matches!(b.get(i + 1), Some(b' ' | b'\t' | b'\n') | None);
-                    if c == b' ' || c == b'\t' || is_indicator {
-                        column += 1;
-                        if column > limits.max_indent {
-                            return Err(NestingError::Indent {
-                                line,
-                                limit: limits.max_indent,
-                            });
-                        }
-                        if is_indicator {
-                            node_start = true;
-                        }
-                        after_blank = true;
-                        i += 1;
-                        continue;
-                    }
-                    at_line_start = false;
-                }
-                match c {
-                    b'#' if after_blank => {
-                        state = In::Comment;
-                        in_string = 0;
-                    }
-                    b'"' | b'\'' if node_start => {
-                        state = if c == b'"' { In::Double } else { In::Single };
-                        in_string = 0;
-                    }
-                    b'[' | b'{' | b',' | b':' | b'-' | b'?' => node_start = true,
-                    b']' | b'}' => node_start = false,
-                    b' ' | b'\t' | b'\r' => {}
-                    b'!' | b'&' if node_start => {
-                        // A tag or anchor: the node starts after it.
-                        // Tags and anchors end at a blank or a flow indicator.
-                        while i + 1 < b.len()
-                            && !matches!(
-                                b[i + 1],
-                                b' ' | b'\t' | b'\n' | b'[' | b']' | b'{' | b'}' | b','
-                            )
-                        {
-                            i += 1;
-                        }
-                    }
-                    _ => node_start = false,
-                }
-                after_blank = matches!(c, b' ' | b'\t');
+            b'"' => {
+                self.state = In::Plain;
+                self.node_start = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Inside a single-quoted string: `''` is a quote, `'` ends it.
+    fn in_single(&mut self, c: u8) {
+        if c == b'\'' {
+            if self.b.get(self.i + 1) == Some(&b'\'') {
+                self.i += 1;
+            } else {
+                self.state = In::Plain;
+                self.node_start = false;
             }
         }
-        i += 1;
     }
-    Ok(())
+
+    /// Outside strings and comments: indentation at a line start (past the indent limit: the
+    /// error), then what starts a comment, a string, a node or a tag.
+    fn in_plain(&mut self, c: u8) -> Result<(), NestingError> {
+        if self.at_line_start {
+            if self.indentation(c)? {
+                return Ok(());
+            }
+            self.at_line_start = false;
+        }
+        match c {
+            b'#' if self.after_blank => {
+                self.state = In::Comment;
+                self.in_string = 0;
+            }
+            b'"' | b'\'' if self.node_start => {
+                self.state = if c == b'"' { In::Double } else { In::Single };
+                self.in_string = 0;
+            }
+            b'[' | b'{' | b',' | b':' | b'-' | b'?' => self.node_start = true,
+            b']' | b'}' => self.node_start = false,
+            b' ' | b'\t' | b'\r' => {}
+            b'!' | b'&' if self.node_start => {
+                // A tag or anchor: the node starts after it.
+                // Tags and anchors end at a blank or a flow indicator.
+                while self.i + 1 < self.b.len()
+                    && !matches!(
+                        self.b[self.i + 1],
+                        b' ' | b'\t' | b'\n' | b'[' | b']' | b'{' | b'}' | b','
+                    )
+                {
+                    self.i += 1;
+                }
+            }
+            _ => self.node_start = false,
+        }
+        self.after_blank = matches!(c, b' ' | b'\t');
+        Ok(())
+    }
+
+    /// At a line start: whether `c` is indentation or a block indicator followed by a blank
+    /// (it counts as a column then).
+    fn indentation(&mut self, c: u8) -> Result<bool, NestingError> {
+        let is_indicator = matches!(c, b'-' | b'?' | b':')
+            && matches!(self.b.get(self.i + 1), Some(b' ' | b'\t' | b'\n') | None);
+        if !(c == b' ' || c == b'\t' || is_indicator) {
+            return Ok(false);
+        }
+        self.column += 1;
+        if self.column > self.limits.max_indent {
+            return Err(NestingError::Indent {
+                line: self.line,
+                limit: self.limits.max_indent,
+            });
+        }
+        if is_indicator {
+            self.node_start = true;
+        }
+        self.after_blank = true;
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
