@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use crate::in_use::{Holder, InUse};
 use crate::plan::dra_names::with_claims;
 use crate::plan::{physical_uuid, Plan};
-use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
+use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures, GpuFigures};
 use crate::usage::metrics::{
     AllocationLabels, ContainerLabels, ContainerLimitLabels, GpuLabels, MigLabels, ResourceLabels,
     UsageMetrics, UuidLabels,
@@ -96,6 +96,96 @@ fn container_labels(c: &ContainerFigures) -> ContainerLabels {
     }
 }
 
+/// The label sets one sample writes, per family group (as in [`Written`]).
+#[derive(Debug, Default)]
+struct Series {
+    gpu_utilization: HashSet<GpuLabels>,
+    gpu_memory_used: HashSet<GpuLabels>,
+    gpu_memory_total: HashSet<GpuLabels>,
+    mig_utilization: HashSet<MigLabels>,
+    mig_memory_used: HashSet<MigLabels>,
+    mig_memory_total: HashSet<MigLabels>,
+    containers: HashSet<ContainerLabels>,
+    container_limits: HashSet<ContainerLimitLabels>,
+    container_enforced: HashSet<ContainerLabels>,
+    gpu_limits_supported: HashSet<GpuLabels>,
+    unattributed: HashSet<UuidLabels>,
+}
+
+/// Writes GPU `g`'s gauges (limits supported, utilization, memory, its MIG devices', its
+/// unattributed processes), adding their label sets to `series`.
+fn write_gpu(m: &UsageMetrics, g: &GpuFigures, series: &mut Series) {
+    let labels = GpuLabels {
+        UUID: g.uuid.clone(),
+        gpu: g.index.to_string(),
+        modelName: g.model.clone(),
+    };
+    if let Some(s) = g.memory_limits_supported {
+        m.gpu_limits_supported
+            .get_or_create(&labels)
+            .set(i64::from(s));
+        series.gpu_limits_supported.insert(labels.clone());
+    }
+    for (value, family, set) in [
+        (
+            g.utilization_percent.map(u64::from),
+            &m.gpu_utilization,
+            &mut series.gpu_utilization,
+        ),
+        (
+            g.memory_used_bytes,
+            &m.gpu_memory_used,
+            &mut series.gpu_memory_used,
+        ),
+        (
+            g.memory_total_bytes,
+            &m.gpu_memory_total,
+            &mut series.gpu_memory_total,
+        ),
+    ] {
+        if let Some(v) = value {
+            family.get_or_create(&labels).set(gauge_value(v));
+            set.insert(labels.clone());
+        }
+    }
+    for mig in &g.mig {
+        let labels = MigLabels {
+            UUID: mig.uuid.clone(),
+            parentUUID: g.uuid.clone(),
+            profile: mig.profile.clone().unwrap_or_default(),
+        };
+        for (value, family, set) in [
+            (
+                mig.utilization_percent.map(u64::from),
+                &m.mig_utilization,
+                &mut series.mig_utilization,
+            ),
+            (
+                mig.memory_used_bytes,
+                &m.mig_memory_used,
+                &mut series.mig_memory_used,
+            ),
+            (
+                mig.memory_total_bytes,
+                &m.mig_memory_total,
+                &mut series.mig_memory_total,
+            ),
+        ] {
+            if let Some(v) = value {
+                family.get_or_create(&labels).set(gauge_value(v));
+                set.insert(labels.clone());
+            }
+        }
+    }
+    let uuid = UuidLabels {
+        UUID: g.uuid.clone(),
+    };
+    m.unattributed
+        .get_or_create(&uuid)
+        .set(i64::from(g.unattributed_processes));
+    series.unattributed.insert(uuid);
+}
+
 impl Usage {
     /// Nothing sampled, nothing written.
     pub fn new() -> Usage {
@@ -133,125 +223,15 @@ impl Usage {
         let m = metrics;
 
         let mut seen = HashSet::new();
-        let mut containers = HashSet::new();
-        let mut gpu_util = HashSet::new();
-        let mut gpu_used = HashSet::new();
-        let mut gpu_total = HashSet::new();
-        let mut mig_util = HashSet::new();
-        let mut mig_used = HashSet::new();
-        let mut mig_total = HashSet::new();
-        let mut unattributed = HashSet::new();
-        let mut limits = HashSet::new();
-        let mut enforced = HashSet::new();
-        let mut supported = HashSet::new();
+        let mut series = Series::default();
         for g in &figures.gpus {
-            let labels = GpuLabels {
-                UUID: g.uuid.clone(),
-                gpu: g.index.to_string(),
-                modelName: g.model.clone(),
-            };
-            if let Some(s) = g.memory_limits_supported {
-                m.gpu_limits_supported
-                    .get_or_create(&labels)
-                    .set(i64::from(s));
-                supported.insert(labels.clone());
-            }
-            for (value, family, set) in [
-                (
-                    g.utilization_percent.map(u64::from),
-                    &m.gpu_utilization,
-                    &mut gpu_util,
-                ),
-                (g.memory_used_bytes, &m.gpu_memory_used, &mut gpu_used),
-                (g.memory_total_bytes, &m.gpu_memory_total, &mut gpu_total),
-            ] {
-                if let Some(v) = value {
-                    family.get_or_create(&labels).set(gauge_value(v));
-                    set.insert(labels.clone());
-                }
-            }
-            for mig in &g.mig {
-                let labels = MigLabels {
-                    UUID: mig.uuid.clone(),
-                    parentUUID: g.uuid.clone(),
-                    profile: mig.profile.clone().unwrap_or_default(),
-                };
-                for (value, family, set) in [
-                    (
-                        mig.utilization_percent.map(u64::from),
-                        &m.mig_utilization,
-                        &mut mig_util,
-                    ),
-                    (mig.memory_used_bytes, &m.mig_memory_used, &mut mig_used),
-                    (mig.memory_total_bytes, &m.mig_memory_total, &mut mig_total),
-                ] {
-                    if let Some(v) = value {
-                        family.get_or_create(&labels).set(gauge_value(v));
-                        set.insert(labels.clone());
-                    }
-                }
-            }
-            let uuid = UuidLabels {
-                UUID: g.uuid.clone(),
-            };
-            m.unattributed
-                .get_or_create(&uuid)
-                .set(i64::from(g.unattributed_processes));
-            unattributed.insert(uuid);
+            write_gpu(m, g, &mut series);
             for c in &g.containers {
-                let key = (c.holder.clone(), c.unit_uuid.clone());
-                let last = self.last_active.entry(key.clone()).or_insert(now);
-                if c.sm_util_percent > 0 && now > *last {
-                    *last = now;
-                }
-                let labels = container_labels(c);
-                m.container_sm
-                    .get_or_create(&labels)
-                    .set(i64::from(c.sm_util_percent));
-                m.container_memory
-                    .get_or_create(&labels)
-                    .set(gauge_value(c.memory_used_bytes));
-                m.container_last_active.get_or_create(&labels).set(*last);
-                if let Some(l) = &c.memory_limit {
-                    for (kind, value) in [("hard", Some(l.hard_bytes)), ("soft", l.soft_bytes)] {
-                        if let Some(v) = value {
-                            let k = limit_labels(&labels, kind);
-                            m.container_limit.get_or_create(&k).set(gauge_value(v));
-                            limits.insert(k);
-                        }
-                    }
-                    if let Some(e) = l.enforced {
-                        m.container_limit_enforced
-                            .get_or_create(&labels)
-                            .set(i64::from(e));
-                        enforced.insert(labels.clone());
-                    }
-                }
-                seen.insert(key);
-                containers.insert(labels);
+                seen.insert(self.write_container(m, c, now, &mut series));
             }
         }
         self.last_active.retain(|k, _| seen.contains(k));
-        let w = &mut self.written;
-        sync(&m.gpu_utilization, &mut w.gpu_utilization, gpu_util);
-        sync(&m.gpu_memory_used, &mut w.gpu_memory_used, gpu_used);
-        sync(&m.gpu_memory_total, &mut w.gpu_memory_total, gpu_total);
-        sync(&m.mig_utilization, &mut w.mig_utilization, mig_util);
-        sync(&m.mig_memory_used, &mut w.mig_memory_used, mig_used);
-        sync(&m.mig_memory_total, &mut w.mig_memory_total, mig_total);
-        sync(&m.unattributed, &mut w.unattributed, unattributed);
-        sync(
-            &m.gpu_limits_supported,
-            &mut w.gpu_limits_supported,
-            supported,
-        );
-        sync(&m.container_limit, &mut w.container_limits, limits);
-        sync(
-            &m.container_limit_enforced,
-            &mut w.container_enforced,
-            enforced,
-        );
-        self.sync_containers(metrics, containers);
+        self.sync_series(m, series);
         if figures.limits_not_cleared > 0 {
             m.limits_not_cleared
                 .inc_by(u64::from(figures.limits_not_cleared));
@@ -260,6 +240,101 @@ impl Usage {
         m.attribution_up
             .set(i64::from(figures.checkpoint_error.is_none()));
         self.figures = Some(figures);
+    }
+
+    /// Writes container `c`'s gauges (SM use, memory, last active time advanced to `now`
+    /// where its SM use is > 0, memory limits), adding their label sets to `series`; returns
+    /// its last-active key.
+    fn write_container(
+        &mut self,
+        m: &UsageMetrics,
+        c: &ContainerFigures,
+        now: f64,
+        series: &mut Series,
+    ) -> ActiveKey {
+        let key = (c.holder.clone(), c.unit_uuid.clone());
+        let last = self.last_active.entry(key.clone()).or_insert(now);
+        if c.sm_util_percent > 0 && now > *last {
+            *last = now;
+        }
+        let labels = container_labels(c);
+        m.container_sm
+            .get_or_create(&labels)
+            .set(i64::from(c.sm_util_percent));
+        m.container_memory
+            .get_or_create(&labels)
+            .set(gauge_value(c.memory_used_bytes));
+        m.container_last_active.get_or_create(&labels).set(*last);
+        if let Some(l) = &c.memory_limit {
+            for (kind, value) in [("hard", Some(l.hard_bytes)), ("soft", l.soft_bytes)] {
+                if let Some(v) = value {
+                    let k = limit_labels(&labels, kind);
+                    m.container_limit.get_or_create(&k).set(gauge_value(v));
+                    series.container_limits.insert(k);
+                }
+            }
+            if let Some(e) = l.enforced {
+                m.container_limit_enforced
+                    .get_or_create(&labels)
+                    .set(i64::from(e));
+                series.container_enforced.insert(labels.clone());
+            }
+        }
+        series.containers.insert(labels);
+        key
+    }
+
+    /// Removes the series written last time but not in this sample's `series`, and remembers
+    /// these.
+    fn sync_series(&mut self, m: &UsageMetrics, series: Series) {
+        let w = &mut self.written;
+        sync(
+            &m.gpu_utilization,
+            &mut w.gpu_utilization,
+            series.gpu_utilization,
+        );
+        sync(
+            &m.gpu_memory_used,
+            &mut w.gpu_memory_used,
+            series.gpu_memory_used,
+        );
+        sync(
+            &m.gpu_memory_total,
+            &mut w.gpu_memory_total,
+            series.gpu_memory_total,
+        );
+        sync(
+            &m.mig_utilization,
+            &mut w.mig_utilization,
+            series.mig_utilization,
+        );
+        sync(
+            &m.mig_memory_used,
+            &mut w.mig_memory_used,
+            series.mig_memory_used,
+        );
+        sync(
+            &m.mig_memory_total,
+            &mut w.mig_memory_total,
+            series.mig_memory_total,
+        );
+        sync(&m.unattributed, &mut w.unattributed, series.unattributed);
+        sync(
+            &m.gpu_limits_supported,
+            &mut w.gpu_limits_supported,
+            series.gpu_limits_supported,
+        );
+        sync(
+            &m.container_limit,
+            &mut w.container_limits,
+            series.container_limits,
+        );
+        sync(
+            &m.container_limit_enforced,
+            &mut w.container_enforced,
+            series.container_enforced,
+        );
+        self.sync_containers(m, series.containers);
     }
 
     fn sync_containers(&mut self, metrics: &UsageMetrics, now: HashSet<ContainerLabels>) {
