@@ -186,6 +186,71 @@ fn write_gpu(m: &UsageMetrics, g: &GpuFigures, series: &mut Series) {
     series.unattributed.insert(uuid);
 }
 
+/// Writes `slicelet_allocation_info` (one series per held device and holder); returns those
+/// label sets and the container label sets of every holder on its unit.
+fn write_allocation_info(
+    m: &UsageMetrics,
+    plan: &Plan,
+    in_use: &InUse,
+) -> (HashSet<AllocationLabels>, HashSet<ContainerLabels>) {
+    let mut allocation = HashSet::new();
+    let mut live: HashSet<ContainerLabels> = HashSet::new();
+    for (resource, id, holders) in in_use.iter() {
+        let device = plan.resources.get(resource).and_then(|r| r.device(id));
+        let uuid = device.map_or_else(|| physical_uuid(id), |d| d.gpu_uuid.as_str());
+        for h in holders {
+            let labels = AllocationLabels {
+                resource: resource.to_string(),
+                device: id.to_string(),
+                UUID: uuid.to_string(),
+                pod: h.pod.clone(),
+                namespace: h.namespace.clone(),
+                container: h.container.clone(),
+            };
+            m.allocation.get_or_create(&labels).set(1);
+            allocation.insert(labels);
+            live.insert(ContainerLabels {
+                pod: h.pod.clone(),
+                namespace: h.namespace.clone(),
+                container: h.container.clone(),
+                UUID: uuid.to_string(),
+                resource: resource.to_string(),
+            });
+        }
+    }
+    (allocation, live)
+}
+
+/// Writes the held, free (Healthy and not held) and draining device counts of every resource
+/// the plan has or something holds; returns their label sets.
+fn write_resource_counts(m: &UsageMetrics, plan: &Plan, in_use: &InUse) -> HashSet<ResourceLabels> {
+    let mut resources = HashSet::new();
+    let names: std::collections::BTreeSet<&str> = plan
+        .resources
+        .keys()
+        .map(String::as_str)
+        .chain(in_use.devices.keys().map(String::as_str))
+        .collect();
+    for name in names {
+        let held = in_use.devices.get(name).map_or(0, BTreeMap::len);
+        let free = plan.resources.get(name).map_or(0, |r| {
+            r.devices
+                .iter()
+                .filter(|d| d.health.is_healthy() && !in_use.is_held(name, &d.id))
+                .count()
+        });
+        let draining = plan.drain.draining.get(name).map_or(0, BTreeMap::len);
+        let labels = ResourceLabels {
+            resource: name.to_string(),
+        };
+        m.allocated.get_or_create(&labels).set(held as i64);
+        m.free.get_or_create(&labels).set(free as i64);
+        m.draining.get_or_create(&labels).set(draining as i64);
+        resources.insert(labels);
+    }
+    resources
+}
+
 impl Usage {
     /// Nothing sampled, nothing written.
     pub fn new() -> Usage {
@@ -379,70 +444,25 @@ impl Usage {
     pub fn allocation(&mut self, plan: &Plan, in_use: &InUse, metrics: &UsageMetrics) {
         let in_use = &*with_claims(plan, in_use);
         let m = metrics;
-        let mut allocation = HashSet::new();
-        let mut live: HashSet<ContainerLabels> = HashSet::new();
-        for (resource, id, holders) in in_use.iter() {
-            let device = plan.resources.get(resource).and_then(|r| r.device(id));
-            let uuid = device.map_or_else(|| physical_uuid(id), |d| d.gpu_uuid.as_str());
-            for h in holders {
-                let labels = AllocationLabels {
-                    resource: resource.to_string(),
-                    device: id.to_string(),
-                    UUID: uuid.to_string(),
-                    pod: h.pod.clone(),
-                    namespace: h.namespace.clone(),
-                    container: h.container.clone(),
-                };
-                m.allocation.get_or_create(&labels).set(1);
-                allocation.insert(labels);
-                live.insert(ContainerLabels {
-                    pod: h.pod.clone(),
-                    namespace: h.namespace.clone(),
-                    container: h.container.clone(),
-                    UUID: uuid.to_string(),
-                    resource: resource.to_string(),
-                });
-            }
-        }
+        let (allocation, live) = write_allocation_info(m, plan, in_use);
         sync(&m.allocation, &mut self.written.allocation, allocation);
-
-        let mut resources = HashSet::new();
-        let names: std::collections::BTreeSet<&str> = plan
-            .resources
-            .keys()
-            .map(String::as_str)
-            .chain(in_use.devices.keys().map(String::as_str))
-            .collect();
-        for name in names {
-            let held = in_use.devices.get(name).map_or(0, BTreeMap::len);
-            let free = plan.resources.get(name).map_or(0, |r| {
-                r.devices
-                    .iter()
-                    .filter(|d| d.health.is_healthy() && !in_use.is_held(name, &d.id))
-                    .count()
-            });
-            let draining = plan.drain.draining.get(name).map_or(0, BTreeMap::len);
-            let labels = ResourceLabels {
-                resource: name.to_string(),
-            };
-            m.allocated.get_or_create(&labels).set(held as i64);
-            m.free.get_or_create(&labels).set(free as i64);
-            m.draining.get_or_create(&labels).set(draining as i64);
-            resources.insert(labels);
-        }
+        let resources = write_resource_counts(m, plan, in_use);
         for gone in self.written.resources.difference(&resources) {
             m.allocated.remove(gone);
             m.free.remove(gone);
             m.draining.remove(gone);
         }
         self.written.resources = resources;
+        self.forget_released(metrics, &live);
+    }
 
-        // Containers no longer holding anything on a unit lose their series now, not at the
-        // next sample.
+    /// Containers no longer holding anything on a unit (not in `live`) lose their series and
+    /// last active times now, not at the next sample.
+    fn forget_released(&mut self, metrics: &UsageMetrics, live: &HashSet<ContainerLabels>) {
         let still: HashSet<ContainerLabels> = self
             .written
             .containers
-            .intersection(&live)
+            .intersection(live)
             .cloned()
             .collect();
         self.sync_containers(metrics, still);
