@@ -15,7 +15,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::in_use::{Holder, InUse};
 use crate::plan::dra_names::with_claims;
-use crate::plan::{physical_uuid, Plan};
+use crate::plan::{physical_uuid, Plan, VirtualDevice};
 use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures, GpuFigures};
 use crate::usage::metrics::{
     AllocationLabels, ContainerLabels, ContainerLimitLabels, GpuLabels, MigLabels, ResourceLabels,
@@ -23,6 +23,9 @@ use crate::usage::metrics::{
 };
 use crate::usage::view::{DeviceView, GpuView, HolderView, NodeView};
 use crate::usage::Samples;
+
+/// A sample's containers' figures by (unit UUID, resource, holder).
+type FiguresOf<'a> = HashMap<(&'a str, &'a str, &'a Holder), &'a ContainerFigures>;
 
 /// Who and which unit a last-active time is for: (holder, unit UUID).
 type ActiveKey = (Holder, String);
@@ -495,68 +498,19 @@ impl Usage {
     /// per request.
     pub fn view(&self, plan: &Plan, in_use: &InUse) -> NodeView {
         let in_use = &*with_claims(plan, in_use);
-        let mut gpus: HashMap<&str, GpuView> = HashMap::new();
-        let mut figures_of: HashMap<(&str, &str, &Holder), &ContainerFigures> = HashMap::new();
-        let sampled_at = self.figures.as_ref().map(|f| f.at_unix_ms as f64 / 1000.0);
-        if let Some(f) = &self.figures {
-            for g in &f.gpus {
-                gpus.insert(
-                    g.uuid.as_str(),
-                    GpuView {
-                        index: g.index,
-                        uuid: g.uuid.clone(),
-                        model: Some(g.model.clone()),
-                        utilization_percent: g.utilization_percent,
-                        memory_used_bytes: g.memory_used_bytes,
-                        memory_total_bytes: g.memory_total_bytes,
-                        unattributed_processes: g.unattributed_processes,
-                        devices: Vec::new(),
-                        memory_limits_supported: g.memory_limits_supported,
-                    },
-                );
-                for c in &g.containers {
-                    figures_of.insert((c.unit_uuid.as_str(), c.resource.as_str(), &c.holder), c);
-                }
-            }
-        }
+        let (mut gpus, figures_of) = self.sampled_gpus();
         let mut free = BTreeMap::new();
         for (name, r) in &plan.resources {
-            let draining = plan.drain.draining.get(name);
-            let retained = plan.drain.retained.get(name);
             let mut n_free = 0;
             for d in &r.devices {
-                let gpu_uuid = physical(d);
                 let holder = in_use.holders(name, &d.id).first();
                 if holder.is_none() && d.health.is_healthy() {
                     n_free += 1;
                 }
                 let figures =
                     holder.and_then(|h| figures_of.get(&(d.gpu_uuid.as_str(), name.as_str(), h)));
-                let idle_seconds = match (figures, sampled_at) {
-                    (Some(c), Some(at)) => self
-                        .last_active
-                        .get(&(c.holder.clone(), c.unit_uuid.clone()))
-                        .map(|last| (at - last).max(0.0)),
-                    _ => None,
-                };
-                let view = DeviceView {
-                    resource: name.clone(),
-                    id: d.id.clone(),
-                    unit_uuid: d.gpu_uuid.clone(),
-                    replica: d.replica,
-                    mig_profile: d.mig.as_ref().map(|m| m.profile.clone()),
-                    health: d.health.as_str().to_string(),
-                    draining: draining.and_then(|m| m.get(&d.id)).cloned(),
-                    retained: retained.is_some_and(|s| s.contains(&d.id)),
-                    holder: holder.map(HolderView::from),
-                    sm_util_percent: figures.map(|c| c.sm_util_percent),
-                    memory_used_bytes: figures.map(|c| c.memory_used_bytes),
-                    idle_seconds,
-                    memory_limit_bytes: figures.and_then(|c| c.memory_limit).map(|l| l.hard_bytes),
-                    memory_limit_enforced: figures
-                        .and_then(|c| c.memory_limit)
-                        .and_then(|l| l.enforced),
-                };
+                let view = self.device_view(plan, name, d, holder, figures.copied());
+                let gpu_uuid = physical(d);
                 gpus.entry(gpu_uuid)
                     .or_insert_with(|| GpuView {
                         index: d.gpu_index,
@@ -585,6 +539,80 @@ impl Usage {
                 .map_or(0, Figures::unattributed_processes),
             gpus,
             free,
+        }
+    }
+
+    /// The latest sample's GPUs (no devices yet) by UUID, and its containers' figures by
+    /// (unit UUID, resource, holder).
+    fn sampled_gpus(&self) -> (HashMap<&str, GpuView>, FiguresOf<'_>) {
+        let mut gpus: HashMap<&str, GpuView> = HashMap::new();
+        let mut figures_of = FiguresOf::new();
+        for g in self.figures.iter().flat_map(|f| &f.gpus) {
+            gpus.insert(
+                g.uuid.as_str(),
+                GpuView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: Some(g.model.clone()),
+                    utilization_percent: g.utilization_percent,
+                    memory_used_bytes: g.memory_used_bytes,
+                    memory_total_bytes: g.memory_total_bytes,
+                    unattributed_processes: g.unattributed_processes,
+                    devices: Vec::new(),
+                    memory_limits_supported: g.memory_limits_supported,
+                },
+            );
+            for c in &g.containers {
+                figures_of.insert((c.unit_uuid.as_str(), c.resource.as_str(), &c.holder), c);
+            }
+        }
+        (gpus, figures_of)
+    }
+
+    /// Device `d` of resource `name` as `/status` shows it: its drain state, its `holder` and
+    /// that holder's `figures` on its unit, idle seconds measured to the latest sample's time.
+    fn device_view(
+        &self,
+        plan: &Plan,
+        name: &str,
+        d: &VirtualDevice,
+        holder: Option<&Holder>,
+        figures: Option<&ContainerFigures>,
+    ) -> DeviceView {
+        let sampled_at = self.figures.as_ref().map(|f| f.at_unix_ms as f64 / 1000.0);
+        let idle_seconds = match (figures, sampled_at) {
+            (Some(c), Some(at)) => self
+                .last_active
+                .get(&(c.holder.clone(), c.unit_uuid.clone()))
+                .map(|last| (at - last).max(0.0)),
+            _ => None,
+        };
+        DeviceView {
+            resource: name.to_string(),
+            id: d.id.clone(),
+            unit_uuid: d.gpu_uuid.clone(),
+            replica: d.replica,
+            mig_profile: d.mig.as_ref().map(|m| m.profile.clone()),
+            health: d.health.as_str().to_string(),
+            draining: plan
+                .drain
+                .draining
+                .get(name)
+                .and_then(|m| m.get(&d.id))
+                .cloned(),
+            retained: plan
+                .drain
+                .retained
+                .get(name)
+                .is_some_and(|s| s.contains(&d.id)),
+            holder: holder.map(HolderView::from),
+            sm_util_percent: figures.map(|c| c.sm_util_percent),
+            memory_used_bytes: figures.map(|c| c.memory_used_bytes),
+            idle_seconds,
+            memory_limit_bytes: figures.and_then(|c| c.memory_limit).map(|l| l.hard_bytes),
+            memory_limit_enforced: figures
+                .and_then(|c| c.memory_limit)
+                .and_then(|l| l.enforced),
         }
     }
 }
