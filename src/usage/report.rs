@@ -627,66 +627,19 @@ impl Usage {
 /// # Panics
 /// When `containers > gpus * replicas` (not every container could hold a replica).
 pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse, Samples) {
-    use crate::device_health::Health;
-    use crate::inventory::sample::{GpuSample, ProcessSample};
-    use crate::plan::{replica_id, ResourcePlan, Strategy, VirtualDevice};
+    use crate::inventory::sample::ProcessSample;
+    use crate::plan::replica_id;
     use crate::usage::CheckpointEntry;
-    const RESOURCE: &str = "nvidia.com/gpu-shared";
-    const MIB: u64 = 1024 * 1024;
     assert!(u64::from(containers) <= u64::from(gpus) * u64::from(replicas));
-    let uuid = |g: u32| format!("GPU-{g:08x}-0000-0000-0000-000000000000");
-    let devices = (0..gpus)
-        .flat_map(|g| (0..replicas).map(move |n| (g, n)))
-        .map(|(g, n)| VirtualDevice {
-            id: replica_id(&uuid(g), n),
-            gpu_index: g,
-            gpu_uuid: uuid(g),
-            gpu_minor: Some(g),
-            replica: Some(n),
-            health: Health::Healthy,
-            numa_node: None,
-            mig: None,
-        })
-        .collect();
-    let mut plan = Plan::default();
-    plan.resources.insert(
-        RESOURCE.into(),
-        Arc::new(ResourcePlan::new(
-            crate::policy::ResourceName::parse(RESOURCE).expect("a valid name"),
-            Strategy::TimeSlicing,
-            replicas,
-            false,
-            false,
-            devices,
-        )),
-    );
-    let mut samples = Samples {
-        at_unix_ms: 1_000_000,
-        gpus: (0..gpus)
-            .map(|g| GpuSample {
-                uuid: uuid(g),
-                index: g,
-                model: "NVIDIA H100 80GB HBM3".into(),
-                utilization_percent: Some(40),
-                memory_used_bytes: Some(4096 * MIB),
-                memory_total_bytes: Some(81_559 * MIB),
-                processes: Vec::new(),
-                mig: Vec::new(),
-                ..GpuSample::default()
-            })
-            .collect(),
-        checkpoint: Some(Vec::new()),
-        checkpoint_error: None,
-        claims: None,
-        limits_not_cleared: 0,
-    };
+    let plan = synthetic_plan(gpus, replicas);
+    let mut samples = synthetic_samples(gpus);
     let mut in_use = InUse::default();
     for c in 0..containers {
         let (g, n) = (c % gpus, c / gpus);
-        let id = replica_id(&uuid(g), n);
+        let id = replica_id(&synthetic_uuid(g), n);
         let pod_uid = format!("uid-{c}");
         in_use.insert(
-            RESOURCE,
+            SYNTHETIC_RESOURCE,
             &id,
             Holder {
                 namespace: "ml".into(),
@@ -698,20 +651,89 @@ pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse
             checkpoint.push(CheckpointEntry {
                 pod_uid: pod_uid.clone(),
                 container: "main".into(),
-                resource: RESOURCE.into(),
+                resource: SYNTHETIC_RESOURCE.into(),
                 device_ids: vec![id],
             });
         }
         samples.gpus[g as usize].processes.push(ProcessSample {
             pid: 1000 + c,
             sm_util_percent: Some(1 + c % 50),
-            memory_used_bytes: Some(100 * MIB),
+            memory_used_bytes: Some(100 * SYNTHETIC_MIB),
             pod_uid: Some(pod_uid),
             container_id: None,
             cgroup: None,
         });
     }
     (plan, in_use, samples)
+}
+
+/// [`synthetic_node`]'s one resource.
+const SYNTHETIC_RESOURCE: &str = "nvidia.com/gpu-shared";
+/// Bytes in a MiB, for [`synthetic_node`]'s figures.
+const SYNTHETIC_MIB: u64 = 1024 * 1024;
+
+/// The UUID of [`synthetic_node`]'s GPU `g`.
+fn synthetic_uuid(g: u32) -> String {
+    format!("GPU-{g:08x}-0000-0000-0000-000000000000")
+}
+
+/// [`synthetic_node`]'s plan: one time-sliced resource of `replicas` Healthy replicas on each
+/// of `gpus` GPUs.
+fn synthetic_plan(gpus: u32, replicas: u32) -> Plan {
+    use crate::device_health::Health;
+    use crate::plan::{replica_id, ResourcePlan, Strategy};
+    let devices = (0..gpus)
+        .flat_map(|g| (0..replicas).map(move |n| (g, n)))
+        .map(|(g, n)| VirtualDevice {
+            id: replica_id(&synthetic_uuid(g), n),
+            gpu_index: g,
+            gpu_uuid: synthetic_uuid(g),
+            gpu_minor: Some(g),
+            replica: Some(n),
+            health: Health::Healthy,
+            numa_node: None,
+            mig: None,
+        })
+        .collect();
+    let mut plan = Plan::default();
+    plan.resources.insert(
+        SYNTHETIC_RESOURCE.into(),
+        Arc::new(ResourcePlan::new(
+            crate::policy::ResourceName::parse(SYNTHETIC_RESOURCE).expect("a valid name"),
+            Strategy::TimeSlicing,
+            replicas,
+            false,
+            false,
+            devices,
+        )),
+    );
+    plan
+}
+
+/// [`synthetic_node`]'s sample of `gpus` H100s, 40 % busy, no processes yet, an empty
+/// checkpoint.
+fn synthetic_samples(gpus: u32) -> Samples {
+    use crate::inventory::sample::GpuSample;
+    Samples {
+        at_unix_ms: 1_000_000,
+        gpus: (0..gpus)
+            .map(|g| GpuSample {
+                uuid: synthetic_uuid(g),
+                index: g,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                utilization_percent: Some(40),
+                memory_used_bytes: Some(4096 * SYNTHETIC_MIB),
+                memory_total_bytes: Some(81_559 * SYNTHETIC_MIB),
+                processes: Vec::new(),
+                mig: Vec::new(),
+                ..GpuSample::default()
+            })
+            .collect(),
+        checkpoint: Some(Vec::new()),
+        checkpoint_error: None,
+        claims: None,
+        limits_not_cleared: 0,
+    }
 }
 
 #[cfg(test)]
