@@ -547,27 +547,46 @@ pub fn build<'a>(
             };
             let mut dev = device(res, d, inventory, params.driver_version.as_deref(), p.name);
             dev.taints = taints;
-            if let Some(c) = consumes(res, d, inventory) {
-                let parent = d
-                    .mig
-                    .as_ref()
-                    .map(|m| m.parent_uuid.as_str())
-                    .unwrap_or_default();
-                if !sets.contains_key(&c.counter_set) {
-                    if let Some(set) = counter_set(parent, inventory) {
-                        sets.insert(c.counter_set.clone(), set);
-                    }
-                }
-                if sets.contains_key(&c.counter_set) {
-                    dev.consumes_counters = Some(vec![c]);
-                }
-            }
+            dev.consumes_counters = counters_consumed(res, d, inventory, &mut sets);
             Some(dev)
         })
         .collect();
-    // Counters live in slices of their own, without devices (Kubernetes 1.35 and later
-    // require it), before the device slices.
     let sets: Vec<CounterSet> = sets.into_values().collect();
+    Slices {
+        slices: into_slices(params, &sets, &devices),
+        skipped,
+    }
+}
+
+/// The counters device `d` of `res` consumes, once its GPU's counter set is in `sets` (added
+/// there at its first device); `None` when it consumes none or the set cannot be built.
+fn counters_consumed(
+    res: &ResourcePlan,
+    d: &VirtualDevice,
+    inventory: &Inventory,
+    sets: &mut BTreeMap<String, CounterSet>,
+) -> Option<Vec<DeviceCounterConsumption>> {
+    let c = consumes(res, d, inventory)?;
+    let parent = d
+        .mig
+        .as_ref()
+        .map(|m| m.parent_uuid.as_str())
+        .unwrap_or_default();
+    if !sets.contains_key(&c.counter_set) {
+        if let Some(set) = counter_set(parent, inventory) {
+            sets.insert(c.counter_set.clone(), set);
+        }
+    }
+    sets.contains_key(&c.counter_set).then(|| vec![c])
+}
+
+/// The slices of `sets` and `devices`. Counters live in slices of their own, without devices
+/// (Kubernetes 1.35 and later require it), before the device slices; at least one slice.
+fn into_slices(
+    params: &SliceParams,
+    sets: &[CounterSet],
+    devices: &[Device],
+) -> Vec<ResourceSlice> {
     let per_slice = if sets.is_empty() {
         params.unhealthy.max_devices_per_slice()
     } else {
@@ -582,7 +601,7 @@ pub fn build<'a>(
     }
     chunks.extend(devices.chunks(per_slice).map(|d| (Vec::new(), d.to_vec())));
     let count = chunks.len() as i64;
-    let slices = chunks
+    chunks
         .into_iter()
         .enumerate()
         .map(|(n, (sets, devices))| ResourceSlice {
@@ -607,8 +626,7 @@ pub fn build<'a>(
                 ..ResourceSliceSpec::default()
             },
         })
-        .collect();
-    Slices { slices, skipped }
+        .collect()
 }
 
 #[cfg(test)]
