@@ -381,7 +381,7 @@ async fn reconcile_once(
     for slice in wanted.slices {
         let name = slice.metadata.name.clone().unwrap_or_default();
         match write_slice(api, slice, existing.remove(&name), state).await? {
-            SliceWrite::Stored(s) => stored.push(s),
+            SliceWrite::Stored(s) => stored.push(*s),
             SliceWrite::TaintsRefused(refused) => return Ok(refused),
         }
     }
@@ -485,7 +485,7 @@ fn wanted_slices(
 /// What writing one slice came to.
 enum SliceWrite {
     /// The API server's copy: the old one when it already says what we want, else its answer.
-    Stored(ResourceSlice),
+    Stored(Box<ResourceSlice>),
     /// The API server dropped or refused the device taints: the reconcile stops here.
     TaintsRefused(Outcome),
 }
@@ -505,7 +505,7 @@ async fn write_slice(
     let replace = old.is_some();
     if let Some(old) = old {
         if same_spec(&old.spec, &slice.spec) {
-            return Ok(SliceWrite::Stored(old));
+            return Ok(SliceWrite::Stored(Box::new(old)));
         }
         slice.metadata.resource_version = old.metadata.resource_version;
     }
@@ -524,7 +524,7 @@ async fn write_slice(
         return Err(e);
     }
     answer
-        .map(SliceWrite::Stored)
+        .map(|s| SliceWrite::Stored(Box::new(s)))
         .map_err(|source| PublishError::Write {
             op: if replace { "replacing" } else { "creating" },
             name,
