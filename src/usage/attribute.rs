@@ -217,6 +217,9 @@ fn limit_of(
     }
 }
 
+/// Pod UID → its entries.
+type PodEntries<'a> = HashMap<&'a str, Vec<PodEntry<'a>>>;
+
 /// The container's key inside one GPU: (unit UUID, resource, holder).
 type Key = (String, String, Holder);
 
@@ -287,11 +290,8 @@ fn held_by_gpu<'p>(plan: &'p Plan, in_use: &InUse) -> HashMap<&'p str, BTreeMap<
 fn entries_by_pod<'a>(
     samples: &'a Samples,
     in_use: &'a InUse,
-) -> (
-    HashMap<&'a str, Vec<PodEntry<'a>>>,
-    HashSet<(&'a str, &'a Holder)>,
-) {
-    let mut by_pod: HashMap<&str, Vec<PodEntry<'_>>> = HashMap::new();
+) -> (PodEntries<'a>, HashSet<(&'a str, &'a Holder)>) {
+    let mut by_pod = PodEntries::new();
     for e in samples.checkpoint.iter().flatten() {
         by_pod
             .entry(e.pod_uid.as_str())
