@@ -291,7 +291,7 @@ async fn run(
     };
     let health =
         health_service::HealthService::new(settings.node.clone(), inputs.clone(), shutdown.clone());
-    let mut publisher = tokio::spawn(publish::run(
+    let publisher = tokio::spawn(publish::run(
         client,
         params,
         inputs,
@@ -299,13 +299,43 @@ async fn run(
         status.clone(),
         shutdown.child_token(),
     ));
-    let service = plugin::Service(plugin);
     let dra_path = dra_bound.path.clone();
+    let dra_server = spawn_dra_server(dra_listener, plugin::Service(plugin), health, &shutdown);
+    let registrar = plugin::Registrar {
+        driver: settings.driver.clone(),
+        endpoint: dra_path.clone(),
+        registrations: reg_tx,
+    };
+    let reg_path = reg_bound.path.clone();
+    let reg_server = spawn_registration_server(reg_listener, registrar, &shutdown);
+    tracing::info!(driver = %settings.driver, registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA: kubelet plugin serving");
+    mark_serving(&settings, &status);
+    let servers = Servers {
+        dra: (dra_server, dra_path),
+        registration: (reg_server, reg_path),
+        publisher,
+    };
+    let result = servers.until_one_ends(&shutdown).await;
+    reg_bound.remove();
+    dra_bound.remove();
+    result
+}
+
+/// A gRPC server task: what its serve returned.
+type ServerTask = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Serves the DRA plugin (v1 and v1beta1) and resource-health services (v1 and v1alpha1) on
+/// `listener` until `shutdown`. The connection limits of every socket: listen.rs; any
+/// `:authority` (the kubelet's plugin watcher sends the socket path): authority.rs.
+fn spawn_dra_server(
+    listener: tokio::net::UnixListener,
+    service: plugin::Service,
+    health: health_service::HealthService,
+    shutdown: &CancellationToken,
+) -> ServerTask {
     let stop = shutdown.clone();
-    // The connection limits of every socket (listen.rs); any `:authority` (the kubelet's plugin
-    // watcher sends the socket path): authority.rs.
-    let dra_listener = crate::listen::incoming(dra_listener, crate::listen::Limits::default());
-    let mut dra_server = tokio::spawn(async move {
+    let listener = crate::listen::incoming(listener, crate::listen::Limits::default());
+    tokio::spawn(async move {
         use crate::api::drahealth::{v1 as health_v1, v1alpha1 as health_v1alpha1};
         crate::listen::server()
             .add_service(
@@ -318,30 +348,35 @@ async fn run(
             .add_service(
                 health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health),
             )
-            .serve_with_incoming_shutdown(dra_listener, stop.cancelled_owned())
+            .serve_with_incoming_shutdown(listener, stop.cancelled_owned())
             .await
-    });
-    let registrar = plugin::Registrar {
-        driver: settings.driver.clone(),
-        endpoint: dra_path.clone(),
-        registrations: reg_tx,
-    };
-    let reg_path = reg_bound.path.clone();
+    })
+}
+
+/// Serves the kubelet's plugin registration service on `listener` until `shutdown`.
+fn spawn_registration_server(
+    listener: tokio::net::UnixListener,
+    registrar: plugin::Registrar,
+    shutdown: &CancellationToken,
+) -> ServerTask {
     let stop = shutdown.clone();
-    let reg_listener = crate::listen::incoming(reg_listener, crate::listen::Limits::default());
-    let mut reg_server = tokio::spawn(async move {
+    let listener = crate::listen::incoming(listener, crate::listen::Limits::default());
+    tokio::spawn(async move {
         crate::listen::server()
             .add_service(
                 crate::api::pluginregistration::registration_server::RegistrationServer::new(
                     registrar,
                 ),
             )
-            .serve_with_incoming_shutdown(reg_listener, stop.cancelled_owned())
+            .serve_with_incoming_shutdown(listener, stop.cancelled_owned())
             .await
-    });
-    tracing::info!(driver = %settings.driver, registration = %reg_path.display(), endpoint = %dra_path.display(), "DRA: kubelet plugin serving");
-    // Serving; but claims cannot be prepared where their CDI specs cannot be written: a
-    // readiness failure named now, not at the first claim (unprepare works all the same).
+    })
+}
+
+/// Marks DRA serving in `status`. Claims cannot be prepared where their CDI specs cannot be
+/// written: a readiness failure named now, not at the first claim (unprepare works all the
+/// same).
+fn mark_serving(settings: &DraSettings, status: &watch::Sender<publish::PublishStatus>) {
     let unwritable = writable(&settings.cdi_dir).err();
     if let Some(e) = &unwritable {
         tracing::error!(error = %e, "DRA serves, but no claim can be prepared");
@@ -350,32 +385,51 @@ async fn run(
         s.down = unwritable;
         s.serving = true;
     });
-    let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
-                  path: &PathBuf| match r {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(DraError::Serve {
-            path: path.clone(),
-            source,
-        }),
-        Err(_) => Ok(()),
-    };
-    // Which task ended first (a finished JoinHandle must not be awaited again).
-    let (result, ended) = tokio::select! {
-        r = &mut dra_server => (served(r, &dra_path), 0),
-        r = &mut reg_server => (served(r, &reg_path), 1),
-        _ = &mut publisher => (Ok(()), 2),
-    };
-    shutdown.cancel();
-    if ended != 0 {
-        let _ = dra_server.await;
+}
+
+/// DRA's running tasks: its two servers (with their socket paths) and the publisher.
+struct Servers {
+    dra: (ServerTask, PathBuf),
+    registration: (ServerTask, PathBuf),
+    publisher: tokio::task::JoinHandle<()>,
+}
+
+impl Servers {
+    /// Waits for the first task to end, then cancels `shutdown` and waits for the others (a
+    /// finished JoinHandle must not be awaited again).
+    ///
+    /// # Errors
+    /// [`DraError::Serve`] when the first to end is a server whose serve failed.
+    async fn until_one_ends(self, shutdown: &CancellationToken) -> Result<(), DraError> {
+        let Servers {
+            dra: (mut dra_server, dra_path),
+            registration: (mut reg_server, reg_path),
+            mut publisher,
+        } = self;
+        let served = |r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+                      path: &PathBuf| match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(DraError::Serve {
+                path: path.clone(),
+                source,
+            }),
+            Err(_) => Ok(()),
+        };
+        let (result, ended) = tokio::select! {
+            r = &mut dra_server => (served(r, &dra_path), 0),
+            r = &mut reg_server => (served(r, &reg_path), 1),
+            _ = &mut publisher => (Ok(()), 2),
+        };
+        shutdown.cancel();
+        if ended != 0 {
+            let _ = dra_server.await;
+        }
+        if ended != 1 {
+            let _ = reg_server.await;
+        }
+        if ended != 2 {
+            let _ = publisher.await;
+        }
+        result
     }
-    if ended != 1 {
-        let _ = reg_server.await;
-    }
-    if ended != 2 {
-        let _ = publisher.await;
-    }
-    reg_bound.remove();
-    dra_bound.remove();
-    result
 }

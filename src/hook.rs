@@ -185,9 +185,9 @@ pub fn set_memory_limits(req: &Request, state: impl Read) -> Result<Outcome, Hoo
         used: 0,
     };
     let added = limits::add_and_read_back(req.nvml_library.as_deref(), &req.gpu, &dir, own)
-        .map_err(|message| HookError::Nvml {
+        .map_err(|e| HookError::Nvml {
             gpu: req.gpu.clone(),
-            message,
+            message: e.to_string(),
         })?;
     let (want, read) = (added.want, added.read);
     if read.hard != want.hard || read.soft != want.soft {

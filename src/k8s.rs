@@ -181,17 +181,7 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     };
     // `Api<PartialObjectMeta<Node>>` asks for metadata only.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
-    // Its LISTs from the API server's watch cache (`resourceVersion=0`), as client-go's
-    // reflectors (the kubelet's own Node watch) do: a quorum read makes an API server without
-    // consistent reads from its cache (etcd before 3.5.13) read every Node from etcd, once per
-    // node of a fleet starting together. The watch that follows brings any newer label. No
-    // pages (one Node): kube sends no `resourceVersion=0` with a `limit`, which the API server
-    // would not honour from its cache.
-    let mut config = watcher::Config::default()
-        .fields(&format!("metadata.name={}", w.node))
-        .any_semantic();
-    config.page_size = None;
-    let mut events = pin!(watcher::watcher(nodes, config));
+    let mut events = pin!(watcher::watcher(nodes, node_watch_config(&w.node)));
     // The value seen during a (re-)list, applied when the list is complete.
     let mut listing: Option<Option<String>> = None;
     let mut backoff = retry_backoff();
@@ -200,15 +190,7 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
             Ok(ev) => ev,
             Err(e) => {
                 let delay = backoff.next().unwrap_or(RETRY_MAX);
-                let error = crate::errors::chain(&e);
-                tx.send_if_modified(|v| {
-                    if v.error.as_deref() == Some(error.as_str()) {
-                        return false;
-                    }
-                    tracing::warn!(error = %error, node = %w.node, "Kubernetes API: watching the node failed; keeping the current config and retrying with backoff");
-                    v.error = Some(error.clone());
-                    true
-                });
+                show_watch_error(tx, crate::errors::chain(&e), &w.node);
                 // The watcher tries again at the next poll: wait first.
                 tokio::time::sleep(delay).await;
                 continue;
@@ -219,37 +201,80 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
         if matches!(ev, Event::InitDone | Event::Apply(_) | Event::Delete(_)) {
             backoff = retry_backoff();
         }
-        let seen = match ev {
-            Event::Init => {
-                listing = Some(None);
-                continue;
-            }
-            Event::InitApply(node) => {
-                if node.metadata.name.as_deref() == Some(w.node.as_str()) {
-                    listing = Some(value_of(&node, label));
-                }
-                continue;
-            }
-            Event::InitDone => listing.take().unwrap_or(None),
-            Event::Apply(node) => value_of(&node, label),
-            Event::Delete(_) => None,
-        };
-        tx.send_if_modified(|v| {
-            let next = LabelView {
-                synced: true,
-                value: seen.clone(),
-                error: None,
-            };
-            if *v == next {
-                return false;
-            }
-            if v.value != next.value || !v.synced {
-                tracing::info!(node = %w.node, label = %label, value = ?next.value, "node config label");
-            }
-            *v = next;
-            true
-        });
+        if let Some(seen) = label_seen(ev, &mut listing, &w.node, label) {
+            show_label(tx, seen, &w.node, label);
+        }
     }
+}
+
+/// The watch of Node `node`. Its LISTs from the API server's watch cache
+/// (`resourceVersion=0`), as client-go's reflectors (the kubelet's own Node watch) do: a
+/// quorum read makes an API server without consistent reads from its cache (etcd before
+/// 3.5.13) read every Node from etcd, once per node of a fleet starting together. The watch
+/// that follows brings any newer label. No pages (one Node): kube sends no
+/// `resourceVersion=0` with a `limit`, which the API server would not honour from its cache.
+fn node_watch_config(node: &str) -> watcher::Config {
+    let mut config = watcher::Config::default()
+        .fields(&format!("metadata.name={node}"))
+        .any_semantic();
+    config.page_size = None;
+    config
+}
+
+/// Shows a failed watch (`error`) in the view, logging it once while it stays the same.
+fn show_watch_error(tx: &watch::Sender<LabelView>, error: String, node: &str) {
+    tx.send_if_modified(|v| {
+        if v.error.as_deref() == Some(error.as_str()) {
+            return false;
+        }
+        tracing::warn!(error = %error, node = %node, "Kubernetes API: watching the node failed; keeping the current config and retrying with backoff");
+        v.error = Some(error.clone());
+        true
+    });
+}
+
+/// The label's value event `ev` settles (`Some(None)`: no label), or `None` while a
+/// (re-)list is under way (its value kept in `listing` until the list is complete).
+fn label_seen(
+    ev: Event<PartialObjectMeta<Node>>,
+    listing: &mut Option<Option<String>>,
+    node: &str,
+    label: &str,
+) -> Option<Option<String>> {
+    match ev {
+        Event::Init => {
+            *listing = Some(None);
+            None
+        }
+        Event::InitApply(n) => {
+            if n.metadata.name.as_deref() == Some(node) {
+                *listing = Some(value_of(&n, label));
+            }
+            None
+        }
+        Event::InitDone => Some(listing.take().unwrap_or(None)),
+        Event::Apply(n) => Some(value_of(&n, label)),
+        Event::Delete(_) => Some(None),
+    }
+}
+
+/// Shows the label's value `seen` in the view (synced, no error), logging a changed value.
+fn show_label(tx: &watch::Sender<LabelView>, seen: Option<String>, node: &str, label: &str) {
+    tx.send_if_modified(|v| {
+        let next = LabelView {
+            synced: true,
+            value: seen.clone(),
+            error: None,
+        };
+        if *v == next {
+            return false;
+        }
+        if v.value != next.value || !v.synced {
+            tracing::info!(node = %node, label = %label, value = ?next.value, "node config label");
+        }
+        *v = next;
+        true
+    });
 }
 
 #[cfg(test)]

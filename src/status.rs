@@ -101,49 +101,94 @@ impl Status {
     /// Ok when ready, else the reason (for `/readyz`).
     ///
     /// # Errors
-    /// A sentence saying what is missing.
-    pub fn ready(&self) -> Result<(), String> {
+    /// [`ReadyError`]: the first of the checks, in this order, that fails.
+    pub fn ready(&self) -> Result<(), ReadyError> {
         if let Some(e) = &self.discovery_error {
-            return Err(format!("GPU discovery failed: {e}"));
+            return Err(ReadyError::Discovery { reason: e.clone() });
         }
         if let Some(e) = &self.policy_error {
-            return Err(format!("policy rejected: {e}"));
+            return Err(ReadyError::Policy { reason: e.clone() });
         }
         if self.generation == 0 {
-            return Err("no policy applied yet".to_string());
+            return Err(ReadyError::NoPolicy);
         }
         if let Some(e) = &self.dra_down {
-            return Err(format!("DRA {e}"));
+            return Err(ReadyError::Dra { reason: e.clone() });
         }
-        let missing: Vec<&str> = self
+        let missing: Vec<String> = self
             .resources
             .difference(&self.registered)
-            .map(String::as_str)
+            .cloned()
             .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "not registered with the kubelet: {}",
-                missing.join(", ")
-            ));
+            return Err(ReadyError::NotRegistered { resources: missing });
         }
         if !self.stalled.is_empty() {
-            let names: Vec<&str> = self.stalled.iter().map(String::as_str).collect();
-            return Err(format!(
-                "registered, but the kubelet opened no ListAndWatch stream for: {}",
-                names.join(", ")
-            ));
+            return Err(ReadyError::NoStream {
+                resources: self.stalled.iter().cloned().collect(),
+            });
         }
         if self.healthy_devices == 0 {
-            return Err(format!(
-                "no device is Healthy ({} advertised): every GPU is lost, Unhealthy or waiting for its MPS daemon",
-                self.devices
-            ));
+            return Err(ReadyError::NoHealthyDevice {
+                advertised: self.devices,
+            });
         }
         if let Some(e) = &self.nfd_error {
-            return Err(format!("node labels may be stale: {e}"));
+            return Err(ReadyError::StaleLabels { reason: e.clone() });
         }
         Ok(())
     }
+}
+
+/// Why the node is not ready ([`Status::ready`]); its text is `/readyz`'s first line and
+/// `/status`'s `ready_reason`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadyError {
+    /// GPU discovery failed ([`Status::discovery_error`]).
+    #[error("GPU discovery failed: {reason}")]
+    Discovery {
+        /// Why, in words.
+        reason: String,
+    },
+    /// The policy was rejected ([`Status::policy_error`]).
+    #[error("policy rejected: {reason}")]
+    Policy {
+        /// Why, in words.
+        reason: String,
+    },
+    /// No policy applied yet (generation 0).
+    #[error("no policy applied yet")]
+    NoPolicy,
+    /// DRA is down or cannot prepare claims ([`Status::dra_down`]).
+    #[error("DRA {reason}")]
+    Dra {
+        /// Why, in words.
+        reason: String,
+    },
+    /// Resources not registered with the kubelet.
+    #[error("not registered with the kubelet: {}", resources.join(", "))]
+    NotRegistered {
+        /// The resource names, in order.
+        resources: Vec<String>,
+    },
+    /// Registered resources the kubelet opened no ListAndWatch stream for.
+    #[error("registered, but the kubelet opened no ListAndWatch stream for: {}", resources.join(", "))]
+    NoStream {
+        /// The resource names, in order.
+        resources: Vec<String>,
+    },
+    /// No advertised device is Healthy.
+    #[error("no device is Healthy ({advertised} advertised): every GPU is lost, Unhealthy or waiting for its MPS daemon")]
+    NoHealthyDevice {
+        /// The devices advertised.
+        advertised: usize,
+    },
+    /// The node labels could not be written ([`Status::nfd_error`]).
+    #[error("node labels may be stale: {reason}")]
+    StaleLabels {
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 impl Status {
@@ -228,7 +273,7 @@ async fn status_json(State(s): State<AppState>) -> impl IntoResponse {
     {
         let status = s.status.borrow();
         view.generation = status.generation;
-        view.ready_reason = status.ready().err();
+        view.ready_reason = status.ready().err().map(|e| e.to_string());
         view.ready = view.ready_reason.is_none();
     }
     match serde_json::to_string(&view) {

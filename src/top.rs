@@ -116,6 +116,10 @@ pub enum TopError {
         #[source]
         source: kube::Error,
     },
+    /// Asking one node (`--all-nodes`) ended without an answer: its task panicked or was
+    /// cancelled. Shown as the task's own error.
+    #[error(transparent)]
+    Ask(#[from] tokio::task::JoinError),
     /// No slicelet pod runs on the node (`--node`).
     #[error("no pod with {selector} runs on node {node} in namespace {namespace} (see --namespace, --selector)")]
     NoPod {

@@ -231,7 +231,7 @@ async fn once_against_the_real_status_endpoint() {
     // What was served is the published view with the node-level fields of the status.
     let mut want = (*metrics.view()).clone();
     want.generation = 2;
-    want.ready_reason = status.ready().err();
+    want.ready_reason = status.ready().err().map(|e| e.to_string());
     want.ready = false;
     assert_eq!(text, render(&want));
     // Both pods under GPU 0 with their own SM use, before GPU 1's line.

@@ -211,7 +211,23 @@ pub fn rebuild(
     driver: &str,
     node: &str,
 ) -> Checkpoint {
-    use crate::dra::prepare::{self, ClaimRef, PreparedDevice};
+    let published = published_devices(slices, driver, node);
+    let mut out = Checkpoint::new();
+    for c in claims {
+        if let Some((uid, claim)) = rebuilt_claim(c, &published, driver, node) {
+            out.claims.insert(uid, claim);
+        }
+    }
+    out
+}
+
+/// Each device the node's `slices` of `driver` publish, by name: (its resource, its ID, the
+/// GPU UUID with `::<replica>` for a replica).
+fn published_devices<'s>(
+    slices: &'s [k8s_openapi::api::resource::v1::ResourceSlice],
+    driver: &str,
+    node: &str,
+) -> BTreeMap<&'s str, (String, String)> {
     let mut published: BTreeMap<&str, (String, String)> = BTreeMap::new();
     for s in slices
         .iter()
@@ -232,65 +248,72 @@ pub fn rebuild(
             published.insert(d.name.as_str(), (resource, id));
         }
     }
-    let mut out = Checkpoint::new();
-    for c in claims {
-        let (Some(uid), Some(namespace), Some(name)) = (
-            c.metadata.uid.as_deref(),
-            c.metadata.namespace.as_deref(),
-            c.metadata.name.as_deref(),
-        ) else {
-            continue;
-        };
-        let pods = prepare::reserved_pods(c);
-        if !prepare::valid_uid(uid) || pods.is_empty() {
-            continue;
-        }
-        let results = c
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_deref())
-            .unwrap_or_default();
-        let devices: Vec<PreparedDevice> = results
-            .iter()
-            .filter(|r| r.driver == driver && r.pool == node)
-            .map(|r| {
-                let (resource, id) = published
-                    .get(r.device.as_str())
-                    .cloned()
-                    .unwrap_or_default();
-                PreparedDevice {
-                    requests: vec![r.request.clone()],
-                    pool: r.pool.clone(),
-                    device: r.device.clone(),
-                    cdi_ids: Vec::new(),
-                    resource,
-                    id,
-                    share: prepare::recorded_share(r),
-                }
-            })
-            .collect();
-        if devices.is_empty() {
-            continue;
-        }
-        out.claims.insert(
-            uid.to_string(),
-            PreparedClaim {
-                claim: ClaimRef {
-                    namespace: namespace.to_string(),
-                    name: name.to_string(),
-                    uid: uid.to_string(),
-                },
-                pods,
-                devices,
-                spec_file: prepare::spec_file(driver, uid),
-                spec: serde_json::Value::Null,
-                rebuilt: true,
-            },
-        );
+    published
+}
+
+/// Claim `c`'s rebuilt record and its UID; `None` when it lacks a UID, namespace or name, its
+/// UID is not one slicelet accepts, it is reserved for no pod or it has no device of `driver`
+/// in this node's pool.
+fn rebuilt_claim(
+    c: &k8s_openapi::api::resource::v1::ResourceClaim,
+    published: &BTreeMap<&str, (String, String)>,
+    driver: &str,
+    node: &str,
+) -> Option<(String, PreparedClaim)> {
+    use crate::dra::prepare::{self, ClaimRef, PreparedDevice};
+    let (Some(uid), Some(namespace), Some(name)) = (
+        c.metadata.uid.as_deref(),
+        c.metadata.namespace.as_deref(),
+        c.metadata.name.as_deref(),
+    ) else {
+        return None;
+    };
+    let pods = prepare::reserved_pods(c);
+    if !prepare::valid_uid(uid) || pods.is_empty() {
+        return None;
     }
-    out
+    let results = c
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    let devices: Vec<PreparedDevice> = results
+        .iter()
+        .filter(|r| r.driver == driver && r.pool == node)
+        .map(|r| {
+            let (resource, id) = published
+                .get(r.device.as_str())
+                .cloned()
+                .unwrap_or_default();
+            PreparedDevice {
+                requests: vec![r.request.clone()],
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                cdi_ids: Vec::new(),
+                resource,
+                id,
+                share: prepare::recorded_share(r),
+            }
+        })
+        .collect();
+    if devices.is_empty() {
+        return None;
+    }
+    let claim = PreparedClaim {
+        claim: ClaimRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        },
+        pods,
+        devices,
+        spec_file: prepare::spec_file(driver, uid),
+        spec: serde_json::Value::Null,
+        rebuilt: true,
+    };
+    Some((uid.to_string(), claim))
 }
 
 /// Writes the checkpoint to `path` atomically.

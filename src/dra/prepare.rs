@@ -38,7 +38,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -364,8 +364,60 @@ pub fn prepare(
     ctx: &Context<'_>,
     held: &Held,
 ) -> Result<PreparedClaim, PrepareError> {
-    let (plan, node, driver, dev_root) = (ctx.plan, ctx.node, ctx.driver, ctx.dev_root);
+    let driver = ctx.driver;
     check_claim_ref(want)?;
+    let results = allocated_results(claim, want, driver)?;
+    let by_name = dra_devices_by_name(ctx.plan);
+    let mut picked = Picked::default();
+    for r in results {
+        let (res, d) = checked_device(want, r, ctx.node, &by_name, held)?;
+        picked.add(want, r, res, d, ctx)?;
+    }
+    let Picked {
+        mut devices,
+        capacity_mib,
+        per_resource,
+    } = picked;
+    for (&device, &total_mib) in &capacity_mib {
+        check_fit(want, device, total_mib, &devices, held)?;
+    }
+    let mut edits = Edits::default();
+    for (res, ids) in per_resource.values() {
+        let a = allocate::allocate(res, ids, ctx.dev_root).map_err(|source| {
+            PrepareError::Allocate {
+                claim: want.to_string(),
+                source,
+            }
+        })?;
+        edits.merge(a);
+    }
+    edits.apply_shares(&devices, ctx);
+    let kind = cdi_kind(driver);
+    assign_cdi_ids(
+        &mut devices,
+        &format!("{kind}={}", want.uid),
+        &edits.cdi_devices,
+    );
+    Ok(PreparedClaim {
+        claim: want.clone(),
+        pods: reserved_pods(claim),
+        devices,
+        spec_file: spec_file(driver, &want.uid),
+        rebuilt: false,
+        spec: edits.spec(&kind, &want.uid),
+    })
+}
+
+/// The claim's allocation results for `driver`, once its UID is `want`'s.
+///
+/// # Errors
+/// [`PrepareError::UidMismatch`], or [`PrepareError::NotAllocated`] when no result is this
+/// driver's.
+fn allocated_results<'c>(
+    claim: &'c ResourceClaim,
+    want: &ClaimRef,
+    driver: &str,
+) -> Result<Vec<&'c DeviceRequestAllocationResult>, PrepareError> {
     let found = claim.metadata.uid.clone().unwrap_or_default();
     if found != want.uid {
         return Err(PrepareError::UidMismatch {
@@ -390,7 +442,11 @@ pub fn prepare(
             driver: driver.to_string(),
         });
     }
-    // Every DRA device of the plan by name, Healthy or not (to tell unknown from Unhealthy).
+    Ok(results)
+}
+
+/// Every DRA device of the plan by name, Healthy or not (to tell unknown from Unhealthy).
+fn dra_devices_by_name(plan: &Plan) -> BTreeMap<String, (&ResourcePlan, &VirtualDevice)> {
     let mut by_name: BTreeMap<String, (&ResourcePlan, &VirtualDevice)> = BTreeMap::new();
     for res in super::slices::dra_resources(plan) {
         for d in &res.devices {
@@ -399,67 +455,106 @@ pub fn prepare(
                 .or_insert((res, d));
         }
     }
-    let mut devices: Vec<PreparedDevice> = Vec::new();
-    // Each consumable-capacity device of the claim → its unit's memory, MiB.
-    let mut capacity_mib: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut per_resource: BTreeMap<&str, (&ResourcePlan, Vec<String>)> = BTreeMap::new();
-    for r in results {
-        if r.pool != node {
-            return Err(PrepareError::OtherPool {
-                claim: want.to_string(),
-                device: r.device.clone(),
-                pool: r.pool.clone(),
-                node: node.to_string(),
-            });
-        }
-        let Some(&(res, d)) = by_name.get(&r.device) else {
-            return Err(PrepareError::UnknownDevice {
-                claim: want.to_string(),
-                device: r.device.clone(),
-            });
-        };
-        if d.health != Health::Healthy {
-            return Err(PrepareError::Unhealthy {
-                claim: want.to_string(),
-                device: r.device.clone(),
-                id: d.id.clone(),
-            });
-        }
-        if let Some(holder) = holder_of(&held.exclusive, &r.device)
-            .or_else(|| shared_holder_of(held, &r.device, res.capacity.is_some()))
-        {
-            return Err(PrepareError::Held {
-                claim: want.to_string(),
-                device: r.device.clone(),
-                holder: holder.clone(),
-            });
-        }
+    by_name
+}
+
+/// The plan's resource and device for allocation result `r`, once it is in this node's pool,
+/// known, Healthy and held by no other claim.
+///
+/// # Errors
+/// [`PrepareError::OtherPool`], [`PrepareError::UnknownDevice`], [`PrepareError::Unhealthy`]
+/// or [`PrepareError::Held`].
+fn checked_device<'p>(
+    want: &ClaimRef,
+    r: &DeviceRequestAllocationResult,
+    node: &str,
+    by_name: &BTreeMap<String, (&'p ResourcePlan, &'p VirtualDevice)>,
+    held: &Held,
+) -> Result<(&'p ResourcePlan, &'p VirtualDevice), PrepareError> {
+    if r.pool != node {
+        return Err(PrepareError::OtherPool {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            pool: r.pool.clone(),
+            node: node.to_string(),
+        });
+    }
+    let Some(&(res, d)) = by_name.get(&r.device) else {
+        return Err(PrepareError::UnknownDevice {
+            claim: want.to_string(),
+            device: r.device.clone(),
+        });
+    };
+    if d.health != Health::Healthy {
+        return Err(PrepareError::Unhealthy {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            id: d.id.clone(),
+        });
+    }
+    if let Some(holder) = holder_of(&held.exclusive, &r.device)
+        .or_else(|| shared_holder_of(held, &r.device, res.capacity.is_some()))
+    {
+        return Err(PrepareError::Held {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            holder: holder.clone(),
+        });
+    }
+    Ok((res, d))
+}
+
+/// The devices a claim's results pick, as they are added.
+#[derive(Default)]
+struct Picked<'a> {
+    /// One per device, or per share of a consumable-capacity device.
+    devices: Vec<PreparedDevice>,
+    /// Each consumable-capacity device of the claim → its unit's memory, MiB.
+    capacity_mib: BTreeMap<&'a str, u64>,
+    /// Resource name → its plan and the device IDs picked of it.
+    per_resource: BTreeMap<&'a str, (&'a ResourcePlan, Vec<String>)>,
+}
+
+impl<'a> Picked<'a> {
+    /// Adds result `r` on the plan's `res`/`d`. One device allocated for two requests
+    /// (subrequests) is one device with two names; each result on a consumable-capacity device
+    /// is a share of its own, with its own ID.
+    ///
+    /// # Errors
+    /// What [`share_of`] finds wrong with the capacity `r` consumes.
+    fn add(
+        &mut self,
+        want: &ClaimRef,
+        r: &'a DeviceRequestAllocationResult,
+        res: &'a ResourcePlan,
+        d: &VirtualDevice,
+        ctx: &Context<'_>,
+    ) -> Result<(), PrepareError> {
         let share = match res.capacity {
             Some(c) => {
                 let total_mib = super::slices::unit_memory_mib(d, ctx.inventory).unwrap_or(0);
-                capacity_mib.insert(r.device.as_str(), total_mib);
+                self.capacity_mib.insert(r.device.as_str(), total_mib);
                 Some(share_of(want, r, c, total_mib)?)
             }
             None => None,
         };
-        // One device allocated for two requests (subrequests) is one device with two names;
-        // each result on a consumable-capacity device is a share of its own, with its own ID.
         if share.is_none() {
-            if let Some(p) = devices.iter_mut().find(|p| p.device == r.device) {
+            if let Some(p) = self.devices.iter_mut().find(|p| p.device == r.device) {
                 if !p.requests.contains(&r.request) {
                     p.requests.push(r.request.clone());
                 }
-                continue;
+                return Ok(());
             }
         }
-        let ids = &mut per_resource
+        let ids = &mut self
+            .per_resource
             .entry(res.name.as_str())
             .or_insert_with(|| (res, Vec::new()))
             .1;
         if !ids.contains(&d.id) {
             ids.push(d.id.clone());
         }
-        devices.push(PreparedDevice {
+        self.devices.push(PreparedDevice {
             requests: vec![r.request.clone()],
             pool: r.pool.clone(),
             device: r.device.clone(),
@@ -468,27 +563,17 @@ pub fn prepare(
             id: d.id.clone(),
             share,
         });
+        Ok(())
     }
-    for (&device, &total_mib) in &capacity_mib {
-        check_fit(want, device, total_mib, &devices, held)?;
-    }
-    let mut edits = Edits::default();
-    for (res, ids) in per_resource.values() {
-        let a =
-            allocate::allocate(res, ids, dev_root).map_err(|source| PrepareError::Allocate {
-                claim: want.to_string(),
-                source,
-            })?;
-        edits.merge(a);
-    }
-    edits.apply_shares(&devices, ctx);
-    let kind = cdi_kind(driver);
-    let claim_id = format!("{kind}={}", want.uid);
+}
+
+/// Gives the claim's CDI device (`claim_id`) and the allocation's `extra` CDI devices to the
+/// first device of each request.
+fn assign_cdi_ids(devices: &mut [PreparedDevice], claim_id: &str, extra: &[String]) {
     let mut seen_requests: Vec<String> = Vec::new();
-    let extra = edits.cdi_devices.clone();
-    for p in &mut devices {
+    for p in devices {
         if p.requests.iter().any(|r| !seen_requests.contains(r)) {
-            p.cdi_ids.push(claim_id.clone());
+            p.cdi_ids.push(claim_id.to_string());
             p.cdi_ids.extend(extra.iter().cloned());
         }
         for r in &p.requests {
@@ -497,14 +582,6 @@ pub fn prepare(
             }
         }
     }
-    Ok(PreparedClaim {
-        claim: want.clone(),
-        pods: reserved_pods(claim),
-        devices,
-        spec_file: spec_file(driver, &want.uid),
-        rebuilt: false,
-        spec: edits.spec(&kind, &want.uid),
-    })
 }
 
 /// Why a consumed capacity is not taken.

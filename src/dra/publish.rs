@@ -359,30 +359,91 @@ async fn reconcile_once(
     input: &DraInput,
     state: &mut State,
 ) -> Result<Outcome, PublishError> {
+    let listed = stored_or_listed(api, params, state).await?;
+    let Wanted {
+        slices: wanted,
+        specs,
+        generation,
+    } = wanted_slices(params, input, state, &listed);
+    for skipped in &wanted.skipped {
+        tracing::warn!(device = %skipped, "DRA: a device of this name is published already; skipped");
+    }
+    let mut existing: std::collections::BTreeMap<String, ResourceSlice> = listed
+        .into_iter()
+        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
+        .collect();
+    let count = wanted
+        .slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut stored = Vec::with_capacity(wanted.slices.len());
+    for slice in wanted.slices {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        match write_slice(api, slice, existing.remove(&name), state).await? {
+            SliceWrite::Stored(s) => stored.push(*s),
+            SliceWrite::TaintsRefused(refused) => return Ok(refused),
+        }
+    }
+    delete_unwanted(api, existing.into_keys()).await?;
+    state.generation = generation;
+    state.published = Some(specs);
+    state.stored = Some(stored);
+    Ok(Outcome::Done(generation, count))
+}
+
+/// What the API server has: its answers to the last reconcile's writes, else a LIST. Taken:
+/// a reconcile that fails or stops part way lists again.
+///
+/// # Errors
+/// [`PublishError::List`].
+async fn stored_or_listed(
+    api: &Api<ResourceSlice>,
+    params: &SliceParams,
+    state: &mut State,
+) -> Result<Vec<ResourceSlice>, PublishError> {
+    if let Some(stored) = state.stored.take() {
+        return Ok(stored);
+    }
     let selector = format!(
         "spec.nodeName={},spec.driver={}",
         params.node, params.driver
     );
-    // What the API server has: its answers to the last reconcile's writes, else a LIST. Taken:
-    // a reconcile that fails or stops part way lists again.
-    let listed = match state.stored.take() {
-        Some(stored) => stored,
-        // From the API server's watch cache (`resourceVersion=0`, any version): a quorum read
-        // (the default) makes an API server without consistent reads from its cache (etcd
-        // before 3.5.13) read every slice of the cluster from etcd, which a fleet starting
-        // together multiplies by its nodes. A stale answer shows as a conflict at the write,
-        // and the LIST after it is fresher.
-        None => {
-            api.list(&ListParams::default().fields(&selector).match_any())
-                .await
-                .map_err(|source| PublishError::List {
-                    node: params.node.clone(),
-                    driver: params.driver.clone(),
-                    source,
-                })?
-                .items
-        }
-    };
+    // From the API server's watch cache (`resourceVersion=0`, any version): a quorum read
+    // (the default) makes an API server without consistent reads from its cache (etcd
+    // before 3.5.13) read every slice of the cluster from etcd, which a fleet starting
+    // together multiplies by its nodes. A stale answer shows as a conflict at the write,
+    // and the LIST after it is fresher.
+    Ok(api
+        .list(&ListParams::default().fields(&selector).match_any())
+        .await
+        .map_err(|source| PublishError::List {
+            node: params.node.clone(),
+            driver: params.driver.clone(),
+            source,
+        })?
+        .items)
+}
+
+/// The slices one reconcile publishes.
+struct Wanted {
+    /// The slices, at `generation`.
+    slices: slices::Slices,
+    /// Their names and specs, generation zeroed ([`specs_of`]).
+    specs: Vec<(String, ResourceSliceSpec)>,
+    /// Their pool generation.
+    generation: i64,
+}
+
+/// The slices to publish, with the listed taints' times kept, and their pool generation: the
+/// last one, or one past it and past every `listed` one when the specs changed in a way that
+/// needs a new generation or the API server has a newer one.
+fn wanted_slices(
+    params: &SliceParams,
+    input: &DraInput,
+    state: &State,
+    listed: &[ResourceSlice],
+) -> Wanted {
     let listed_max = listed
         .iter()
         .map(|s| s.spec.pool.generation)
@@ -400,7 +461,7 @@ async fn reconcile_once(
         }
     };
     let mut wanted = slices::build(resources, &input.inventory, &p, &input.health);
-    keep_listed_times(&mut wanted, &listed);
+    keep_listed_times(&mut wanted, listed);
     let specs = specs_of(&wanted);
     let changed = state.published.as_ref() != Some(&specs);
     let keep = state
@@ -414,64 +475,75 @@ async fn reconcile_once(
         }
         p.generation = generation;
     }
-    for skipped in &wanted.skipped {
-        tracing::warn!(device = %skipped, "DRA: a device of this name is published already; skipped");
+    Wanted {
+        slices: wanted,
+        specs,
+        generation: p.generation,
     }
-    let mut existing: std::collections::BTreeMap<String, ResourceSlice> = listed
-        .into_iter()
-        .filter_map(|s| Some((s.metadata.name.clone()?, s)))
-        .collect();
-    let count = wanted
-        .slices
-        .iter()
-        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
-        .sum();
-    let mut stored = Vec::with_capacity(wanted.slices.len());
-    for mut slice in wanted.slices {
-        let name = slice.metadata.name.clone().unwrap_or_default();
-        match existing.remove(&name) {
-            Some(old) if same_spec(&old.spec, &slice.spec) => stored.push(old),
-            Some(old) => {
-                slice.metadata.resource_version = old.metadata.resource_version;
-                if let Some(refused) = try_taints(api, &slice, true, state).await {
-                    return Ok(refused);
-                }
-                let answer = api.replace(&name, &PostParams::default(), &slice).await;
-                if let Some(why) = taints_lost(&slice, &answer) {
-                    return Ok(Outcome::TaintsRefused(why));
-                }
-                if let Some(e) = capacity_lost(&slice, &answer) {
-                    return Err(e);
-                }
-                stored.push(answer.map_err(|source| PublishError::Write {
-                    op: "replacing",
-                    name: name.clone(),
-                    source,
-                })?);
-            }
-            None => {
-                if let Some(refused) = try_taints(api, &slice, false, state).await {
-                    return Ok(refused);
-                }
-                let answer = api.create(&PostParams::default(), &slice).await;
-                if let Some(why) = taints_lost(&slice, &answer) {
-                    return Ok(Outcome::TaintsRefused(why));
-                }
-                if let Some(e) = capacity_lost(&slice, &answer) {
-                    return Err(e);
-                }
-                stored.push(answer.map_err(|source| PublishError::Write {
-                    op: "creating",
-                    name: name.clone(),
-                    source,
-                })?);
-            }
+}
+
+/// What writing one slice came to.
+enum SliceWrite {
+    /// The API server's copy: the old one when it already says what we want, else its answer.
+    Stored(Box<ResourceSlice>),
+    /// The API server dropped or refused the device taints: the reconcile stops here.
+    TaintsRefused(Outcome),
+}
+
+/// Writes `slice`: nothing when the API server's `old` copy says the same, a replace of
+/// `old`, or a create when there is none.
+///
+/// # Errors
+/// [`PublishError::Write`] for the failed replace or create; what [`capacity_lost`] finds.
+async fn write_slice(
+    api: &Api<ResourceSlice>,
+    mut slice: ResourceSlice,
+    old: Option<ResourceSlice>,
+    state: &mut State,
+) -> Result<SliceWrite, PublishError> {
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let replace = old.is_some();
+    if let Some(old) = old {
+        if same_spec(&old.spec, &slice.spec) {
+            return Ok(SliceWrite::Stored(Box::new(old)));
         }
+        slice.metadata.resource_version = old.metadata.resource_version;
     }
-    for name in existing.into_keys() {
+    if let Some(refused) = try_taints(api, &slice, replace, state).await {
+        return Ok(SliceWrite::TaintsRefused(refused));
+    }
+    let answer = if replace {
+        api.replace(&name, &PostParams::default(), &slice).await
+    } else {
+        api.create(&PostParams::default(), &slice).await
+    };
+    if let Some(why) = taints_lost(&slice, &answer) {
+        return Ok(SliceWrite::TaintsRefused(Outcome::TaintsRefused(why)));
+    }
+    if let Some(e) = capacity_lost(&slice, &answer) {
+        return Err(e);
+    }
+    answer
+        .map(|s| SliceWrite::Stored(Box::new(s)))
+        .map_err(|source| PublishError::Write {
+            op: if replace { "replacing" } else { "creating" },
+            name,
+            source,
+        })
+}
+
+/// Deletes the slices `names` (this node's, no longer wanted); one gone already (the kubelet
+/// wipes slices too) is as good as deleted.
+///
+/// # Errors
+/// [`PublishError::Write`] for the first delete that fails otherwise.
+async fn delete_unwanted(
+    api: &Api<ResourceSlice>,
+    names: impl IntoIterator<Item = String>,
+) -> Result<(), PublishError> {
+    for name in names {
         match api.delete(&name, &DeleteParams::default()).await {
             Ok(_) => {}
-            // Gone already (the kubelet wipes slices too): as good as deleted.
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => {
                 return Err(PublishError::Write {
@@ -482,10 +554,7 @@ async fn reconcile_once(
             }
         }
     }
-    state.generation = p.generation;
-    state.published = Some(specs);
-    state.stored = Some(stored);
-    Ok(Outcome::Done(p.generation, count))
+    Ok(())
 }
 
 /// Whether the API's copy says what we want (fields we do not set may be defaulted by the

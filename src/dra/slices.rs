@@ -428,7 +428,39 @@ fn device(
     driver_version: Option<&str>,
     name: String,
 ) -> Device {
-    let gpu = inventory.by_index(d.gpu_index);
+    let mut attrs = unit_attributes(res, d);
+    if let Some(g) = inventory.by_index(d.gpu_index) {
+        gpu_attributes(&mut attrs, g);
+    }
+    if let Some(v) = driver_version.and_then(semver) {
+        attrs.insert("driverVersion".to_string(), version(v));
+    }
+    let mib = memory_mib(res, d, inventory);
+    let capacity = match (res.capacity, mib) {
+        (Some(c), Some(mib)) => Some(capacities(mib, c.shares)),
+        (_, mib) => mib.map(|mib| {
+            BTreeMap::from([(
+                MEMORY.to_string(),
+                DeviceCapacity {
+                    value: Quantity(format!("{mib}Mi")),
+                    ..DeviceCapacity::default()
+                },
+            )])
+        }),
+    };
+    Device {
+        name,
+        attributes: Some(attrs),
+        capacity,
+        allow_multiple_allocations: res.capacity.map(|_| true),
+        ..Device::default()
+    }
+}
+
+/// The attributes of device `d` of `res` that its plan decides: type, UUID, index, sharing,
+/// resource, its MIG parent and profile, its memory isolation (consumable capacity) and its
+/// replica.
+fn unit_attributes(res: &ResourcePlan, d: &VirtualDevice) -> BTreeMap<String, DeviceAttribute> {
     let mut attrs = BTreeMap::new();
     attrs.insert(
         "type".to_string(),
@@ -462,46 +494,27 @@ fn device(
     if let Some(n) = replica {
         attrs.insert("replica".to_string(), int(i64::from(n)));
     }
-    if let Some(g) = gpu {
-        if let Some(n) = g.numa_node {
-            attrs.insert(NUMA_NODE_ATTRIBUTE.to_string(), int(n));
-        }
-        if let Some(root) = &g.pcie_root {
-            attrs.insert(PCIE_ROOT_ATTRIBUTE.to_string(), string(root));
-        }
-        attrs.insert("productName".to_string(), string(&g.model));
-        if let Some(cc) = g.compute_capability {
-            attrs.insert(
-                "cudaComputeCapability".to_string(),
-                version(format!("{}.{}.0", cc.0, cc.1)),
-            );
-            if let Some(a) = architecture(cc) {
-                attrs.insert("architecture".to_string(), string(a));
-            }
-        }
+    attrs
+}
+
+/// Adds the attributes the device's GPU `g` decides: NUMA node, PCIe root, product name,
+/// CUDA compute capability and architecture.
+fn gpu_attributes(attrs: &mut BTreeMap<String, DeviceAttribute>, g: &crate::inventory::Gpu) {
+    if let Some(n) = g.numa_node {
+        attrs.insert(NUMA_NODE_ATTRIBUTE.to_string(), int(n));
     }
-    if let Some(v) = driver_version.and_then(semver) {
-        attrs.insert("driverVersion".to_string(), version(v));
+    if let Some(root) = &g.pcie_root {
+        attrs.insert(PCIE_ROOT_ATTRIBUTE.to_string(), string(root));
     }
-    let mib = memory_mib(res, d, inventory);
-    let capacity = match (res.capacity, mib) {
-        (Some(c), Some(mib)) => Some(capacities(mib, c.shares)),
-        (_, mib) => mib.map(|mib| {
-            BTreeMap::from([(
-                MEMORY.to_string(),
-                DeviceCapacity {
-                    value: Quantity(format!("{mib}Mi")),
-                    ..DeviceCapacity::default()
-                },
-            )])
-        }),
-    };
-    Device {
-        name,
-        attributes: Some(attrs),
-        capacity,
-        allow_multiple_allocations: res.capacity.map(|_| true),
-        ..Device::default()
+    attrs.insert("productName".to_string(), string(&g.model));
+    if let Some(cc) = g.compute_capability {
+        attrs.insert(
+            "cudaComputeCapability".to_string(),
+            version(format!("{}.{}.0", cc.0, cc.1)),
+        );
+        if let Some(a) = architecture(cc) {
+            attrs.insert("architecture".to_string(), string(a));
+        }
     }
 }
 
@@ -534,27 +547,46 @@ pub fn build<'a>(
             };
             let mut dev = device(res, d, inventory, params.driver_version.as_deref(), p.name);
             dev.taints = taints;
-            if let Some(c) = consumes(res, d, inventory) {
-                let parent = d
-                    .mig
-                    .as_ref()
-                    .map(|m| m.parent_uuid.as_str())
-                    .unwrap_or_default();
-                if !sets.contains_key(&c.counter_set) {
-                    if let Some(set) = counter_set(parent, inventory) {
-                        sets.insert(c.counter_set.clone(), set);
-                    }
-                }
-                if sets.contains_key(&c.counter_set) {
-                    dev.consumes_counters = Some(vec![c]);
-                }
-            }
+            dev.consumes_counters = counters_consumed(res, d, inventory, &mut sets);
             Some(dev)
         })
         .collect();
-    // Counters live in slices of their own, without devices (Kubernetes 1.35 and later
-    // require it), before the device slices.
     let sets: Vec<CounterSet> = sets.into_values().collect();
+    Slices {
+        slices: into_slices(params, &sets, &devices),
+        skipped,
+    }
+}
+
+/// The counters device `d` of `res` consumes, once its GPU's counter set is in `sets` (added
+/// there at its first device); `None` when it consumes none or the set cannot be built.
+fn counters_consumed(
+    res: &ResourcePlan,
+    d: &VirtualDevice,
+    inventory: &Inventory,
+    sets: &mut BTreeMap<String, CounterSet>,
+) -> Option<Vec<DeviceCounterConsumption>> {
+    let c = consumes(res, d, inventory)?;
+    let parent = d
+        .mig
+        .as_ref()
+        .map(|m| m.parent_uuid.as_str())
+        .unwrap_or_default();
+    if !sets.contains_key(&c.counter_set) {
+        if let Some(set) = counter_set(parent, inventory) {
+            sets.insert(c.counter_set.clone(), set);
+        }
+    }
+    sets.contains_key(&c.counter_set).then(|| vec![c])
+}
+
+/// The slices of `sets` and `devices`. Counters live in slices of their own, without devices
+/// (Kubernetes 1.35 and later require it), before the device slices; at least one slice.
+fn into_slices(
+    params: &SliceParams,
+    sets: &[CounterSet],
+    devices: &[Device],
+) -> Vec<ResourceSlice> {
     let per_slice = if sets.is_empty() {
         params.unhealthy.max_devices_per_slice()
     } else {
@@ -569,7 +601,7 @@ pub fn build<'a>(
     }
     chunks.extend(devices.chunks(per_slice).map(|d| (Vec::new(), d.to_vec())));
     let count = chunks.len() as i64;
-    let slices = chunks
+    chunks
         .into_iter()
         .enumerate()
         .map(|(n, (sets, devices))| ResourceSlice {
@@ -594,8 +626,7 @@ pub fn build<'a>(
                 ..ResourceSliceSpec::default()
             },
         })
-        .collect();
-    Slices { slices, skipped }
+        .collect()
 }
 
 #[cfg(test)]

@@ -102,7 +102,7 @@ pub struct NvmlSource {
     last_seen: std::collections::BTreeMap<String, u64>,
     /// The per-cgroup memory-limit calls, resolved at their first use (`Err`: the driver has
     /// none, said once).
-    limit_calls: Option<Result<limits::LimitCalls, String>>,
+    limit_calls: Option<Result<limits::LimitCalls, limits::LimitsError>>,
 }
 
 impl std::fmt::Debug for NvmlSource {

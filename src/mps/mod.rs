@@ -156,13 +156,11 @@ async fn manage(
     events: mpsc::Sender<Event>,
     stop: CancellationToken,
 ) {
-    // Dropping the set (an aborted shutdown) aborts every daemon task, which kills its child.
-    let mut tasks: JoinSet<String> = JoinSet::new();
-    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let mut daemons = Daemons::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            Some(_) = daemons.tasks.join_next(), if !daemons.tasks.is_empty() => continue,
             changed = wanted.changed() => {
                 if changed.is_err() {
                     break;
@@ -170,65 +168,91 @@ async fn manage(
             }
         }
         let want = wanted.borrow_and_update().clone();
-        // Stop daemons no longer wanted (or whose root moved), all at once.
-        let gone: Vec<String> = running
+        daemons.stop_unwanted(&want).await;
+        daemons.start_or_update(&want, &config, &events, &stop);
+    }
+    // Shutdown: every task quits its daemon and removes its directory.
+    for r in daemons.running.values() {
+        r.stop.cancel();
+    }
+    while daemons.tasks.join_next().await.is_some() {}
+}
+
+/// The daemon tasks [`manage`] runs.
+#[derive(Default)]
+struct Daemons {
+    /// Each daemon's task, ending with its UUID. Dropping the set (an aborted shutdown) aborts
+    /// every daemon task, which kills its child.
+    tasks: JoinSet<String>,
+    /// The daemons running, by GPU/MIG UUID.
+    running: BTreeMap<String, Running>,
+}
+
+impl Daemons {
+    /// Stops the daemons no longer wanted (or whose root moved), all at once, and waits for
+    /// them (each quits its daemon and removes its directory) before a new one may start in
+    /// the same place.
+    async fn stop_unwanted(&mut self, want: &MpsWanted) {
+        let gone: Vec<String> = self
+            .running
             .iter()
             .filter(|(u, r)| !want.daemons.contains_key(*u) || r.root != want.root)
             .map(|(u, _)| u.clone())
             .collect();
         for uuid in &gone {
-            if let Some(r) = running.remove(uuid) {
+            if let Some(r) = self.running.remove(uuid) {
                 r.stop.cancel();
             }
         }
         if !gone.is_empty() {
-            // Wait for them (each quits its daemon and removes its directory) before a new one
-            // may start in the same place.
-            while running.len() < tasks.len() {
-                if tasks.join_next().await.is_none() {
+            while self.running.len() < self.tasks.len() {
+                if self.tasks.join_next().await.is_none() {
                     break;
                 }
             }
         }
+    }
+
+    /// Starts each wanted daemon not running yet; sends the running ones their limits where
+    /// they changed.
+    fn start_or_update(
+        &mut self,
+        want: &MpsWanted,
+        config: &Arc<Config>,
+        events: &mpsc::Sender<Event>,
+        stop: &CancellationToken,
+    ) {
         for (uuid, d) in &want.daemons {
-            match running.get(uuid) {
-                Some(r) => {
-                    r.limits.send_if_modified(|l| {
-                        let changed = *l != d.limits;
-                        *l = d.limits;
-                        changed
-                    });
-                }
-                None => {
-                    let (limits, limits_rx) = watch::channel(d.limits);
-                    let token = stop.child_token();
-                    let task = gpu::Task {
-                        config: Arc::clone(&config),
-                        uuid: uuid.clone(),
-                        dirs: crate::plan::mps_dirs(&want.root, uuid),
-                        events: events.clone(),
-                    };
-                    let t = token.clone();
-                    tasks.spawn(async move {
-                        let uuid = task.uuid.clone();
-                        task.run(limits_rx, t).await;
-                        uuid
-                    });
-                    running.insert(
-                        uuid.clone(),
-                        Running {
-                            root: want.root.clone(),
-                            limits,
-                            stop: token,
-                        },
-                    );
-                }
+            if let Some(r) = self.running.get(uuid) {
+                r.limits.send_if_modified(|l| {
+                    let changed = *l != d.limits;
+                    *l = d.limits;
+                    changed
+                });
+                continue;
             }
+            let (limits, limits_rx) = watch::channel(d.limits);
+            let token = stop.child_token();
+            let task = gpu::Task {
+                config: Arc::clone(config),
+                uuid: uuid.clone(),
+                dirs: crate::plan::mps_dirs(&want.root, uuid),
+                events: events.clone(),
+            };
+            let t = token.clone();
+            self.tasks.spawn(async move {
+                let uuid = task.uuid.clone();
+                task.run(limits_rx, t).await;
+                uuid
+            });
+            self.running.insert(
+                uuid.clone(),
+                Running {
+                    root: want.root.clone(),
+                    limits,
+                    stop: token,
+                },
+            );
         }
     }
-    // Shutdown: every task quits its daemon and removes its directory.
-    for r in running.values() {
-        r.stop.cancel();
-    }
-    while tasks.join_next().await.is_some() {}
 }

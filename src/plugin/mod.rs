@@ -231,6 +231,92 @@ impl Service {
     }
 }
 
+/// One ListAndWatch stream's task: sends the resource's device list, then every change of
+/// it, until the server stops, the kubelet goes away or the resource leaves the plan.
+struct ListWatch {
+    plans: watch::Receiver<Arc<Plan>>,
+    stop: CancellationToken,
+    resource: String,
+    lost: Option<(mpsc::Sender<StreamEvent>, u64)>,
+    tx: mpsc::Sender<Result<api::ListAndWatchResponse, Status>>,
+}
+
+impl ListWatch {
+    /// Sends `first`, then the changes; the supervisor is told when the stream opens and when
+    /// it is lost.
+    async fn run(mut self, first: Arc<ResourcePlan>) {
+        let mut last = first;
+        if !self.send(list_response(&last)).await {
+            self.tell(StreamKind::Lost);
+            return;
+        }
+        self.tell(StreamKind::Opened);
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => {
+                    // Stopped because the resource left the plan (the supervisor publishes
+                    // the plan first): say so with an empty list, if there is room.
+                    if !self.plans.borrow().resources.contains_key(&self.resource) {
+                        let _ = self.tx.try_send(Ok(withdrawn()));
+                    }
+                    break;
+                }
+                _ = self.tx.closed() => {
+                    self.tell(StreamKind::Lost);
+                    break;
+                }
+                changed = self.plans.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let next = self.plans.borrow_and_update().resources.get(&self.resource).cloned();
+                    let Some(next) = next else {
+                        // Withdrawn: the kubelet drops the capacity at once instead of
+                        // showing the old devices for its grace period.
+                        let _ = self.send(withdrawn()).await;
+                        break;
+                    };
+                    // Never send a duplicate list: same Arc or same devices → nothing to say.
+                    if Arc::ptr_eq(&next, &last) || next.devices == last.devices {
+                        continue;
+                    }
+                    last = next;
+                    if !self.send(list_response(&last)).await {
+                        self.tell(StreamKind::Lost);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells the supervisor what happened to the stream (unless the server stops).
+    fn tell(&self, kind: StreamKind) {
+        let resource = self.resource.as_str();
+        if let Some((events, epoch)) = &self.lost {
+            if !self.stop.is_cancelled() {
+                if let Err(e) = events.try_send(StreamEvent {
+                    resource: resource.to_string(),
+                    epoch: *epoch,
+                    kind,
+                }) {
+                    tracing::error!(resource, error = %e, "stream event not reported to the supervisor");
+                }
+            }
+        }
+    }
+
+    /// Sends `msg`; false when it could not be. A send waits for room only until the server
+    /// stops: a client that never reads cannot keep this task (or the server) alive.
+    async fn send(&self, msg: api::ListAndWatchResponse) -> bool {
+        tokio::select! {
+            biased;
+            sent = self.tx.send(Ok(msg)) => sent.is_ok(),
+            _ = self.stop.cancelled() => false,
+        }
+    }
+}
+
 type ListStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -248,84 +334,16 @@ impl DevicePlugin for Service {
         &self,
         _: Request<api::Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let mut plans = self.plans.clone();
         let first = self.current().map_err(|e| status_of(&e))?;
-        let stop = self.stop.clone();
-        let resource = self.resource.clone();
-        let lost = self.lost.clone();
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut last = first;
-            let tell = |resource: &str, kind: StreamKind| {
-                if let Some((events, epoch)) = &lost {
-                    if !stop.is_cancelled() {
-                        if let Err(e) = events.try_send(StreamEvent {
-                            resource: resource.to_string(),
-                            epoch: *epoch,
-                            kind,
-                        }) {
-                            tracing::error!(resource, error = %e, "stream event not reported to the supervisor");
-                        }
-                    }
-                }
-            };
-            let report = |resource: &str| tell(resource, StreamKind::Lost);
-            // A send waits for room only until the server stops: a client that never reads
-            // cannot keep this task (or the server) alive.
-            let send = |msg| {
-                let tx = tx.clone();
-                let stop = stop.clone();
-                async move {
-                    tokio::select! {
-                        biased;
-                        sent = tx.send(Ok(msg)) => sent.is_ok(),
-                        _ = stop.cancelled() => false,
-                    }
-                }
-            };
-            if !send(list_response(&last)).await {
-                report(&resource);
-                return;
-            }
-            tell(&resource, StreamKind::Opened);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => {
-                        // Stopped because the resource left the plan (the supervisor publishes
-                        // the plan first): say so with an empty list, if there is room.
-                        if !plans.borrow().resources.contains_key(&resource) {
-                            let _ = tx.try_send(Ok(withdrawn()));
-                        }
-                        break;
-                    }
-                    _ = tx.closed() => {
-                        report(&resource);
-                        break;
-                    }
-                    changed = plans.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                        let next = plans.borrow_and_update().resources.get(&resource).cloned();
-                        let Some(next) = next else {
-                            // Withdrawn: the kubelet drops the capacity at once instead of
-                            // showing the old devices for its grace period.
-                            let _ = send(withdrawn()).await;
-                            break;
-                        };
-                        // Never send a duplicate list: same Arc or same devices → nothing to say.
-                        if Arc::ptr_eq(&next, &last) || next.devices == last.devices {
-                            continue;
-                        }
-                        last = next;
-                        if !send(list_response(&last)).await {
-                            report(&resource);
-                            break;
-                        }
-                    }
-                }
-            }
-        });
+        let stream = ListWatch {
+            plans: self.plans.clone(),
+            stop: self.stop.clone(),
+            resource: self.resource.clone(),
+            lost: self.lost.clone(),
+            tx,
+        };
+        tokio::spawn(stream.run(first));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

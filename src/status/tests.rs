@@ -23,10 +23,10 @@ fn addresses() {
 #[test]
 fn readiness() {
     let mut s = Status::default();
-    assert!(s.ready().unwrap_err().contains("no policy"));
+    assert!(s.ready().unwrap_err().to_string().contains("no policy"));
     s.generation = 1;
     s.resources.insert("nvidia.com/a".into());
-    assert!(s.ready().unwrap_err().contains("nvidia.com/a"));
+    assert!(s.ready().unwrap_err().to_string().contains("nvidia.com/a"));
     s.registered.insert("nvidia.com/a".into());
     // Regression: with every GPU lost at start, nothing usable was advertised but /readyz
     // said ready.
@@ -34,6 +34,7 @@ fn readiness() {
     assert!(s
         .ready()
         .unwrap_err()
+        .to_string()
         .contains("no device is Healthy (8 advertised)"));
     s.healthy_devices = 1;
     assert!(s.ready().is_ok());
@@ -42,6 +43,7 @@ fn readiness() {
     assert!(s
         .ready()
         .unwrap_err()
+        .to_string()
         .contains("opened no ListAndWatch stream for: nvidia.com/a"));
     s.stalled.clear();
     assert!(s.ready().is_ok());
@@ -50,15 +52,20 @@ fn readiness() {
     assert!(s
         .ready()
         .unwrap_err()
+        .to_string()
         .contains("node labels may be stale: writing /x/.slicelet.tmp"));
     s.nfd_error = None;
     assert!(s.ready().is_ok());
     s.policy_error = Some("x: bad".into());
-    assert!(s.ready().unwrap_err().contains("x: bad"));
+    assert!(s.ready().unwrap_err().to_string().contains("x: bad"));
     // Regression: running without GPUs (failOnInitError: false) reported ready.
     s.policy_error = None;
     s.discovery_error = Some("initialising NVML: driver not loaded".into());
-    assert!(s.ready().unwrap_err().contains("driver not loaded"));
+    assert!(s
+        .ready()
+        .unwrap_err()
+        .to_string()
+        .contains("driver not loaded"));
 }
 
 #[test]

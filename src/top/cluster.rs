@@ -194,9 +194,7 @@ pub async fn all_nodes(cluster: &Cluster, client: &kube::Client) -> Result<Strin
     for (i, pod) in pods.into_iter().enumerate() {
         let client = client.clone();
         asks.spawn(async move {
-            let view = fetch(&client, &pod)
-                .await
-                .map_err(|e| crate::errors::chain(&e));
+            let view = fetch(&client, &pod).await;
             (i, pod.node, view)
         });
     }
@@ -204,7 +202,7 @@ pub async fn all_nodes(cluster: &Cluster, client: &kube::Client) -> Result<Strin
     while let Some(done) = asks.join_next().await {
         match done {
             Ok(answer) => views.push(answer),
-            Err(e) => views.push((usize::MAX, "?".to_string(), Err(e.to_string()))),
+            Err(e) => views.push((usize::MAX, "?".to_string(), Err(TopError::Ask(e)))),
         }
     }
     views.sort_by_key(|(i, _, _)| *i);
@@ -214,9 +212,9 @@ pub async fn all_nodes(cluster: &Cluster, client: &kube::Client) -> Result<Strin
 
 /// The `--all-nodes` table: NODE, GPU (index), MODEL, UTIL %, MEMORY used/total MiB, DEVICES
 /// (advertised), HELD (by a container), HOLDERS (`namespace/pod`, each once, in order); a
-/// node whose view could not be fetched is one row with the reason. Ends with one line of
-/// totals.
-pub fn render_all(views: &[(String, Result<NodeView, String>)]) -> String {
+/// node whose view could not be fetched is one row with the reason (the error and its
+/// causes). Ends with one line of totals.
+pub fn render_all(views: &[(String, Result<NodeView, TopError>)]) -> String {
     use comfy_table::{presets, Table};
     let mut table = Table::new();
     table.load_preset(presets::NOTHING);
@@ -236,7 +234,7 @@ pub fn render_all(views: &[(String, Result<NodeView, String>)]) -> String {
         let view = match view {
             Ok(v) => v,
             Err(e) => {
-                table.add_row([node, "-".into(), super::printable(e)]);
+                table.add_row([node, "-".into(), super::printable(&crate::errors::chain(e))]);
                 continue;
             }
         };
@@ -369,7 +367,13 @@ mod tests {
         };
         let text = render_all(&[
             ("node-1".into(), Ok(view)),
-            ("node-2".into(), Err("GET …: HTTP 503".into())),
+            (
+                "node-2".into(),
+                Err(TopError::Status {
+                    url: "…".into(),
+                    code: 503,
+                }),
+            ),
         ]);
         let row = text.lines().find(|l| l.contains("node-1")).unwrap();
         let cells: Vec<&str> = row.split_whitespace().collect();

@@ -217,12 +217,58 @@ fn limit_of(
     }
 }
 
+/// Pod UID → its entries.
+type PodEntries<'a> = HashMap<&'a str, Vec<PodEntry<'a>>>;
+
 /// The container's key inside one GPU: (unit UUID, resource, holder).
 type Key = (String, String, Holder);
 
 /// Attributes one sample; see the module doc for the rules.
 pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
-    // Physical GPU UUID → its containers, from what is held.
+    let held = held_by_gpu(plan, in_use);
+    let (by_pod, dra_known) = entries_by_pod(samples, in_use);
+    let known = |key: &Key| {
+        if key.0.starts_with("MIG-") {
+            true
+        } else if plan.resources.get(&key.1).is_some_and(|r| r.dra) {
+            dra_known.contains(&(key.1.as_str(), &key.2))
+        } else {
+            samples.checkpoint.is_some()
+        }
+    };
+    let gpus = samples
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut containers = known_containers(held.get(g.uuid.as_str()), &known);
+            let charged = charge_processes(g, &mut containers, &by_pod, plan, in_use);
+            let mig = mig_figures(g, &mut containers, plan);
+            set_memory_limits(g, &mut containers, &charged.cgroups, plan);
+            GpuFigures {
+                uuid: g.uuid.clone(),
+                index: g.index,
+                model: g.model.clone(),
+                utilization_percent: g.utilization_percent,
+                memory_used_bytes: g.memory_used_bytes,
+                memory_total_bytes: g.memory_total_bytes,
+                unattributed_processes: charged.unattributed,
+                memory_limits_supported: g.memory_limits_supported,
+                mig,
+                containers: containers.into_values().collect(),
+            }
+        })
+        .collect();
+    Figures {
+        at_unix_ms: samples.at_unix_ms,
+        gpus,
+        checkpoint_error: samples.checkpoint_error.clone(),
+        limits_not_cleared: samples.limits_not_cleared,
+    }
+}
+
+/// The containers holding devices, by physical GPU UUID: each container's key and its device
+/// IDs of the key's resource, from what is held.
+fn held_by_gpu<'p>(plan: &'p Plan, in_use: &InUse) -> HashMap<&'p str, BTreeMap<Key, Vec<String>>> {
     let mut held: HashMap<&str, BTreeMap<Key, Vec<String>>> = HashMap::new();
     for (resource, id, holders) in in_use.iter() {
         let Some(device) = device_of(plan, resource, id) else {
@@ -236,8 +282,16 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
                 .push(id.to_string());
         }
     }
-    // Pod UID → its entries, in container-name order (the tie rule).
-    let mut by_pod: HashMap<&str, Vec<PodEntry<'_>>> = HashMap::new();
+    held
+}
+
+/// Pod UID → its entries (the device-plugin checkpoint's and the DRA claims'), in
+/// container-name order (the tie rule); and the (resource, holder) pairs the claims cover.
+fn entries_by_pod<'a>(
+    samples: &'a Samples,
+    in_use: &'a InUse,
+) -> (PodEntries<'a>, HashSet<(&'a str, &'a Holder)>) {
+    let mut by_pod = PodEntries::new();
     for e in samples.checkpoint.iter().flatten() {
         by_pod
             .entry(e.pod_uid.as_str())
@@ -256,129 +310,139 @@ pub fn attribute(samples: &Samples, plan: &Plan, in_use: &InUse) -> Figures {
     for entries in by_pod.values_mut() {
         entries.sort_by(|a, b| a.container.cmp(b.container));
     }
+    (by_pod, dra_known)
+}
 
-    let known = |key: &Key| {
-        if key.0.starts_with("MIG-") {
-            true
-        } else if plan.resources.get(&key.1).is_some_and(|r| r.dra) {
-            dra_known.contains(&(key.1.as_str(), &key.2))
-        } else {
-            samples.checkpoint.is_some()
-        }
-    };
-    let gpus = samples
-        .gpus
-        .iter()
-        .map(|g| {
-            let mut containers: BTreeMap<Key, ContainerFigures> = held
-                .get(g.uuid.as_str())
-                .into_iter()
-                .flatten()
-                .filter(|(key, _)| known(key))
-                .map(|(key, ids)| {
-                    let figures = ContainerFigures {
-                        holder: key.2.clone(),
-                        resource: key.1.clone(),
-                        unit_uuid: key.0.clone(),
-                        device_ids: ids.clone(),
-                        sm_util_percent: 0,
-                        memory_used_bytes: 0,
-                        processes: 0,
-                        memory_limit: None,
-                    };
-                    (key.clone(), figures)
-                })
-                .collect();
-            let mut unattributed = 0u32;
-            // Each container's processes' cgroups on this GPU (for its memory limit).
-            let mut cgroups: HashMap<Key, BTreeSet<String>> = HashMap::new();
-            for p in &g.processes {
-                let key = p
-                    .pod_uid
-                    .as_deref()
-                    .and_then(|uid| by_pod.get(uid))
-                    .and_then(|entries| container_of(entries, &g.uuid, plan, in_use));
-                match key.and_then(|k| containers.get_mut(&k).map(|c| (k, c))) {
-                    Some((k, c)) => {
-                        if let Some(cgroup) = &p.cgroup {
-                            cgroups.entry(k).or_default().insert(cgroup.clone());
-                        }
-                        c.sm_util_percent = c
-                            .sm_util_percent
-                            .saturating_add(p.sm_util_percent.unwrap_or(0));
-                        c.memory_used_bytes = c
-                            .memory_used_bytes
-                            .saturating_add(p.memory_used_bytes.unwrap_or(0));
-                        c.processes += 1;
-                    }
-                    None => unattributed += 1,
-                }
-            }
-            let mut mig = Vec::with_capacity(g.mig.len());
-            for m in &g.mig {
-                // The first holder of a device on this MIG device (BTreeMap order).
-                if let Some(c) = containers.values_mut().find(|c| c.unit_uuid == m.uuid) {
-                    c.sm_util_percent = m.utilization_percent.unwrap_or(0);
-                    c.memory_used_bytes = m.memory_used_bytes.unwrap_or(0);
-                }
-                mig.push(MigFigures {
-                    uuid: m.uuid.clone(),
-                    profile: mig_profile(plan, &m.uuid),
-                    utilization_percent: m.utilization_percent,
-                    memory_used_bytes: m.memory_used_bytes,
-                    memory_total_bytes: m.memory_total_bytes,
-                });
-            }
-            // Each container's limits, and their sum per (unit, holder) over the enforced ones.
-            let own: HashMap<Key, (u64, Option<u64>, bool)> = containers
-                .iter()
-                .filter_map(|(key, c)| {
-                    Some((key.clone(), own_limit(plan, &c.resource, &c.device_ids)?))
-                })
-                .collect();
-            let mut totals: HashMap<(&str, &Holder), (u64, u64)> = HashMap::new();
-            for ((unit, _, holder), (hard, soft, enforced)) in &own {
-                if *enforced {
-                    let t = totals.entry((unit.as_str(), holder)).or_default();
-                    t.0 = t.0.saturating_add(*hard);
-                    t.1 = t.1.saturating_add(soft.unwrap_or(0));
-                }
-            }
-            // A process counts for the first of its container's resources on the GPU; its
-            // cgroup is the container's for every one of them.
-            let mut cgroups_of: HashMap<(&str, &Holder), BTreeSet<String>> = HashMap::new();
-            for ((unit, _, holder), set) in &cgroups {
-                cgroups_of
-                    .entry((unit.as_str(), holder))
-                    .or_default()
-                    .extend(set.iter().cloned());
-            }
-            for (key, c) in &mut containers {
-                let at = (key.0.as_str(), &key.2);
-                c.memory_limit = own.get(key).map(|&o| {
-                    let total = totals.get(&at).copied().unwrap_or((o.0, o.1.unwrap_or(0)));
-                    limit_of(o, total, g, cgroups_of.get(&at))
-                });
-            }
-            GpuFigures {
-                uuid: g.uuid.clone(),
-                index: g.index,
-                model: g.model.clone(),
-                utilization_percent: g.utilization_percent,
-                memory_used_bytes: g.memory_used_bytes,
-                memory_total_bytes: g.memory_total_bytes,
-                unattributed_processes: unattributed,
-                memory_limits_supported: g.memory_limits_supported,
-                mig,
-                containers: containers.into_values().collect(),
-            }
+/// The figures of a GPU's held containers whose use can be known (`known`), all zero yet.
+fn known_containers(
+    held: Option<&BTreeMap<Key, Vec<String>>>,
+    known: &impl Fn(&Key) -> bool,
+) -> BTreeMap<Key, ContainerFigures> {
+    held.into_iter()
+        .flatten()
+        .filter(|(key, _)| known(key))
+        .map(|(key, ids)| {
+            let figures = ContainerFigures {
+                holder: key.2.clone(),
+                resource: key.1.clone(),
+                unit_uuid: key.0.clone(),
+                device_ids: ids.clone(),
+                sm_util_percent: 0,
+                memory_used_bytes: 0,
+                processes: 0,
+                memory_limit: None,
+            };
+            (key.clone(), figures)
         })
+        .collect()
+}
+
+/// What charging a GPU's processes to its containers found.
+struct Charged {
+    /// Processes no container is known for.
+    unattributed: u32,
+    /// Each container's processes' cgroups on the GPU (for its memory limit).
+    cgroups: HashMap<Key, BTreeSet<String>>,
+}
+
+/// Charges each of `g`'s processes to the container its pod's entries name on the GPU
+/// (adding its SM use and memory), or counts it unattributed.
+fn charge_processes(
+    g: &GpuSample,
+    containers: &mut BTreeMap<Key, ContainerFigures>,
+    by_pod: &HashMap<&str, Vec<PodEntry<'_>>>,
+    plan: &Plan,
+    in_use: &InUse,
+) -> Charged {
+    let mut unattributed = 0u32;
+    let mut cgroups: HashMap<Key, BTreeSet<String>> = HashMap::new();
+    for p in &g.processes {
+        let key = p
+            .pod_uid
+            .as_deref()
+            .and_then(|uid| by_pod.get(uid))
+            .and_then(|entries| container_of(entries, &g.uuid, plan, in_use));
+        match key.and_then(|k| containers.get_mut(&k).map(|c| (k, c))) {
+            Some((k, c)) => {
+                if let Some(cgroup) = &p.cgroup {
+                    cgroups.entry(k).or_default().insert(cgroup.clone());
+                }
+                c.sm_util_percent = c
+                    .sm_util_percent
+                    .saturating_add(p.sm_util_percent.unwrap_or(0));
+                c.memory_used_bytes = c
+                    .memory_used_bytes
+                    .saturating_add(p.memory_used_bytes.unwrap_or(0));
+                c.processes += 1;
+            }
+            None => unattributed += 1,
+        }
+    }
+    Charged {
+        unattributed,
+        cgroups,
+    }
+}
+
+/// The figures of `g`'s MIG devices; each one's use goes to the first holder of a device on
+/// it (BTreeMap order).
+fn mig_figures(
+    g: &GpuSample,
+    containers: &mut BTreeMap<Key, ContainerFigures>,
+    plan: &Plan,
+) -> Vec<MigFigures> {
+    let mut mig = Vec::with_capacity(g.mig.len());
+    for m in &g.mig {
+        if let Some(c) = containers.values_mut().find(|c| c.unit_uuid == m.uuid) {
+            c.sm_util_percent = m.utilization_percent.unwrap_or(0);
+            c.memory_used_bytes = m.memory_used_bytes.unwrap_or(0);
+        }
+        mig.push(MigFigures {
+            uuid: m.uuid.clone(),
+            profile: mig_profile(plan, &m.uuid),
+            utilization_percent: m.utilization_percent,
+            memory_used_bytes: m.memory_used_bytes,
+            memory_total_bytes: m.memory_total_bytes,
+        });
+    }
+    mig
+}
+
+/// Sets each container's memory limit on `g`: its own limits, and whether NVML reads back the
+/// sum over the enforced ones of its (unit, holder) for every cgroup of its processes (a
+/// process counts for the first of its container's resources on the GPU; its cgroup is the
+/// container's for every one of them).
+fn set_memory_limits(
+    g: &GpuSample,
+    containers: &mut BTreeMap<Key, ContainerFigures>,
+    cgroups: &HashMap<Key, BTreeSet<String>>,
+    plan: &Plan,
+) {
+    let own: HashMap<Key, (u64, Option<u64>, bool)> = containers
+        .iter()
+        .filter_map(|(key, c)| Some((key.clone(), own_limit(plan, &c.resource, &c.device_ids)?)))
         .collect();
-    Figures {
-        at_unix_ms: samples.at_unix_ms,
-        gpus,
-        checkpoint_error: samples.checkpoint_error.clone(),
-        limits_not_cleared: samples.limits_not_cleared,
+    let mut totals: HashMap<(&str, &Holder), (u64, u64)> = HashMap::new();
+    for ((unit, _, holder), (hard, soft, enforced)) in &own {
+        if *enforced {
+            let t = totals.entry((unit.as_str(), holder)).or_default();
+            t.0 = t.0.saturating_add(*hard);
+            t.1 = t.1.saturating_add(soft.unwrap_or(0));
+        }
+    }
+    let mut cgroups_of: HashMap<(&str, &Holder), BTreeSet<String>> = HashMap::new();
+    for ((unit, _, holder), set) in cgroups {
+        cgroups_of
+            .entry((unit.as_str(), holder))
+            .or_default()
+            .extend(set.iter().cloned());
+    }
+    for (key, c) in containers.iter_mut() {
+        let at = (key.0.as_str(), &key.2);
+        c.memory_limit = own.get(key).map(|&o| {
+            let total = totals.get(&at).copied().unwrap_or((o.0, o.1.unwrap_or(0)));
+            limit_of(o, total, g, cgroups_of.get(&at))
+        });
     }
 }
 

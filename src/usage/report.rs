@@ -15,14 +15,17 @@ use prometheus_client::metrics::family::Family;
 
 use crate::in_use::{Holder, InUse};
 use crate::plan::dra_names::with_claims;
-use crate::plan::{physical_uuid, Plan};
-use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures};
+use crate::plan::{physical_uuid, Plan, VirtualDevice};
+use crate::usage::attribute::{attribute, physical, ContainerFigures, Figures, GpuFigures};
 use crate::usage::metrics::{
     AllocationLabels, ContainerLabels, ContainerLimitLabels, GpuLabels, MigLabels, ResourceLabels,
     UsageMetrics, UuidLabels,
 };
 use crate::usage::view::{DeviceView, GpuView, HolderView, NodeView};
 use crate::usage::Samples;
+
+/// A sample's containers' figures by (unit UUID, resource, holder).
+type FiguresOf<'a> = HashMap<(&'a str, &'a str, &'a Holder), &'a ContainerFigures>;
 
 /// Who and which unit a last-active time is for: (holder, unit UUID).
 type ActiveKey = (Holder, String);
@@ -96,6 +99,161 @@ fn container_labels(c: &ContainerFigures) -> ContainerLabels {
     }
 }
 
+/// The label sets one sample writes, per family group (as in [`Written`]).
+#[derive(Debug, Default)]
+struct Series {
+    gpu_utilization: HashSet<GpuLabels>,
+    gpu_memory_used: HashSet<GpuLabels>,
+    gpu_memory_total: HashSet<GpuLabels>,
+    mig_utilization: HashSet<MigLabels>,
+    mig_memory_used: HashSet<MigLabels>,
+    mig_memory_total: HashSet<MigLabels>,
+    containers: HashSet<ContainerLabels>,
+    container_limits: HashSet<ContainerLimitLabels>,
+    container_enforced: HashSet<ContainerLabels>,
+    gpu_limits_supported: HashSet<GpuLabels>,
+    unattributed: HashSet<UuidLabels>,
+}
+
+/// Writes GPU `g`'s gauges (limits supported, utilization, memory, its MIG devices', its
+/// unattributed processes), adding their label sets to `series`.
+fn write_gpu(m: &UsageMetrics, g: &GpuFigures, series: &mut Series) {
+    let labels = GpuLabels {
+        UUID: g.uuid.clone(),
+        gpu: g.index.to_string(),
+        modelName: g.model.clone(),
+    };
+    if let Some(s) = g.memory_limits_supported {
+        m.gpu_limits_supported
+            .get_or_create(&labels)
+            .set(i64::from(s));
+        series.gpu_limits_supported.insert(labels.clone());
+    }
+    for (value, family, set) in [
+        (
+            g.utilization_percent.map(u64::from),
+            &m.gpu_utilization,
+            &mut series.gpu_utilization,
+        ),
+        (
+            g.memory_used_bytes,
+            &m.gpu_memory_used,
+            &mut series.gpu_memory_used,
+        ),
+        (
+            g.memory_total_bytes,
+            &m.gpu_memory_total,
+            &mut series.gpu_memory_total,
+        ),
+    ] {
+        if let Some(v) = value {
+            family.get_or_create(&labels).set(gauge_value(v));
+            set.insert(labels.clone());
+        }
+    }
+    for mig in &g.mig {
+        let labels = MigLabels {
+            UUID: mig.uuid.clone(),
+            parentUUID: g.uuid.clone(),
+            profile: mig.profile.clone().unwrap_or_default(),
+        };
+        for (value, family, set) in [
+            (
+                mig.utilization_percent.map(u64::from),
+                &m.mig_utilization,
+                &mut series.mig_utilization,
+            ),
+            (
+                mig.memory_used_bytes,
+                &m.mig_memory_used,
+                &mut series.mig_memory_used,
+            ),
+            (
+                mig.memory_total_bytes,
+                &m.mig_memory_total,
+                &mut series.mig_memory_total,
+            ),
+        ] {
+            if let Some(v) = value {
+                family.get_or_create(&labels).set(gauge_value(v));
+                set.insert(labels.clone());
+            }
+        }
+    }
+    let uuid = UuidLabels {
+        UUID: g.uuid.clone(),
+    };
+    m.unattributed
+        .get_or_create(&uuid)
+        .set(i64::from(g.unattributed_processes));
+    series.unattributed.insert(uuid);
+}
+
+/// Writes `slicelet_allocation_info` (one series per held device and holder); returns those
+/// label sets and the container label sets of every holder on its unit.
+fn write_allocation_info(
+    m: &UsageMetrics,
+    plan: &Plan,
+    in_use: &InUse,
+) -> (HashSet<AllocationLabels>, HashSet<ContainerLabels>) {
+    let mut allocation = HashSet::new();
+    let mut live: HashSet<ContainerLabels> = HashSet::new();
+    for (resource, id, holders) in in_use.iter() {
+        let device = plan.resources.get(resource).and_then(|r| r.device(id));
+        let uuid = device.map_or_else(|| physical_uuid(id), |d| d.gpu_uuid.as_str());
+        for h in holders {
+            let labels = AllocationLabels {
+                resource: resource.to_string(),
+                device: id.to_string(),
+                UUID: uuid.to_string(),
+                pod: h.pod.clone(),
+                namespace: h.namespace.clone(),
+                container: h.container.clone(),
+            };
+            m.allocation.get_or_create(&labels).set(1);
+            allocation.insert(labels);
+            live.insert(ContainerLabels {
+                pod: h.pod.clone(),
+                namespace: h.namespace.clone(),
+                container: h.container.clone(),
+                UUID: uuid.to_string(),
+                resource: resource.to_string(),
+            });
+        }
+    }
+    (allocation, live)
+}
+
+/// Writes the held, free (Healthy and not held) and draining device counts of every resource
+/// the plan has or something holds; returns their label sets.
+fn write_resource_counts(m: &UsageMetrics, plan: &Plan, in_use: &InUse) -> HashSet<ResourceLabels> {
+    let mut resources = HashSet::new();
+    let names: std::collections::BTreeSet<&str> = plan
+        .resources
+        .keys()
+        .map(String::as_str)
+        .chain(in_use.devices.keys().map(String::as_str))
+        .collect();
+    for name in names {
+        let held = in_use.devices.get(name).map_or(0, BTreeMap::len);
+        let free = plan.resources.get(name).map_or(0, |r| {
+            r.devices
+                .iter()
+                .filter(|d| d.health.is_healthy() && !in_use.is_held(name, &d.id))
+                .count()
+        });
+        let draining = plan.drain.draining.get(name).map_or(0, BTreeMap::len);
+        let labels = ResourceLabels {
+            resource: name.to_string(),
+        };
+        m.allocated.get_or_create(&labels).set(held as i64);
+        m.free.get_or_create(&labels).set(free as i64);
+        m.draining.get_or_create(&labels).set(draining as i64);
+        resources.insert(labels);
+    }
+    resources
+}
+
 impl Usage {
     /// Nothing sampled, nothing written.
     pub fn new() -> Usage {
@@ -133,125 +291,15 @@ impl Usage {
         let m = metrics;
 
         let mut seen = HashSet::new();
-        let mut containers = HashSet::new();
-        let mut gpu_util = HashSet::new();
-        let mut gpu_used = HashSet::new();
-        let mut gpu_total = HashSet::new();
-        let mut mig_util = HashSet::new();
-        let mut mig_used = HashSet::new();
-        let mut mig_total = HashSet::new();
-        let mut unattributed = HashSet::new();
-        let mut limits = HashSet::new();
-        let mut enforced = HashSet::new();
-        let mut supported = HashSet::new();
+        let mut series = Series::default();
         for g in &figures.gpus {
-            let labels = GpuLabels {
-                UUID: g.uuid.clone(),
-                gpu: g.index.to_string(),
-                modelName: g.model.clone(),
-            };
-            if let Some(s) = g.memory_limits_supported {
-                m.gpu_limits_supported
-                    .get_or_create(&labels)
-                    .set(i64::from(s));
-                supported.insert(labels.clone());
-            }
-            for (value, family, set) in [
-                (
-                    g.utilization_percent.map(u64::from),
-                    &m.gpu_utilization,
-                    &mut gpu_util,
-                ),
-                (g.memory_used_bytes, &m.gpu_memory_used, &mut gpu_used),
-                (g.memory_total_bytes, &m.gpu_memory_total, &mut gpu_total),
-            ] {
-                if let Some(v) = value {
-                    family.get_or_create(&labels).set(gauge_value(v));
-                    set.insert(labels.clone());
-                }
-            }
-            for mig in &g.mig {
-                let labels = MigLabels {
-                    UUID: mig.uuid.clone(),
-                    parentUUID: g.uuid.clone(),
-                    profile: mig.profile.clone().unwrap_or_default(),
-                };
-                for (value, family, set) in [
-                    (
-                        mig.utilization_percent.map(u64::from),
-                        &m.mig_utilization,
-                        &mut mig_util,
-                    ),
-                    (mig.memory_used_bytes, &m.mig_memory_used, &mut mig_used),
-                    (mig.memory_total_bytes, &m.mig_memory_total, &mut mig_total),
-                ] {
-                    if let Some(v) = value {
-                        family.get_or_create(&labels).set(gauge_value(v));
-                        set.insert(labels.clone());
-                    }
-                }
-            }
-            let uuid = UuidLabels {
-                UUID: g.uuid.clone(),
-            };
-            m.unattributed
-                .get_or_create(&uuid)
-                .set(i64::from(g.unattributed_processes));
-            unattributed.insert(uuid);
+            write_gpu(m, g, &mut series);
             for c in &g.containers {
-                let key = (c.holder.clone(), c.unit_uuid.clone());
-                let last = self.last_active.entry(key.clone()).or_insert(now);
-                if c.sm_util_percent > 0 && now > *last {
-                    *last = now;
-                }
-                let labels = container_labels(c);
-                m.container_sm
-                    .get_or_create(&labels)
-                    .set(i64::from(c.sm_util_percent));
-                m.container_memory
-                    .get_or_create(&labels)
-                    .set(gauge_value(c.memory_used_bytes));
-                m.container_last_active.get_or_create(&labels).set(*last);
-                if let Some(l) = &c.memory_limit {
-                    for (kind, value) in [("hard", Some(l.hard_bytes)), ("soft", l.soft_bytes)] {
-                        if let Some(v) = value {
-                            let k = limit_labels(&labels, kind);
-                            m.container_limit.get_or_create(&k).set(gauge_value(v));
-                            limits.insert(k);
-                        }
-                    }
-                    if let Some(e) = l.enforced {
-                        m.container_limit_enforced
-                            .get_or_create(&labels)
-                            .set(i64::from(e));
-                        enforced.insert(labels.clone());
-                    }
-                }
-                seen.insert(key);
-                containers.insert(labels);
+                seen.insert(self.write_container(m, c, now, &mut series));
             }
         }
         self.last_active.retain(|k, _| seen.contains(k));
-        let w = &mut self.written;
-        sync(&m.gpu_utilization, &mut w.gpu_utilization, gpu_util);
-        sync(&m.gpu_memory_used, &mut w.gpu_memory_used, gpu_used);
-        sync(&m.gpu_memory_total, &mut w.gpu_memory_total, gpu_total);
-        sync(&m.mig_utilization, &mut w.mig_utilization, mig_util);
-        sync(&m.mig_memory_used, &mut w.mig_memory_used, mig_used);
-        sync(&m.mig_memory_total, &mut w.mig_memory_total, mig_total);
-        sync(&m.unattributed, &mut w.unattributed, unattributed);
-        sync(
-            &m.gpu_limits_supported,
-            &mut w.gpu_limits_supported,
-            supported,
-        );
-        sync(&m.container_limit, &mut w.container_limits, limits);
-        sync(
-            &m.container_limit_enforced,
-            &mut w.container_enforced,
-            enforced,
-        );
-        self.sync_containers(metrics, containers);
+        self.sync_series(m, series);
         if figures.limits_not_cleared > 0 {
             m.limits_not_cleared
                 .inc_by(u64::from(figures.limits_not_cleared));
@@ -260,6 +308,101 @@ impl Usage {
         m.attribution_up
             .set(i64::from(figures.checkpoint_error.is_none()));
         self.figures = Some(figures);
+    }
+
+    /// Writes container `c`'s gauges (SM use, memory, last active time advanced to `now`
+    /// where its SM use is > 0, memory limits), adding their label sets to `series`; returns
+    /// its last-active key.
+    fn write_container(
+        &mut self,
+        m: &UsageMetrics,
+        c: &ContainerFigures,
+        now: f64,
+        series: &mut Series,
+    ) -> ActiveKey {
+        let key = (c.holder.clone(), c.unit_uuid.clone());
+        let last = self.last_active.entry(key.clone()).or_insert(now);
+        if c.sm_util_percent > 0 && now > *last {
+            *last = now;
+        }
+        let labels = container_labels(c);
+        m.container_sm
+            .get_or_create(&labels)
+            .set(i64::from(c.sm_util_percent));
+        m.container_memory
+            .get_or_create(&labels)
+            .set(gauge_value(c.memory_used_bytes));
+        m.container_last_active.get_or_create(&labels).set(*last);
+        if let Some(l) = &c.memory_limit {
+            for (kind, value) in [("hard", Some(l.hard_bytes)), ("soft", l.soft_bytes)] {
+                if let Some(v) = value {
+                    let k = limit_labels(&labels, kind);
+                    m.container_limit.get_or_create(&k).set(gauge_value(v));
+                    series.container_limits.insert(k);
+                }
+            }
+            if let Some(e) = l.enforced {
+                m.container_limit_enforced
+                    .get_or_create(&labels)
+                    .set(i64::from(e));
+                series.container_enforced.insert(labels.clone());
+            }
+        }
+        series.containers.insert(labels);
+        key
+    }
+
+    /// Removes the series written last time but not in this sample's `series`, and remembers
+    /// these.
+    fn sync_series(&mut self, m: &UsageMetrics, series: Series) {
+        let w = &mut self.written;
+        sync(
+            &m.gpu_utilization,
+            &mut w.gpu_utilization,
+            series.gpu_utilization,
+        );
+        sync(
+            &m.gpu_memory_used,
+            &mut w.gpu_memory_used,
+            series.gpu_memory_used,
+        );
+        sync(
+            &m.gpu_memory_total,
+            &mut w.gpu_memory_total,
+            series.gpu_memory_total,
+        );
+        sync(
+            &m.mig_utilization,
+            &mut w.mig_utilization,
+            series.mig_utilization,
+        );
+        sync(
+            &m.mig_memory_used,
+            &mut w.mig_memory_used,
+            series.mig_memory_used,
+        );
+        sync(
+            &m.mig_memory_total,
+            &mut w.mig_memory_total,
+            series.mig_memory_total,
+        );
+        sync(&m.unattributed, &mut w.unattributed, series.unattributed);
+        sync(
+            &m.gpu_limits_supported,
+            &mut w.gpu_limits_supported,
+            series.gpu_limits_supported,
+        );
+        sync(
+            &m.container_limit,
+            &mut w.container_limits,
+            series.container_limits,
+        );
+        sync(
+            &m.container_limit_enforced,
+            &mut w.container_enforced,
+            series.container_enforced,
+        );
+        self.sync_containers(m, series.containers);
     }
 
     fn sync_containers(&mut self, metrics: &UsageMetrics, now: HashSet<ContainerLabels>) {
@@ -304,70 +447,25 @@ impl Usage {
     pub fn allocation(&mut self, plan: &Plan, in_use: &InUse, metrics: &UsageMetrics) {
         let in_use = &*with_claims(plan, in_use);
         let m = metrics;
-        let mut allocation = HashSet::new();
-        let mut live: HashSet<ContainerLabels> = HashSet::new();
-        for (resource, id, holders) in in_use.iter() {
-            let device = plan.resources.get(resource).and_then(|r| r.device(id));
-            let uuid = device.map_or_else(|| physical_uuid(id), |d| d.gpu_uuid.as_str());
-            for h in holders {
-                let labels = AllocationLabels {
-                    resource: resource.to_string(),
-                    device: id.to_string(),
-                    UUID: uuid.to_string(),
-                    pod: h.pod.clone(),
-                    namespace: h.namespace.clone(),
-                    container: h.container.clone(),
-                };
-                m.allocation.get_or_create(&labels).set(1);
-                allocation.insert(labels);
-                live.insert(ContainerLabels {
-                    pod: h.pod.clone(),
-                    namespace: h.namespace.clone(),
-                    container: h.container.clone(),
-                    UUID: uuid.to_string(),
-                    resource: resource.to_string(),
-                });
-            }
-        }
+        let (allocation, live) = write_allocation_info(m, plan, in_use);
         sync(&m.allocation, &mut self.written.allocation, allocation);
-
-        let mut resources = HashSet::new();
-        let names: std::collections::BTreeSet<&str> = plan
-            .resources
-            .keys()
-            .map(String::as_str)
-            .chain(in_use.devices.keys().map(String::as_str))
-            .collect();
-        for name in names {
-            let held = in_use.devices.get(name).map_or(0, BTreeMap::len);
-            let free = plan.resources.get(name).map_or(0, |r| {
-                r.devices
-                    .iter()
-                    .filter(|d| d.health.is_healthy() && !in_use.is_held(name, &d.id))
-                    .count()
-            });
-            let draining = plan.drain.draining.get(name).map_or(0, BTreeMap::len);
-            let labels = ResourceLabels {
-                resource: name.to_string(),
-            };
-            m.allocated.get_or_create(&labels).set(held as i64);
-            m.free.get_or_create(&labels).set(free as i64);
-            m.draining.get_or_create(&labels).set(draining as i64);
-            resources.insert(labels);
-        }
+        let resources = write_resource_counts(m, plan, in_use);
         for gone in self.written.resources.difference(&resources) {
             m.allocated.remove(gone);
             m.free.remove(gone);
             m.draining.remove(gone);
         }
         self.written.resources = resources;
+        self.forget_released(metrics, &live);
+    }
 
-        // Containers no longer holding anything on a unit lose their series now, not at the
-        // next sample.
+    /// Containers no longer holding anything on a unit (not in `live`) lose their series and
+    /// last active times now, not at the next sample.
+    fn forget_released(&mut self, metrics: &UsageMetrics, live: &HashSet<ContainerLabels>) {
         let still: HashSet<ContainerLabels> = self
             .written
             .containers
-            .intersection(&live)
+            .intersection(live)
             .cloned()
             .collect();
         self.sync_containers(metrics, still);
@@ -400,68 +498,19 @@ impl Usage {
     /// per request.
     pub fn view(&self, plan: &Plan, in_use: &InUse) -> NodeView {
         let in_use = &*with_claims(plan, in_use);
-        let mut gpus: HashMap<&str, GpuView> = HashMap::new();
-        let mut figures_of: HashMap<(&str, &str, &Holder), &ContainerFigures> = HashMap::new();
-        let sampled_at = self.figures.as_ref().map(|f| f.at_unix_ms as f64 / 1000.0);
-        if let Some(f) = &self.figures {
-            for g in &f.gpus {
-                gpus.insert(
-                    g.uuid.as_str(),
-                    GpuView {
-                        index: g.index,
-                        uuid: g.uuid.clone(),
-                        model: Some(g.model.clone()),
-                        utilization_percent: g.utilization_percent,
-                        memory_used_bytes: g.memory_used_bytes,
-                        memory_total_bytes: g.memory_total_bytes,
-                        unattributed_processes: g.unattributed_processes,
-                        devices: Vec::new(),
-                        memory_limits_supported: g.memory_limits_supported,
-                    },
-                );
-                for c in &g.containers {
-                    figures_of.insert((c.unit_uuid.as_str(), c.resource.as_str(), &c.holder), c);
-                }
-            }
-        }
+        let (mut gpus, figures_of) = self.sampled_gpus();
         let mut free = BTreeMap::new();
         for (name, r) in &plan.resources {
-            let draining = plan.drain.draining.get(name);
-            let retained = plan.drain.retained.get(name);
             let mut n_free = 0;
             for d in &r.devices {
-                let gpu_uuid = physical(d);
                 let holder = in_use.holders(name, &d.id).first();
                 if holder.is_none() && d.health.is_healthy() {
                     n_free += 1;
                 }
                 let figures =
                     holder.and_then(|h| figures_of.get(&(d.gpu_uuid.as_str(), name.as_str(), h)));
-                let idle_seconds = match (figures, sampled_at) {
-                    (Some(c), Some(at)) => self
-                        .last_active
-                        .get(&(c.holder.clone(), c.unit_uuid.clone()))
-                        .map(|last| (at - last).max(0.0)),
-                    _ => None,
-                };
-                let view = DeviceView {
-                    resource: name.clone(),
-                    id: d.id.clone(),
-                    unit_uuid: d.gpu_uuid.clone(),
-                    replica: d.replica,
-                    mig_profile: d.mig.as_ref().map(|m| m.profile.clone()),
-                    health: d.health.as_str().to_string(),
-                    draining: draining.and_then(|m| m.get(&d.id)).cloned(),
-                    retained: retained.is_some_and(|s| s.contains(&d.id)),
-                    holder: holder.map(HolderView::from),
-                    sm_util_percent: figures.map(|c| c.sm_util_percent),
-                    memory_used_bytes: figures.map(|c| c.memory_used_bytes),
-                    idle_seconds,
-                    memory_limit_bytes: figures.and_then(|c| c.memory_limit).map(|l| l.hard_bytes),
-                    memory_limit_enforced: figures
-                        .and_then(|c| c.memory_limit)
-                        .and_then(|l| l.enforced),
-                };
+                let view = self.device_view(plan, name, d, holder, figures.copied());
+                let gpu_uuid = physical(d);
                 gpus.entry(gpu_uuid)
                     .or_insert_with(|| GpuView {
                         index: d.gpu_index,
@@ -492,6 +541,80 @@ impl Usage {
             free,
         }
     }
+
+    /// The latest sample's GPUs (no devices yet) by UUID, and its containers' figures by
+    /// (unit UUID, resource, holder).
+    fn sampled_gpus(&self) -> (HashMap<&str, GpuView>, FiguresOf<'_>) {
+        let mut gpus: HashMap<&str, GpuView> = HashMap::new();
+        let mut figures_of = FiguresOf::new();
+        for g in self.figures.iter().flat_map(|f| &f.gpus) {
+            gpus.insert(
+                g.uuid.as_str(),
+                GpuView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    model: Some(g.model.clone()),
+                    utilization_percent: g.utilization_percent,
+                    memory_used_bytes: g.memory_used_bytes,
+                    memory_total_bytes: g.memory_total_bytes,
+                    unattributed_processes: g.unattributed_processes,
+                    devices: Vec::new(),
+                    memory_limits_supported: g.memory_limits_supported,
+                },
+            );
+            for c in &g.containers {
+                figures_of.insert((c.unit_uuid.as_str(), c.resource.as_str(), &c.holder), c);
+            }
+        }
+        (gpus, figures_of)
+    }
+
+    /// Device `d` of resource `name` as `/status` shows it: its drain state, its `holder` and
+    /// that holder's `figures` on its unit, idle seconds measured to the latest sample's time.
+    fn device_view(
+        &self,
+        plan: &Plan,
+        name: &str,
+        d: &VirtualDevice,
+        holder: Option<&Holder>,
+        figures: Option<&ContainerFigures>,
+    ) -> DeviceView {
+        let sampled_at = self.figures.as_ref().map(|f| f.at_unix_ms as f64 / 1000.0);
+        let idle_seconds = match (figures, sampled_at) {
+            (Some(c), Some(at)) => self
+                .last_active
+                .get(&(c.holder.clone(), c.unit_uuid.clone()))
+                .map(|last| (at - last).max(0.0)),
+            _ => None,
+        };
+        DeviceView {
+            resource: name.to_string(),
+            id: d.id.clone(),
+            unit_uuid: d.gpu_uuid.clone(),
+            replica: d.replica,
+            mig_profile: d.mig.as_ref().map(|m| m.profile.clone()),
+            health: d.health.as_str().to_string(),
+            draining: plan
+                .drain
+                .draining
+                .get(name)
+                .and_then(|m| m.get(&d.id))
+                .cloned(),
+            retained: plan
+                .drain
+                .retained
+                .get(name)
+                .is_some_and(|s| s.contains(&d.id)),
+            holder: holder.map(HolderView::from),
+            sm_util_percent: figures.map(|c| c.sm_util_percent),
+            memory_used_bytes: figures.map(|c| c.memory_used_bytes),
+            idle_seconds,
+            memory_limit_bytes: figures.and_then(|c| c.memory_limit).map(|l| l.hard_bytes),
+            memory_limit_enforced: figures
+                .and_then(|c| c.memory_limit)
+                .and_then(|l| l.enforced),
+        }
+    }
 }
 
 /// A synthetic node for benchmarks and tests: `gpus` GPUs (`GPU-<index:08x>-0000-…`, one
@@ -504,66 +627,19 @@ impl Usage {
 /// # Panics
 /// When `containers > gpus * replicas` (not every container could hold a replica).
 pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse, Samples) {
-    use crate::device_health::Health;
-    use crate::inventory::sample::{GpuSample, ProcessSample};
-    use crate::plan::{replica_id, ResourcePlan, Strategy, VirtualDevice};
+    use crate::inventory::sample::ProcessSample;
+    use crate::plan::replica_id;
     use crate::usage::CheckpointEntry;
-    const RESOURCE: &str = "nvidia.com/gpu-shared";
-    const MIB: u64 = 1024 * 1024;
     assert!(u64::from(containers) <= u64::from(gpus) * u64::from(replicas));
-    let uuid = |g: u32| format!("GPU-{g:08x}-0000-0000-0000-000000000000");
-    let devices = (0..gpus)
-        .flat_map(|g| (0..replicas).map(move |n| (g, n)))
-        .map(|(g, n)| VirtualDevice {
-            id: replica_id(&uuid(g), n),
-            gpu_index: g,
-            gpu_uuid: uuid(g),
-            gpu_minor: Some(g),
-            replica: Some(n),
-            health: Health::Healthy,
-            numa_node: None,
-            mig: None,
-        })
-        .collect();
-    let mut plan = Plan::default();
-    plan.resources.insert(
-        RESOURCE.into(),
-        Arc::new(ResourcePlan::new(
-            crate::policy::ResourceName::parse(RESOURCE).expect("a valid name"),
-            Strategy::TimeSlicing,
-            replicas,
-            false,
-            false,
-            devices,
-        )),
-    );
-    let mut samples = Samples {
-        at_unix_ms: 1_000_000,
-        gpus: (0..gpus)
-            .map(|g| GpuSample {
-                uuid: uuid(g),
-                index: g,
-                model: "NVIDIA H100 80GB HBM3".into(),
-                utilization_percent: Some(40),
-                memory_used_bytes: Some(4096 * MIB),
-                memory_total_bytes: Some(81_559 * MIB),
-                processes: Vec::new(),
-                mig: Vec::new(),
-                ..GpuSample::default()
-            })
-            .collect(),
-        checkpoint: Some(Vec::new()),
-        checkpoint_error: None,
-        claims: None,
-        limits_not_cleared: 0,
-    };
+    let plan = synthetic_plan(gpus, replicas);
+    let mut samples = synthetic_samples(gpus);
     let mut in_use = InUse::default();
     for c in 0..containers {
         let (g, n) = (c % gpus, c / gpus);
-        let id = replica_id(&uuid(g), n);
+        let id = replica_id(&synthetic_uuid(g), n);
         let pod_uid = format!("uid-{c}");
         in_use.insert(
-            RESOURCE,
+            SYNTHETIC_RESOURCE,
             &id,
             Holder {
                 namespace: "ml".into(),
@@ -575,20 +651,89 @@ pub fn synthetic_node(gpus: u32, replicas: u32, containers: u32) -> (Plan, InUse
             checkpoint.push(CheckpointEntry {
                 pod_uid: pod_uid.clone(),
                 container: "main".into(),
-                resource: RESOURCE.into(),
+                resource: SYNTHETIC_RESOURCE.into(),
                 device_ids: vec![id],
             });
         }
         samples.gpus[g as usize].processes.push(ProcessSample {
             pid: 1000 + c,
             sm_util_percent: Some(1 + c % 50),
-            memory_used_bytes: Some(100 * MIB),
+            memory_used_bytes: Some(100 * SYNTHETIC_MIB),
             pod_uid: Some(pod_uid),
             container_id: None,
             cgroup: None,
         });
     }
     (plan, in_use, samples)
+}
+
+/// [`synthetic_node`]'s one resource.
+const SYNTHETIC_RESOURCE: &str = "nvidia.com/gpu-shared";
+/// Bytes in a MiB, for [`synthetic_node`]'s figures.
+const SYNTHETIC_MIB: u64 = 1024 * 1024;
+
+/// The UUID of [`synthetic_node`]'s GPU `g`.
+fn synthetic_uuid(g: u32) -> String {
+    format!("GPU-{g:08x}-0000-0000-0000-000000000000")
+}
+
+/// [`synthetic_node`]'s plan: one time-sliced resource of `replicas` Healthy replicas on each
+/// of `gpus` GPUs.
+fn synthetic_plan(gpus: u32, replicas: u32) -> Plan {
+    use crate::device_health::Health;
+    use crate::plan::{replica_id, ResourcePlan, Strategy};
+    let devices = (0..gpus)
+        .flat_map(|g| (0..replicas).map(move |n| (g, n)))
+        .map(|(g, n)| VirtualDevice {
+            id: replica_id(&synthetic_uuid(g), n),
+            gpu_index: g,
+            gpu_uuid: synthetic_uuid(g),
+            gpu_minor: Some(g),
+            replica: Some(n),
+            health: Health::Healthy,
+            numa_node: None,
+            mig: None,
+        })
+        .collect();
+    let mut plan = Plan::default();
+    plan.resources.insert(
+        SYNTHETIC_RESOURCE.into(),
+        Arc::new(ResourcePlan::new(
+            crate::policy::ResourceName::parse(SYNTHETIC_RESOURCE).expect("a valid name"),
+            Strategy::TimeSlicing,
+            replicas,
+            false,
+            false,
+            devices,
+        )),
+    );
+    plan
+}
+
+/// [`synthetic_node`]'s sample of `gpus` H100s, 40 % busy, no processes yet, an empty
+/// checkpoint.
+fn synthetic_samples(gpus: u32) -> Samples {
+    use crate::inventory::sample::GpuSample;
+    Samples {
+        at_unix_ms: 1_000_000,
+        gpus: (0..gpus)
+            .map(|g| GpuSample {
+                uuid: synthetic_uuid(g),
+                index: g,
+                model: "NVIDIA H100 80GB HBM3".into(),
+                utilization_percent: Some(40),
+                memory_used_bytes: Some(4096 * SYNTHETIC_MIB),
+                memory_total_bytes: Some(81_559 * SYNTHETIC_MIB),
+                processes: Vec::new(),
+                mig: Vec::new(),
+                ..GpuSample::default()
+            })
+            .collect(),
+        checkpoint: Some(Vec::new()),
+        checkpoint_error: None,
+        claims: None,
+        limits_not_cleared: 0,
+    }
 }
 
 #[cfg(test)]

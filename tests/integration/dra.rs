@@ -994,7 +994,7 @@ async fn a_dra_start_failure_is_shown_and_retried_until_it_serves() {
     let mut d = Daemon::start(settings);
     wait_lists(&emu, &[("nvidia.com/gpu", 4)]).await;
     let s = d.wait_status(|s| s.dra_down.is_some()).await;
-    let reason = s.ready().unwrap_err();
+    let reason = s.ready().unwrap_err().to_string();
     assert!(
         reason.contains("DRA not serving") && reason.contains("served by another live process"),
         "{reason}"

@@ -131,7 +131,7 @@ async fn an_unwritable_feature_file_never_stops_serving_and_is_retried() {
             s.nfd_error.is_some() && !s.resources.is_empty() && s.resources.is_subset(&s.registered)
         })
         .await;
-    let reason = s.ready().unwrap_err();
+    let reason = s.ready().unwrap_err().to_string();
     assert!(
         reason.contains("node labels may be stale") && reason.contains("features.d/slicelet"),
         "{reason}"

@@ -107,7 +107,7 @@ async fn a_label_naming_a_missing_key_keeps_the_last_good_config_and_readyz_name
 
     api.set_label(DEFAULT_LABEL, "tesla-t4");
     let st = d.wait_status(|st| st.policy_error.is_some()).await;
-    let reason = st.ready().unwrap_err();
+    let reason = st.ready().unwrap_err().to_string();
     assert!(
         reason.contains("names config \"tesla-t4\"") && reason.contains("(keys: a100-ts4, any)"),
         "{reason}"
@@ -188,6 +188,7 @@ async fn without_a_label_the_default_then_the_fallbacks_choose() {
     assert!(
         st.ready()
             .unwrap_err()
+            .to_string()
             .contains("no fallback (named,single) found a config"),
         "{st:?}"
     );

@@ -18,7 +18,10 @@ async fn a_vanished_policy_is_reported_and_the_last_good_one_keeps_serving() {
     std::fs::remove_file(node.policy()).unwrap();
     std::fs::remove_file(dir.join("..data")).unwrap();
     let s = d
-        .wait_status(|s| s.ready().is_err_and(|e| e.contains("config.yaml")))
+        .wait_status(|s| {
+            s.ready()
+                .is_err_and(|e| e.to_string().contains("config.yaml"))
+        })
         .await;
     assert!(s.policy_error.is_some(), "{s:?}");
     assert_eq!(
@@ -54,7 +57,10 @@ async fn no_healthy_device_is_not_ready() {
         .wait_status(|s| !s.registered.is_empty() && s.devices == 2)
         .await;
     assert!(
-        s.ready().unwrap_err().contains("no device is Healthy"),
+        s.ready()
+            .unwrap_err()
+            .to_string()
+            .contains("no device is Healthy"),
         "{:?}",
         s.ready()
     );
@@ -99,6 +105,7 @@ async fn registered_without_a_stream_is_not_ready() {
     assert!(
         s.ready()
             .unwrap_err()
+            .to_string()
             .contains("opened no ListAndWatch stream for: nvidia.com/gpu-shared"),
         "{:?}",
         s.ready()

@@ -4,10 +4,11 @@
 //! reports every Xid, and whether each GPU is watched, as health events. Which Xids are
 //! critical is decided where they are folded ([`crate::health_tracker::XidPolicy`]), not here.
 
-use std::os::raw::c_uint;
+use std::os::raw::{c_uint, c_ulonglong};
 
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlReturn_t};
 
 use crate::device_health::HealthEvent;
 use crate::inventory::EventSink;
@@ -92,6 +93,48 @@ fn event_set_backoff() -> backon::ExponentialBackoff {
     )
 }
 
+/// The raw event-set calls nvml-wrapper has no safe wrapper for, from NVML's symbol table.
+#[derive(Clone, Copy)]
+struct EventApi {
+    create: unsafe extern "C" fn(*mut nvmlEventSet_t) -> nvmlReturn_t,
+    register: unsafe extern "C" fn(nvmlDevice_t, c_ulonglong, nvmlEventSet_t) -> nvmlReturn_t,
+    wait: unsafe extern "C" fn(nvmlEventSet_t, *mut nvmlEventData_t, c_uint) -> nvmlReturn_t,
+    free: unsafe extern "C" fn(nvmlEventSet_t) -> nvmlReturn_t,
+    /// `nvmlDeviceGetSupportedEventTypes`, when this NVML has it.
+    supported: Option<unsafe extern "C" fn(nvmlDevice_t, *mut c_ulonglong) -> nvmlReturn_t>,
+}
+
+impl EventApi {
+    /// The calls, or `None` when this NVML has no event API.
+    fn load(nvml: &Nvml) -> Option<EventApi> {
+        let lib = nvml.lib();
+        let (Ok(create), Ok(register), Ok(wait), Ok(free)) = (
+            lib.nvmlEventSetCreate.as_ref(),
+            lib.nvmlDeviceRegisterEvents.as_ref(),
+            lib.nvmlEventSetWait_v2.as_ref(),
+            lib.nvmlEventSetFree.as_ref(),
+        ) else {
+            return None;
+        };
+        Some(EventApi {
+            create: *create,
+            register: *register,
+            wait: *wait,
+            free: *free,
+            supported: lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok().copied(),
+        })
+    }
+}
+
+/// Whether a GPU is watched is a health condition (fail closed while it is not), owned by the
+/// supervisor's health tracker: reports it, keeps nothing here.
+fn mark(sink: &EventSink, uuid: &str, failure: Option<String>) {
+    sink(HealthEvent::Watched {
+        uuid: uuid.to_string(),
+        failure,
+    });
+}
+
 // NVML FFI sites (the event-set calls nvml-wrapper has no safe wrapper for): each `unsafe`
 // block below carries its SAFETY comment.
 #[allow(unsafe_code)]
@@ -101,119 +144,158 @@ fn event_loop(
     sink: &EventSink,
     stop: &std::sync::atomic::AtomicBool,
 ) {
-    // Whether a GPU is watched is a health condition (fail closed while it is not), owned by
-    // the supervisor's health tracker: report it, keep nothing here.
-    let mark = |uuid: &str, failure: Option<String>| {
-        sink(HealthEvent::Watched {
-            uuid: uuid.to_string(),
-            failure,
-        });
-    };
-    use nvml_wrapper_sys::bindings::{nvmlEventData_t, nvmlEventSet_t};
     use std::sync::atomic::Ordering;
-    let lib = nvml.lib();
-    let (Ok(create), Ok(register), Ok(wait), Ok(free)) = (
-        lib.nvmlEventSetCreate.as_ref(),
-        lib.nvmlDeviceRegisterEvents.as_ref(),
-        lib.nvmlEventSetWait_v2.as_ref(),
-        lib.nvmlEventSetFree.as_ref(),
-    ) else {
+    let Some(api) = EventApi::load(nvml) else {
         tracing::warn!(
             "this NVML has no event API; GPUs are watched by periodic NVML queries only"
         );
         return;
     };
-    let supported = lib.nvmlDeviceGetSupportedEventTypes.as_ref().ok();
-    let fail_all = |reason: &str| {
-        for t in targets {
-            mark(&t.uuid, Some(reason.to_string()));
-        }
-    };
     let mut delays = event_set_backoff();
     while !stop.load(Ordering::Relaxed) {
         let mut set: nvmlEventSet_t = std::ptr::null_mut();
         // SAFETY: NVML's `nvmlEventSetCreate(nvmlEventSet_t *)`; `set` is a valid out pointer.
-        if let Err(e) = nvml_try(unsafe { create(&mut set) }) {
-            fail_all(&format!("nvmlEventSetCreate: {e}"));
-            let pause = delays.next().unwrap_or(std::time::Duration::from_secs(30));
-            // Sleep in slices so a stop request is honoured within EVENT_WAIT_MS.
-            let until = std::time::Instant::now() + pause;
-            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
-                std::thread::sleep(
-                    std::time::Duration::from_millis(u64::from(EVENT_WAIT_MS)).min(pause),
-                );
+        if let Err(e) = nvml_try(unsafe { (api.create)(&mut set) }) {
+            for t in targets {
+                mark(sink, &t.uuid, Some(format!("nvmlEventSetCreate: {e}")));
             }
+            let pause = delays.next().unwrap_or(std::time::Duration::from_secs(30));
+            sleep_unless_stopped(stop, pause);
             continue;
         }
-        // Register every GPU (again, after a failed wait: re-check all before marking any).
-        let mut handles = Vec::new();
-        for t in targets {
-            let device = match nvml.device_by_index(t.index) {
-                Ok(d) => d,
-                Err(e) => {
-                    mark(&t.uuid, Some(format!("nvmlDeviceGetHandleByIndex: {e}")));
-                    continue;
-                }
-            };
-            // SAFETY: the handle is valid while `nvml` lives.
-            let handle = unsafe { device.handle() };
-            let mut types: u64 = XID_CRITICAL_ERROR;
-            if let Some(f) = supported {
-                // SAFETY: `(nvmlDevice_t, unsigned long long *)`; `types` is a valid out pointer.
-                if nvml_try(unsafe { f(handle, &mut types) }).is_err() {
-                    types = 0;
-                }
+        let handles = register_all(nvml, api, targets, set, sink);
+        delays = event_set_backoff();
+        if wait_for_xids(api, set, &handles, sink, stop) == WaitEnd::Stopped {
+            return;
+        }
+    }
+}
+
+/// Sleeps `pause` in slices so a stop request is honoured within EVENT_WAIT_MS.
+fn sleep_unless_stopped(stop: &std::sync::atomic::AtomicBool, pause: std::time::Duration) {
+    use std::sync::atomic::Ordering;
+    let until = std::time::Instant::now() + pause;
+    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(EVENT_WAIT_MS)).min(pause));
+    }
+}
+
+/// Registers every GPU for Xid events on `set` (again, after a failed wait: re-checks all
+/// before marking any) and marks each watched or not; returns the registered ones by handle.
+#[allow(unsafe_code)]
+fn register_all<'t>(
+    nvml: &Nvml,
+    api: EventApi,
+    targets: &'t [EventTarget],
+    set: nvmlEventSet_t,
+    sink: &EventSink,
+) -> Vec<(usize, &'t EventTarget)> {
+    let mut handles = Vec::new();
+    for t in targets {
+        let device = match nvml.device_by_index(t.index) {
+            Ok(d) => d,
+            Err(e) => {
+                mark(
+                    sink,
+                    &t.uuid,
+                    Some(format!("nvmlDeviceGetHandleByIndex: {e}")),
+                );
+                continue;
             }
-            // SAFETY: `(nvmlDevice_t, unsigned long long, nvmlEventSet_t)` with a live set.
-            let rc = if types & XID_CRITICAL_ERROR == 0 {
-                Err(NvmlError::NotSupported)
-            } else {
-                nvml_try(unsafe { register(handle, XID_CRITICAL_ERROR, set) })
-            };
-            match rc {
-                Ok(()) => {
-                    mark(&t.uuid, None);
-                    handles.push((handle as usize, t));
-                }
-                Err(NvmlError::NotSupported) => {
-                    mark(&t.uuid, None);
-                    tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
-                }
-                Err(e) => {
-                    mark(&t.uuid, Some(format!("Xid event registration failed: {e}")));
-                }
+        };
+        // SAFETY: the handle is valid while `nvml` lives.
+        let handle = unsafe { device.handle() };
+        match register_xids(api, handle, set) {
+            Ok(()) => {
+                mark(sink, &t.uuid, None);
+                handles.push((handle as usize, t));
+            }
+            Err(NvmlError::NotSupported) => {
+                mark(sink, &t.uuid, None);
+                tracing::info!(gpu = %t.uuid, "GPU does not report Xid events; watched by periodic NVML queries");
+            }
+            Err(e) => {
+                mark(
+                    sink,
+                    &t.uuid,
+                    Some(format!("Xid event registration failed: {e}")),
+                );
             }
         }
-        delays = event_set_backoff();
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                // SAFETY: the set was created above and is freed once.
-                unsafe { free(set) };
-                return;
+    }
+    handles
+}
+
+/// Registers `handle` for Xid events on `set`; `NotSupported` when the GPU does not report
+/// them (or its supported event types cannot be read).
+#[allow(unsafe_code)]
+fn register_xids(
+    api: EventApi,
+    handle: nvmlDevice_t,
+    set: nvmlEventSet_t,
+) -> Result<(), NvmlError> {
+    let mut types: u64 = XID_CRITICAL_ERROR;
+    if let Some(f) = api.supported {
+        // SAFETY: `(nvmlDevice_t, unsigned long long *)`; `types` is a valid out pointer.
+        if nvml_try(unsafe { f(handle, &mut types) }).is_err() {
+            types = 0;
+        }
+    }
+    if types & XID_CRITICAL_ERROR == 0 {
+        Err(NvmlError::NotSupported)
+    } else {
+        // SAFETY: `(nvmlDevice_t, unsigned long long, nvmlEventSet_t)` with a live set.
+        nvml_try(unsafe { (api.register)(handle, XID_CRITICAL_ERROR, set) })
+    }
+}
+
+/// Why [`wait_for_xids`] returned (the set is freed either way).
+#[derive(Debug, PartialEq, Eq)]
+enum WaitEnd {
+    /// A stop was requested.
+    Stopped,
+    /// A wait failed: the set must be re-created and every GPU re-checked.
+    Failed,
+}
+
+/// Waits on `set` for Xid events of the registered `handles`, sending each to `sink` for the
+/// devices it concerns, until a stop is requested or a wait fails; frees the set.
+#[allow(unsafe_code)]
+fn wait_for_xids(
+    api: EventApi,
+    set: nvmlEventSet_t,
+    handles: &[(usize, &EventTarget)],
+    sink: &EventSink,
+    stop: &std::sync::atomic::AtomicBool,
+) -> WaitEnd {
+    use std::sync::atomic::Ordering;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            // SAFETY: the set was created by the caller and is freed once.
+            unsafe { (api.free)(set) };
+            return WaitEnd::Stopped;
+        }
+        // SAFETY: all-zero is a valid `nvmlEventData_t` (a null handle and integers).
+        let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `(nvmlEventSet_t, nvmlEventData_t *, unsigned int)` with a live set.
+        match nvml_try(unsafe { (api.wait)(set, &mut data, EVENT_WAIT_MS) }) {
+            Ok(()) if data.eventType & XID_CRITICAL_ERROR != 0 => {
+                let Some((_, t)) = handles.iter().find(|(h, _)| *h == data.device as usize) else {
+                    continue;
+                };
+                for uuid in t.uuids_for(data.gpuInstanceId, data.computeInstanceId) {
+                    sink(HealthEvent::Xid {
+                        uuid: uuid.to_string(),
+                        xid: data.eventData,
+                    });
+                }
             }
-            // SAFETY: all-zero is a valid `nvmlEventData_t` (a null handle and integers).
-            let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
-            // SAFETY: `(nvmlEventSet_t, nvmlEventData_t *, unsigned int)` with a live set.
-            match nvml_try(unsafe { wait(set, &mut data, EVENT_WAIT_MS) }) {
-                Ok(()) if data.eventType & XID_CRITICAL_ERROR != 0 => {
-                    let Some((_, t)) = handles.iter().find(|(h, _)| *h == data.device as usize)
-                    else {
-                        continue;
-                    };
-                    for uuid in t.uuids_for(data.gpuInstanceId, data.computeInstanceId) {
-                        sink(HealthEvent::Xid {
-                            uuid: uuid.to_string(),
-                            xid: data.eventData,
-                        });
-                    }
-                }
-                Ok(()) | Err(NvmlError::Timeout) => {}
-                Err(e) => {
-                    tracing::error!(error = %crate::errors::chain(&e), "NVML event wait failed; re-creating the event set and re-checking every GPU");
-                    // SAFETY: the set was created above and is freed once.
-                    unsafe { free(set) };
-                    break;
-                }
+            Ok(()) | Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                tracing::error!(error = %crate::errors::chain(&e), "NVML event wait failed; re-creating the event set and re-checking every GPU");
+                // SAFETY: the set was created by the caller and is freed once.
+                unsafe { (api.free)(set) };
+                return WaitEnd::Failed;
             }
         }
     }

@@ -12,6 +12,7 @@ use std::ffi::{c_char, c_uint, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::nvmlDevice_t;
 
@@ -43,6 +44,63 @@ struct GetLimits {
 
 type SetFn = unsafe extern "C" fn(nvmlDevice_t, *mut SetLimits) -> c_uint;
 type GetFn = unsafe extern "C" fn(nvmlDevice_t, *mut GetLimits) -> c_uint;
+
+/// Why the memory-limit calls could not be loaded or used. Each message is one line for a
+/// log or the container runtime's log; NVML's or the loader's answer is part of it (there is
+/// no separate source).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    /// The NVML library does not open.
+    #[error("opening {library}: {error}")]
+    Open {
+        /// The library's path or name, as given.
+        library: String,
+        /// The loader's answer.
+        error: libloading::Error,
+    },
+    /// The driver lacks one of the two calls (a driver before R615).
+    #[error("the driver has no {symbol} (R615 or later needed)")]
+    NoSymbol {
+        /// The missing symbol.
+        symbol: &'static str,
+    },
+    /// NVML does not start.
+    #[error("NVML ({library}) does not start: {error}")]
+    Init {
+        /// The library's path or name.
+        library: String,
+        /// NVML's answer.
+        error: NvmlError,
+    },
+    /// NVML does not know the GPU.
+    #[error("NVML does not know it: {error}")]
+    NoDevice {
+        /// The GPU's UUID.
+        uuid: String,
+        /// NVML's answer.
+        error: NvmlError,
+    },
+    /// Reading the cgroup's limits failed (`when`: "before setting" or "back").
+    #[error("reading the limits of {} {when}: {}", cgroup.display(), describe(*rc))]
+    Read {
+        /// The cgroup directory.
+        cgroup: std::path::PathBuf,
+        /// Which read.
+        when: &'static str,
+        /// NVML's return code.
+        rc: c_uint,
+    },
+    /// Setting the cgroup's limits failed.
+    #[error("setting {} MiB hard for {}: {}", hard_bytes / (1024 * 1024), cgroup.display(), describe(*rc))]
+    Set {
+        /// The cgroup directory.
+        cgroup: std::path::PathBuf,
+        /// The hard limit set, bytes.
+        hard_bytes: u64,
+        /// NVML's return code.
+        rc: c_uint,
+    },
+}
 
 /// NVML's return codes this path names (`nvmlReturn_t`), for one log or error line.
 pub fn describe(code: c_uint) -> String {
@@ -76,26 +134,26 @@ impl LimitCalls {
     /// Resolves both symbols in `library` (a path or a name the loader finds).
     ///
     /// # Errors
-    /// One line: the library does not open, or has no such symbols (a driver before R615).
-    pub fn load(library: &OsStr) -> Result<LimitCalls, String> {
+    /// [`LimitsError::Open`] or [`LimitsError::NoSymbol`] (a driver before R615).
+    pub fn load(library: &OsStr) -> Result<LimitCalls, LimitsError> {
         // SAFETY: loading the NVML library runs no initialiser beyond the driver's own (it is
         // loaded already by nvml-wrapper, so this only counts a reference); the symbols have
         // the signatures of the NVML API reference, and the pointers are used only while
         // `_library` keeps the library loaded.
         unsafe {
-            let lib = libloading::Library::new(library)
-                .map_err(|e| format!("opening {}: {e}", library.to_string_lossy()))?;
+            let lib = libloading::Library::new(library).map_err(|error| LimitsError::Open {
+                library: library.to_string_lossy().into_owned(),
+                error,
+            })?;
             let set: SetFn = *lib
                 .get::<SetFn>(b"nvmlDeviceSetMemoryLimits_v1\0")
-                .map_err(|_| {
-                    "the driver has no nvmlDeviceSetMemoryLimits_v1 (R615 or later needed)"
-                        .to_string()
+                .map_err(|_| LimitsError::NoSymbol {
+                    symbol: "nvmlDeviceSetMemoryLimits_v1",
                 })?;
             let get: GetFn = *lib
                 .get::<GetFn>(b"nvmlDeviceGetMemoryLimits_v1\0")
-                .map_err(|_| {
-                    "the driver has no nvmlDeviceGetMemoryLimits_v1 (R615 or later needed)"
-                        .to_string()
+                .map_err(|_| LimitsError::NoSymbol {
+                    symbol: "nvmlDeviceGetMemoryLimits_v1",
                 })?;
             Ok(LimitCalls {
                 set,
@@ -175,30 +233,34 @@ pub struct Added {
 /// leave the container the last one's limit instead of the sum.
 ///
 /// # Errors
-/// One line for the container runtime's log: NVML does not start, does not know the GPU, has
-/// no such calls, or refuses the read, the set or the read back.
+/// [`LimitsError`], one line for the container runtime's log: NVML does not start, does not
+/// know the GPU, has no such calls, or refuses the read, the set or the read back.
 pub fn add_and_read_back(
     library: Option<&Path>,
     uuid: &str,
     cgroup: &Path,
     own: LimitReading,
-) -> Result<Added, String> {
+) -> Result<Added, LimitsError> {
     let lib: &OsStr = library.map_or(OsStr::new(DEFAULT_LIBRARY), Path::as_os_str);
     let nvml = Nvml::builder()
         .lib_path(lib)
         .init()
-        .map_err(|e| format!("NVML ({}) does not start: {e}", lib.to_string_lossy()))?;
+        .map_err(|error| LimitsError::Init {
+            library: lib.to_string_lossy().into_owned(),
+            error,
+        })?;
     let device = nvml
         .device_by_uuid(uuid)
-        .map_err(|e| format!("NVML does not know it: {e}"))?;
+        .map_err(|error| LimitsError::NoDevice {
+            uuid: uuid.to_string(),
+            error,
+        })?;
     let calls = LimitCalls::load(lib)?;
-    let reading = |what: &str| {
-        calls.get(&device, cgroup).map_err(|rc| {
-            format!(
-                "reading the limits of {} {what}: {}",
-                cgroup.display(),
-                describe(rc)
-            )
+    let reading = |when: &'static str| {
+        calls.get(&device, cgroup).map_err(|rc| LimitsError::Read {
+            cgroup: cgroup.to_path_buf(),
+            when,
+            rc,
         })
     };
     let before = Some(reading("before setting")?).filter(LimitReading::is_limited);
@@ -216,13 +278,10 @@ pub fn add_and_read_back(
     };
     calls
         .set(&device, cgroup, want.soft, want.hard)
-        .map_err(|rc| {
-            format!(
-                "setting {} MiB hard for {}: {}",
-                want.hard / (1024 * 1024),
-                cgroup.display(),
-                describe(rc)
-            )
+        .map_err(|rc| LimitsError::Set {
+            cgroup: cgroup.to_path_buf(),
+            hard_bytes: want.hard,
+            rc,
         })?;
     let read = reading("back")?;
     Ok(Added { before, want, read })
