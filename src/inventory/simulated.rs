@@ -117,6 +117,9 @@ use mig_state::{MigState, Refusal};
 use placement::Listed;
 use schema::{GpuEntry, HealthValue, LimitEntry, MigEntry, NodeFile, PcieValue};
 
+/// A GPU's MIG devices, each with its memory in use, MiB.
+type MigDevices = Vec<(MigDevice, u64)>;
+
 /// Per (GPU UUID, cgroup path): the limits a simulated node's `memoryLimits` list.
 type LimitTable = std::collections::BTreeMap<(String, String), LimitReading>;
 
@@ -910,7 +913,7 @@ fn gpu_mig(
     entry: &GpuEntry,
     uuid: &str,
     state: &MigState,
-) -> Result<(Vec<(MigDevice, u64)>, Option<MigGeometry>), InventoryError> {
+) -> Result<(MigDevices, Option<MigGeometry>), InventoryError> {
     let Some(m) = &entry.mig else {
         return Ok((Vec::new(), None));
     };
