@@ -224,12 +224,20 @@ impl Status {
     }
 }
 
+/// A `--status-address` that is not an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not an address like :8080 or 127.0.0.1:8080")]
+pub struct AddressError {
+    /// The text given, trimmed.
+    pub text: String,
+}
+
 /// Parses `--status-address`: empty disables it, `:8080` means every interface (as Go's
 /// net.Listen), otherwise `host:port`.
 ///
 /// # Errors
-/// The text when it is not an address.
-pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
+/// [`AddressError`] naming the text when it is not an address.
+pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, AddressError> {
     let s = s.trim();
     if s.is_empty() {
         return Ok(None);
@@ -241,9 +249,9 @@ pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
     } else {
         s.to_string()
     };
-    full.parse()
-        .map(Some)
-        .map_err(|_| format!("`{s}` is not an address like :8080 or 127.0.0.1:8080"))
+    full.parse().map(Some).map_err(|_| AddressError {
+        text: s.to_string(),
+    })
 }
 
 #[derive(Clone)]
