@@ -721,3 +721,28 @@ fn answers_are_the_best_set_by_the_rules() {
         }
     }
 }
+
+/// The score GetPreferredAllocation logs with its answer is the sum of the chosen units'
+/// pairwise link scores (each pair once).
+#[test]
+fn the_preferred_answer_carries_the_sum_of_its_pairs_link_scores() {
+    let res = whole(&dgx1(), "");
+    let all: Vec<String> = (0..8).map(|g| id_of(&res, g)).collect();
+    let links = res.links();
+    for size in [1, 2, 3, 4] {
+        let got = preferred_scored(&res, &all, &[], size);
+        let units: Vec<usize> = got
+            .ids
+            .iter()
+            .map(|id| links.unit_of(res.position(id).unwrap()))
+            .collect();
+        let mut want = 0u64;
+        for (i, &a) in units.iter().enumerate() {
+            for &b in &units[i + 1..] {
+                want += u64::from(links.score(a, b));
+            }
+        }
+        assert_eq!(got.score, want, "size {size}: {:?}", got.ids);
+        assert_eq!(got.score > 0, size > 1, "size {size}");
+    }
+}

@@ -591,3 +591,26 @@ fn an_mps_resource_moved_to_dra_under_a_holder_stays_on_the_device_plugin() {
     let p = replanned(&mps(2, false), &mps(2, true), 1, &held(&[(&id, "a")]));
     assert!(!p.resources[GPU].dra, "{:?}", p.drain);
 }
+
+/// A drain is empty only when none of its three cases has an entry.
+#[test]
+fn a_drain_with_any_case_is_not_empty() {
+    assert!(crate::plan::Drain::default().is_empty());
+    let mut retained = crate::plan::Drain::default();
+    retained
+        .retained
+        .insert("nvidia.com/gpu".into(), ["GPU-0".to_string()].into());
+    let mut draining = crate::plan::Drain::default();
+    draining.draining.insert(
+        "nvidia.com/gpu".into(),
+        [("GPU-0".to_string(), "ns/pod".to_string())].into(),
+    );
+    let mut given = crate::plan::Drain::default();
+    given.given.insert(
+        "nvidia.com/gpu".into(),
+        [("GPU-0".to_string(), (Strategy::None, 1, false))].into(),
+    );
+    for d in [retained, draining, given] {
+        assert!(!d.is_empty(), "{d:?}");
+    }
+}
