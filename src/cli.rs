@@ -627,7 +627,7 @@ fn parse_features_file(s: &str) -> Result<PathBuf, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusAddress(pub Option<std::net::SocketAddr>);
 
-fn parse_status_address(s: &str) -> Result<StatusAddress, String> {
+fn parse_status_address(s: &str) -> Result<StatusAddress, crate::status::AddressError> {
     crate::status::parse_address(s).map(StatusAddress)
 }
 

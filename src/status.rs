@@ -53,6 +53,9 @@ pub struct Status {
     pub xid_events: u64,
     /// Why GPU discovery failed, while slicelet runs without GPUs (`failOnInitError: false`).
     pub discovery_error: Option<String>,
+    /// Why GPU re-discovery fails while the last good inventory keeps serving (not a
+    /// readiness failure: a note under `/readyz`'s first line).
+    pub rediscovery_error: Option<String>,
     /// GPUs (or MIG devices) whose MPS control daemon is ready.
     pub mps_ready: BTreeSet<String>,
     /// GPUs with an MPS limit change pending until their clients are gone.
@@ -195,8 +198,9 @@ impl Status {
     /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
     /// device, `Retained <resource> <id>: held by ns/pod`, then `DRA device taints refused:
     /// <why>; Unhealthy devices are withdrawn instead` when the API server has no device
-    /// taints, for `/readyz`'s body (empty when every device is Healthy, nothing is retained
-    /// and taints work).
+    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, for
+    /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work
+    /// and re-discovery succeeds).
     pub fn unhealthy_lines(&self) -> String {
         let unhealthy = self
             .unhealthy
@@ -209,16 +213,31 @@ impl Status {
         let taints = self.dra_taints_refused.iter().map(|why| {
             format!("DRA device taints refused: {why}; Unhealthy devices are withdrawn from the ResourceSlices instead\n")
         });
-        unhealthy.chain(retained).chain(taints).collect()
+        let rediscovery = self.rediscovery_error.iter().map(|why| {
+            format!("GPU re-discovery failing: {why}; the last inventory keeps serving\n")
+        });
+        unhealthy
+            .chain(retained)
+            .chain(taints)
+            .chain(rediscovery)
+            .collect()
     }
+}
+
+/// A `--status-address` that is not an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not an address like :8080 or 127.0.0.1:8080")]
+pub struct AddressError {
+    /// The text given, trimmed.
+    pub text: String,
 }
 
 /// Parses `--status-address`: empty disables it, `:8080` means every interface (as Go's
 /// net.Listen), otherwise `host:port`.
 ///
 /// # Errors
-/// The text when it is not an address.
-pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
+/// [`AddressError`] naming the text when it is not an address.
+pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, AddressError> {
     let s = s.trim();
     if s.is_empty() {
         return Ok(None);
@@ -230,9 +249,9 @@ pub fn parse_address(s: &str) -> Result<Option<SocketAddr>, String> {
     } else {
         s.to_string()
     };
-    full.parse()
-        .map(Some)
-        .map_err(|_| format!("`{s}` is not an address like :8080 or 127.0.0.1:8080"))
+    full.parse().map(Some).map_err(|_| AddressError {
+        text: s.to_string(),
+    })
 }
 
 #[derive(Clone)]

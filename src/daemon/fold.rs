@@ -148,7 +148,9 @@ pub struct State {
     pub inventory: Option<Inventory>,
     /// Why discovery failed while there is no inventory (`failOnInitError: false`).
     pub discovery_error: Option<String>,
-    rediscovery_error: Option<String>,
+    /// Why the last re-discovery failed while an earlier inventory keeps serving (cleared by
+    /// the next good one); a note under `/readyz`, not a readiness failure.
+    pub rediscovery_error: Option<String>,
     /// The one owner of device health.
     pub tracker: Tracker,
     xid_policy: XidPolicy,

@@ -291,6 +291,7 @@ impl Shell {
             n.generation = state.generation;
             n.policy_error.clone_from(&state.policy_error);
             n.discovery_error.clone_from(&state.discovery_error);
+            n.rediscovery_error.clone_from(&state.rediscovery_error);
             n.resources = resources;
             n.registered.retain(|r| n.resources.contains(r));
             n.streaming.retain(|r| n.resources.contains(r));

@@ -17,6 +17,11 @@
 //! `nvmlDeviceGetComputeInstanceId` (nvml-wrapper has no wrapper for them). The profile is the
 //! word after ` MIG ` in the device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`), or, when the
 //! name lacks it, rebuilt from the attributes (see [`super::mig`]).
+//! Each MIG device's placement comes from its GPU instance (`nvmlDeviceGetGpuInstanceById`,
+//! `nvmlGpuInstanceGetInfo`; unknown when NVML does not tell), and the GPU's geometry (its GPU
+//! instance profiles and their possible placements) from the profile and placement queries;
+//! dynamic MIG creates and destroys MIG devices at a placement. All of this is in the `mig`
+//! submodule.
 //!
 //! # Topology
 //!
@@ -57,25 +62,25 @@
 //! `NVML_ERROR_GPU_IS_LOST` (or gives no valid UUID) is left out of the sample. Only failing
 //! to count the GPUs fails it.
 //!
-//! This file discovers the GPUs (and their MIG devices and topology); `sample` samples them
-//! (utilisation, memory, processes) and `events` runs the Xid event-watch thread.
+//! This file discovers the GPUs (and their topology); `mig` their MIG devices and geometry and
+//! creates and destroys MIG devices, `sample` samples them (utilisation, memory, processes) and
+//! `events` runs the Xid event-watch thread.
 
 use crate::device_health::Health;
 use std::ffi::OsStr;
-use std::os::raw::c_uint;
 use std::path::{Path, PathBuf};
 
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
-use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError, MigDevice};
+use super::{ComputeMode, EventSink, Gpu, GpuSource, Inventory, InventoryError};
 use crate::inventory::sample::{GpuSample, LimitsRead};
 
 mod events;
 pub mod limits;
+mod mig;
 mod sample;
 
 use events::{EventTarget, EventWatch};
@@ -166,124 +171,6 @@ impl NvmlSource {
     pub fn with_proc_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.proc_root = root.into();
         self
-    }
-
-    /// Every MIG device of the MIG-enabled GPU `index`, skipping empty slots.
-    fn mig_devices(
-        &self,
-        dev: &Device<'_>,
-        index: u32,
-        parent_mib: u64,
-    ) -> Result<Vec<MigDevice>, InventoryError> {
-        let capacity = query(
-            index,
-            "nvmlDeviceGetMaxMigDeviceCount",
-            dev.mig_device_count(),
-        )?;
-        let mut out = Vec::new();
-        for slot in 0..capacity {
-            let q = |query: &'static str, e: NvmlError| InventoryError::NvmlMigQuery {
-                query,
-                gpu: index,
-                slot,
-                reason: e.to_string(),
-            };
-            let m = match dev.mig_device_by_index(slot) {
-                Ok(m) => m,
-                Err(NvmlError::NotFound) => continue,
-                Err(e) => return Err(q("nvmlDeviceGetMigDeviceHandleByIndex", e)),
-            };
-            let uuid = m.uuid().map_err(|e| q("nvmlDeviceGetUUID", e))?;
-            // A driver answering garbage must not reach paths or the container's environment.
-            let uuid = crate::uuid::Uuid::parse(&uuid)
-                .map_err(|e| InventoryError::NvmlMigQuery {
-                    query: "nvmlDeviceGetUUID",
-                    gpu: index,
-                    slot,
-                    reason: e.to_string(),
-                })?
-                .to_string();
-            let name = m.name().map_err(|e| q("nvmlDeviceGetName", e))?;
-            let gi_id = self
-                .instance_id(&m, InstanceId::Gpu)
-                .map_err(|e| q("nvmlDeviceGetGpuInstanceId", e))?;
-            let ci_id = self
-                .instance_id(&m, InstanceId::Compute)
-                .map_err(|e| q("nvmlDeviceGetComputeInstanceId", e))?;
-            let attrs = m.attributes().ok();
-            let memory_mib = match &attrs {
-                Some(a) if a.memory_size_mb > 0 => a.memory_size_mb,
-                _ => {
-                    m.memory_info()
-                        .map_err(|e| q("nvmlDeviceGetMemoryInfo_v2", e))?
-                        .total
-                        / (1024 * 1024)
-                }
-            };
-            let profile = match (mig::profile_from_device_name(&name), &attrs) {
-                (Some(p), _) => p,
-                (None, Some(a)) if a.gpu_instance_slice_count > 0 => Profile::name_for(
-                    a.gpu_instance_slice_count,
-                    a.compute_instance_slice_count
-                        .clamp(1, a.gpu_instance_slice_count),
-                    mig::memory_gb(parent_mib, memory_mib),
-                ),
-                (None, _) => {
-                    return Err(InventoryError::NvmlMigQuery {
-                        query: "nvmlDeviceGetAttributes_v2",
-                        gpu: index,
-                        slot,
-                        reason: format!(
-                            "no profile in the name {name:?} and no slice counts to derive one"
-                        ),
-                    })
-                }
-            };
-            let parsed = Profile::parse(&profile);
-            let (gpu_slices, compute_slices) = match (&attrs, &parsed) {
-                (Some(a), _) if a.gpu_instance_slice_count > 0 => (
-                    a.gpu_instance_slice_count,
-                    a.compute_instance_slice_count
-                        .clamp(1, a.gpu_instance_slice_count),
-                ),
-                (_, Some(p)) => (p.gpu_slices, p.compute_slices),
-                _ => (0, 0),
-            };
-            out.push(MigDevice {
-                index: slot,
-                uuid,
-                profile,
-                memory_mib,
-                gi_id,
-                ci_id,
-                gpu_slices,
-                compute_slices,
-                caps: None,
-                placement: None,
-                health: Health::Healthy,
-            });
-        }
-        Ok(out)
-    }
-
-    /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device handle,
-    /// called through nvml-wrapper's loaded symbol table (it has no safe wrapper for them).
-    // An NVML FFI site: one `unsafe` call, its SAFETY comment at the block.
-    #[allow(unsafe_code)]
-    fn instance_id(&self, mig: &Device<'_>, which: InstanceId) -> Result<u32, NvmlError> {
-        let lib = self.nvml.lib();
-        let sym = match which {
-            InstanceId::Gpu => lib.nvmlDeviceGetGpuInstanceId.as_ref(),
-            InstanceId::Compute => lib.nvmlDeviceGetComputeInstanceId.as_ref(),
-        }
-        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
-        let mut id: c_uint = 0;
-        // SAFETY: the symbol has NVML's signature `(nvmlDevice_t, unsigned int *)`; the handle
-        // comes from nvml-wrapper and lives as long as `self.nvml`, and `id` is a valid
-        // `unsigned int` to write to.
-        let rc = unsafe { sym(mig.handle(), &mut id) };
-        nvml_try(rc)?;
-        Ok(id)
     }
 }
 
@@ -388,12 +275,6 @@ fn path_level(level: TopologyLevel) -> PathLevel {
         TopologyLevel::Node => PathLevel::Node,
         TopologyLevel::System => PathLevel::System,
     }
-}
-
-#[derive(Clone, Copy)]
-enum InstanceId {
-    Gpu,
-    Compute,
 }
 
 fn query<T>(index: u32, query: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
@@ -544,7 +425,7 @@ impl GpuSource for NvmlSource {
             .sysfs_root
             .join("fs/cgroup/cgroup.controllers")
             .is_file();
-        mig::resolve_caps(&mut inv, &self.proc_root);
+        super::mig::resolve_caps(&mut inv, &self.proc_root);
         Ok(inv)
     }
 
@@ -591,6 +472,28 @@ impl GpuSource for NvmlSource {
 
     fn describe(&self) -> String {
         format!("NVML ({})", self.library)
+    }
+
+    fn create_mig(
+        &mut self,
+        parent_uuid: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<super::CreatedMig, InventoryError> {
+        self.create_mig_device(&mig::MigRequest {
+            parent_uuid,
+            profile,
+            start,
+        })
+    }
+
+    fn destroy_mig(
+        &mut self,
+        parent_uuid: &str,
+        gi_id: u32,
+        ci_id: u32,
+    ) -> Result<(), InventoryError> {
+        self.destroy_mig_device(parent_uuid, gi_id, ci_id)
     }
 
     fn sample(&mut self) -> Result<Vec<GpuSample>, InventoryError> {
@@ -676,10 +579,14 @@ impl NvmlSource {
         let memory_mib = memory.total / (1024 * 1024);
         // A MIG device that fails a query fails its GPU (reported Unhealthy when it was known
         // before, see discover).
-        let mig_devices = if mig_enabled {
-            self.mig_devices(&dev, i, memory_mib)?
+        let (mig_devices, mig_geometry) = if mig_enabled {
+            let devices = self.mig_devices(&dev, i, memory_mib)?;
+            (
+                devices,
+                mig::geometry_or_warn(&self.nvml, &dev, i, memory_mib),
+            )
         } else {
-            Vec::new()
+            (Vec::new(), None)
         };
         Ok(Gpu {
             index: i,
@@ -692,7 +599,7 @@ impl NvmlSource {
             pcie_root,
             mig_enabled,
             mig_devices,
-            mig_geometry: None,
+            mig_geometry,
             health: Health::Healthy,
         })
     }

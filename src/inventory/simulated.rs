@@ -86,7 +86,9 @@ use sha2::{Digest, Sha256};
 
 use super::mig::{self, Profile};
 use super::topology::{Link, PathLevel, Topology, MAX_NVLINKS};
-use super::{Gpu, GpuSource, Inventory, InventoryError, MigDevice, XidEvent};
+use super::{
+    CreatedMig, Gpu, GpuSource, Inventory, InventoryError, MigDevice, MigGeometry, XidEvent,
+};
 use crate::inventory::sample::{
     GpuSample, LimitReading, LimitsRead, MigSample, ProcessSample, NO_HARD_LIMIT,
 };
@@ -107,9 +109,16 @@ pub const MAX_PROCESSES: usize = 1024;
 /// Bytes in a MiB.
 const MIB: u64 = 1024 * 1024;
 
+mod mig_state;
+mod placement;
 mod schema;
 
+use mig_state::{MigState, Refusal};
+use placement::Listed;
 use schema::{GpuEntry, HealthValue, LimitEntry, MigEntry, NodeFile, PcieValue};
+
+/// A GPU's MIG devices, each with its memory in use, MiB.
+type MigDevices = Vec<(MigDevice, u64)>;
 
 /// Per (GPU UUID, cgroup path): the limits a simulated node's `memoryLimits` list.
 type LimitTable = std::collections::BTreeMap<(String, String), LimitReading>;
@@ -145,13 +154,28 @@ impl SimulatedSource {
         self.proc_root = root.into();
         self
     }
+
+    /// The node as it is now: the node file read and parsed with its MIG state file applied,
+    /// and that state.
+    fn read_node(&self) -> Result<(Parsed, MigState), InventoryError> {
+        let text = read(&self.path)?;
+        let state = MigState::read(&self.path)?;
+        let parsed = parse_all(&self.path, &text, &state)?;
+        Ok((parsed, state))
+    }
+
+    /// The node's inventory now, the nvidia-caps minors resolved, and its `xid:` lines.
+    fn inventory_now(&self) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
+        let (parsed, _) = self.read_node()?;
+        let mut inv = parsed.inventory;
+        mig::resolve_caps(&mut inv, &self.proc_root);
+        Ok((inv, parsed.xids))
+    }
 }
 
 impl GpuSource for SimulatedSource {
     fn discover(&mut self) -> Result<Inventory, InventoryError> {
-        let text = read(&self.path)?;
-        let (mut inv, xids) = parse_with_xids(&self.path, &text)?;
-        mig::resolve_caps(&mut inv, &self.proc_root);
+        let (inv, xids) = self.inventory_now()?;
         let mut seen = std::collections::BTreeMap::new();
         for (uuid, xid) in xids {
             if self.seen_xids.get(&uuid) != Some(&xid) {
@@ -173,8 +197,7 @@ impl GpuSource for SimulatedSource {
     /// Re-reads the node file (bounded, as [`GpuSource::discover`] does) and reports its use
     /// figures (see the module documentation).
     fn sample(&mut self) -> Result<Vec<GpuSample>, InventoryError> {
-        let text = read(&self.path)?;
-        let parsed = parse_all(&self.path, &text)?;
+        let (parsed, _) = self.read_node()?;
         self.limits = parsed
             .inventory
             .memory_limits_unsupported()
@@ -202,6 +225,71 @@ impl GpuSource for SimulatedSource {
         };
         let key = (uuid.to_string(), cgroup.to_string());
         LimitsRead::Read(table.get(&key).copied().unwrap_or(none))
+    }
+
+    /// Creates the instance as NVIDIA's driver would (see the module documentation) and
+    /// records it in the node's MIG state file.
+    fn create_mig(
+        &mut self,
+        parent_uuid: &str,
+        profile: &str,
+        start: u32,
+    ) -> Result<CreatedMig, InventoryError> {
+        let failed = |reason: String| InventoryError::MigCreate {
+            uuid: parent_uuid.to_string(),
+            profile: profile.to_string(),
+            start,
+            reason,
+        };
+        let (parsed, mut state) = self.read_node()?;
+        let created = parsed
+            .inventory
+            .by_uuid(parent_uuid)
+            .ok_or_else(|| Refusal::not_found("no such GPU"))
+            .and_then(|gpu| state.create(gpu, profile, start))
+            .map_err(|r| failed(r.nvml.to_string()))?;
+        state
+            .write()
+            .map_err(|e| failed(format!("writing {}: {e}", state.file().display())))?;
+        let (inv, _) = self.inventory_now()?;
+        let device = inv
+            .by_uuid(parent_uuid)
+            .and_then(|g| g.mig_devices.iter().find(|d| d.uuid == created.uuid))
+            .cloned()
+            .unwrap_or(created);
+        Ok(CreatedMig {
+            parent_uuid: parent_uuid.to_string(),
+            device,
+        })
+    }
+
+    /// Destroys the instance as NVIDIA's driver would (a created one or one the node file
+    /// lists; one that does not exist is success) and records it in the node's MIG state file.
+    fn destroy_mig(
+        &mut self,
+        parent_uuid: &str,
+        gi_id: u32,
+        ci_id: u32,
+    ) -> Result<(), InventoryError> {
+        let failed = |reason: String| InventoryError::MigDestroy {
+            uuid: parent_uuid.to_string(),
+            gi_id,
+            ci_id,
+            reason,
+        };
+        let (parsed, mut state) = self.read_node()?;
+        let destroyed = parsed
+            .inventory
+            .by_uuid(parent_uuid)
+            .ok_or_else(|| Refusal::not_found("no such GPU"))
+            .and_then(|gpu| state.destroy(gpu, gi_id, ci_id))
+            .map_err(|r| failed(r.nvml.to_string()))?;
+        if destroyed {
+            state
+                .write()
+                .map_err(|e| failed(format!("writing {}: {e}", state.file().display())))?;
+        }
+        Ok(())
     }
 
     fn describe(&self) -> String {
@@ -246,15 +334,7 @@ pub fn read(path: &Path) -> Result<String, InventoryError> {
 /// [`InventoryError::SimulatedInvalid`] with the field path (`gpus[1].uuid`) and, for syntax and
 /// type errors, line and column.
 pub fn parse(path: &Path, text: &str) -> Result<Inventory, InventoryError> {
-    parse_all(path, text).map(|p| p.inventory)
-}
-
-/// [`parse`], plus the `xid:` lines as (GPU UUID, Xid).
-fn parse_with_xids(
-    path: &Path,
-    text: &str,
-) -> Result<(Inventory, Vec<(String, u64)>), InventoryError> {
-    parse_all(path, text).map(|p| (p.inventory, p.xids))
+    parse_all(path, text, &MigState::default()).map(|p| p.inventory)
 }
 
 /// Everything a node file says.
@@ -334,6 +414,38 @@ fn usage_of(
     entry: &GpuEntry,
     count: u32,
 ) -> Result<(Vec<ProcessSample>, Option<u64>), InventoryError> {
+    check_gpu_figures(path, at, entry)?;
+    let Some(list) = &entry.processes else {
+        return Ok((
+            Vec::new(),
+            entry.memory_used_mib.or(entry.mig.is_none().then_some(0)),
+        ));
+    };
+    let pat = format!("{at}.processes");
+    check_process_list(path, &pat, entry, list.len(), count)?;
+    let mut seen = std::collections::BTreeMap::new();
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(list.len());
+    for (k, p) in list.iter().enumerate() {
+        out.push(process_sample(path, &pat, k, p, entry, &mut seen)?);
+        total = total.saturating_add(p.memory_mib);
+    }
+    if entry.memory_used_mib.is_none() && total > entry.memory_mib {
+        return Err(invalid(
+            path,
+            &pat,
+            format!(
+                "the processes use {total} MiB, more than the GPU's {} MiB",
+                entry.memory_mib
+            ),
+        ));
+    }
+    Ok((out, Some(entry.memory_used_mib.unwrap_or(total))))
+}
+
+/// Checks the GPU entry `at`'s own `utilization` (a percent) and `memoryUsedMiB` (at most its
+/// memory).
+fn check_gpu_figures(path: &Path, at: &str, entry: &GpuEntry) -> Result<(), InventoryError> {
     if let Some(u) = entry.utilization {
         if u > 100 {
             return Err(invalid(
@@ -352,97 +464,130 @@ fn usage_of(
             ));
         }
     }
-    let Some(list) = &entry.processes else {
-        return Ok((
-            Vec::new(),
-            entry.memory_used_mib.or(entry.mig.is_none().then_some(0)),
-        ));
-    };
-    let pat = format!("{at}.processes");
+    Ok(())
+}
+
+/// Checks that the GPU entry may list `len` processes at `pat` (`gpus[i].processes`): one
+/// GPU (`count` 1), MIG off, at most [`MAX_PROCESSES`].
+fn check_process_list(
+    path: &Path,
+    pat: &str,
+    entry: &GpuEntry,
+    len: usize,
+    count: u32,
+) -> Result<(), InventoryError> {
     if count > 1 {
         return Err(invalid(
             path,
-            &pat,
+            pat,
             "only allowed when count is 1 (a PID runs on one GPU)",
         ));
     }
     if entry.mig.is_some() {
         return Err(invalid(
             path,
-            &pat,
+            pat,
             "not allowed on a MIG-enabled GPU (NVML has no per-process figures with MIG on); give mig.devices[].memoryUsedMiB instead",
         ));
     }
-    if list.len() > MAX_PROCESSES {
+    if len > MAX_PROCESSES {
         return Err(invalid(
             path,
-            &pat,
-            format!(
-                "{} processes, more than the {MAX_PROCESSES} a simulated GPU may list",
-                list.len()
-            ),
+            pat,
+            format!("{len} processes, more than the {MAX_PROCESSES} a simulated GPU may list"),
         ));
     }
-    let mut seen = std::collections::BTreeMap::new();
-    let mut total = 0u64;
-    let mut out = Vec::with_capacity(list.len());
-    for (k, p) in list.iter().enumerate() {
-        let pk = format!("{pat}[{k}]");
-        if p.pid == 0 {
-            return Err(invalid(path, &format!("{pk}.pid"), "must be positive"));
-        }
-        if let Some(first) = seen.insert(p.pid, k) {
-            return Err(invalid(
-                path,
-                &format!("{pk}.pid"),
-                format!("PID {} is listed already at processes[{first}]", p.pid),
-            ));
-        }
-        if p.sm_util > 100 {
-            return Err(invalid(
-                path,
-                &format!("{pk}.smUtil"),
-                format!("{} is more than 100 (percent)", p.sm_util),
-            ));
-        }
-        if p.memory_mib > entry.memory_mib {
-            return Err(invalid(
-                path,
-                &format!("{pk}.memoryMiB"),
-                format!(
-                    "{} MiB is more than the GPU's {} MiB",
-                    p.memory_mib, entry.memory_mib
-                ),
-            ));
-        }
-        total = total.saturating_add(p.memory_mib);
-        out.push(ProcessSample {
-            pid: p.pid,
-            sm_util_percent: Some(p.sm_util),
-            memory_used_bytes: Some(p.memory_mib * MIB),
-            pod_uid: None,
-            container_id: None,
-            cgroup: None,
-        });
-    }
-    if entry.memory_used_mib.is_none() && total > entry.memory_mib {
-        return Err(invalid(
-            path,
-            &pat,
-            format!(
-                "the processes use {total} MiB, more than the GPU's {} MiB",
-                entry.memory_mib
-            ),
-        ));
-    }
-    Ok((out, Some(entry.memory_used_mib.unwrap_or(total))))
+    Ok(())
 }
 
-/// Parses a node file into its inventory, Xids and use figures.
-fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
-    let mut xids = Vec::new();
-    let mut samples = Vec::new();
-    let mut limits = LimitTable::new();
+/// The `k`-th process of the list at `pat`, checked (a positive PID not in `seen` yet, which
+/// records it; percent and memory within bounds).
+fn process_sample(
+    path: &Path,
+    pat: &str,
+    k: usize,
+    p: &schema::ProcessEntry,
+    entry: &GpuEntry,
+    seen: &mut std::collections::BTreeMap<u32, usize>,
+) -> Result<ProcessSample, InventoryError> {
+    let pk = format!("{pat}[{k}]");
+    if p.pid == 0 {
+        return Err(invalid(path, &format!("{pk}.pid"), "must be positive"));
+    }
+    if let Some(first) = seen.insert(p.pid, k) {
+        return Err(invalid(
+            path,
+            &format!("{pk}.pid"),
+            format!("PID {} is listed already at processes[{first}]", p.pid),
+        ));
+    }
+    if p.sm_util > 100 {
+        return Err(invalid(
+            path,
+            &format!("{pk}.smUtil"),
+            format!("{} is more than 100 (percent)", p.sm_util),
+        ));
+    }
+    if p.memory_mib > entry.memory_mib {
+        return Err(invalid(
+            path,
+            &format!("{pk}.memoryMiB"),
+            format!(
+                "{} MiB is more than the GPU's {} MiB",
+                p.memory_mib, entry.memory_mib
+            ),
+        ));
+    }
+    Ok(ProcessSample {
+        pid: p.pid,
+        sm_util_percent: Some(p.sm_util),
+        memory_used_bytes: Some(p.memory_mib * MIB),
+        pod_uid: None,
+        container_id: None,
+        cgroup: None,
+    })
+}
+
+/// The GPUs of a node file and what they report, as its entries are expanded.
+#[derive(Default)]
+struct Expanded {
+    gpus: Vec<Gpu>,
+    xids: Vec<(String, u64)>,
+    samples: Vec<GpuSample>,
+    limits: LimitTable,
+}
+
+/// Parses a node file into its inventory, Xids and use figures, with the MIG instances
+/// `state` records created and destroyed.
+fn parse_all(path: &Path, text: &str, state: &MigState) -> Result<Parsed, InventoryError> {
+    let file = deserialize(path, text)?;
+    let mut node = Expanded::default();
+    for (i, entry) in file.gpus.iter().enumerate() {
+        expand_entry(path, i, entry, state, &mut node)?;
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for g in &node.gpus {
+        if !seen.insert(g.uuid.clone()) {
+            return Err(invalid(
+                path,
+                "gpus",
+                format!("UUID {} appears twice", g.uuid),
+            ));
+        }
+    }
+    let links = links(path, &file, &node.gpus)?;
+    let inventory = node_inventory(path, &file, node.gpus, links)?;
+    Ok(Parsed {
+        inventory,
+        xids: node.xids,
+        samples: node.samples,
+        limits: node.limits,
+    })
+}
+
+/// The node file's text (a leading byte-order mark ignored) as its schema, its nesting
+/// checked first; errors name the field path and, where known, line and column.
+fn deserialize(path: &Path, text: &str) -> Result<NodeFile, InventoryError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     crate::policy::check_nesting(text, &Limits::default()).map_err(|e| {
         let line = match e {
@@ -457,7 +602,7 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
         }
     })?;
     let de = yaml_serde::Deserializer::from_str(text);
-    let file: NodeFile = serde_path_to_error::deserialize(de).map_err(|e| {
+    serde_path_to_error::deserialize(de).map_err(|e| {
         let location = e.inner().location().map(|l| (l.line(), l.column()));
         let mut message = e.inner().to_string();
         if let Some((l, c)) = location {
@@ -473,150 +618,17 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
             location,
             message,
         }
-    })?;
-    let mut gpus = Vec::new();
-    let mut index = 0u32;
-    for (i, entry) in file.gpus.iter().enumerate() {
-        let at = format!("gpus[{i}]");
-        let count = entry.count.unwrap_or(1);
-        if count == 0 {
-            return Err(invalid(path, &format!("{at}.count"), "must be at least 1"));
-        }
-        if count > MAX_GPUS {
-            return Err(invalid(
-                path,
-                &format!("{at}.count"),
-                format!("{count} is more than the {MAX_GPUS} GPUs a simulated node may have"),
-            ));
-        }
-        if index.saturating_add(count) > MAX_GPUS {
-            return Err(invalid(
-                path,
-                &format!("{at}.count"),
-                format!("the node would have more than {MAX_GPUS} GPUs"),
-            ));
-        }
-        if entry.uuid.is_some() && count != 1 {
-            return Err(invalid(
-                path,
-                &format!("{at}.uuid"),
-                "only allowed when count is 1",
-            ));
-        }
-        if entry.model.trim().is_empty() {
-            return Err(invalid(path, &format!("{at}.model"), "must not be empty"));
-        }
-        if entry.memory_mib == 0 {
-            return Err(invalid(
-                path,
-                &format!("{at}.memoryMiB"),
-                "must be positive",
-            ));
-        }
-        let cc = match &entry.compute_capability {
-            None => None,
-            Some(s) => Some(
-                s.split_once('.')
-                    .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                    .ok_or_else(|| {
-                        invalid(
-                            path,
-                            &format!("{at}.computeCapability"),
-                            format!("`{s}` is not like \"9.0\""),
-                        )
-                    })?,
-            ),
-        };
-        if let Some(r) = entry.pcie_root.as_deref() {
-            if !super::is_pcie_root(r) {
-                return Err(invalid(
-                    path,
-                    &format!("{at}.pcieRoot"),
-                    format!(
-                        "`{}` is not a PCIe root complex like pci0000:00",
-                        crate::uuid::truncate_id(r)
-                    ),
-                ));
-            }
-        }
-        let (processes, memory_used_mib) = usage_of(path, &at, entry, count)?;
-        let cgroup_limits = limits_of(path, &at, entry)?;
-        for _ in 0..count {
-            let uuid = match &entry.uuid {
-                Some(u) => match crate::uuid::Uuid::parse(u) {
-                    Ok(v) if v.kind() == crate::uuid::UuidKind::Gpu => v.into_string(),
-                    Ok(_) => {
-                        return Err(invalid(
-                            path,
-                            &format!("{at}.uuid"),
-                            format!("`{u}` does not start with GPU-"),
-                        ))
-                    }
-                    Err(e) => return Err(invalid(path, &format!("{at}.uuid"), e.to_string())),
-                },
-                None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
-            };
-            let mut mig_devices = Vec::new();
-            let mut mig_used = Vec::new();
-            if let Some(m) = &entry.mig {
-                (mig_devices, mig_used) = mig_layout(path, &at, m, &uuid)?.into_iter().unzip();
-            }
-            let mig: Vec<MigSample> = mig_devices
-                .iter()
-                .zip(&mig_used)
-                .map(|(d, used)| MigSample {
-                    uuid: d.uuid.clone(),
-                    utilization_percent: None,
-                    memory_used_bytes: Some(used * MIB),
-                    memory_total_bytes: Some(d.memory_mib * MIB),
-                })
-                .collect();
-            let used_mib = memory_used_mib.unwrap_or_else(|| mig_used.iter().sum());
-            for (cgroup, reading) in &cgroup_limits {
-                limits.insert((uuid.clone(), cgroup.clone()), *reading);
-            }
-            samples.push(GpuSample {
-                uuid: uuid.clone(),
-                index,
-                model: entry.model.clone(),
-                utilization_percent: entry.utilization,
-                memory_used_bytes: Some(used_mib.saturating_mul(MIB)),
-                memory_total_bytes: Some(entry.memory_mib.saturating_mul(MIB)),
-                processes: processes.clone(),
-                mig,
-                ..GpuSample::default()
-            });
-            gpus.push(Gpu {
-                index,
-                uuid,
-                model: entry.model.clone(),
-                memory_mib: entry.memory_mib,
-                minor: Some(index),
-                compute_capability: cc,
-                numa_node: entry.numa_node,
-                pcie_root: entry.pcie_root.clone(),
-                mig_enabled: entry.mig.is_some(),
-                mig_devices,
-                mig_geometry: None,
-                health: Health::from_bool(entry.health != Some(HealthValue::Unhealthy)),
-            });
-            if let Some(x) = entry.xid {
-                xids.push((gpus.last().expect("pushed").uuid.clone(), x));
-            }
-            index += 1;
-        }
-    }
-    let mut seen = std::collections::BTreeSet::new();
-    for g in &gpus {
-        if !seen.insert(g.uuid.clone()) {
-            return Err(invalid(
-                path,
-                "gpus",
-                format!("UUID {} appears twice", g.uuid),
-            ));
-        }
-    }
-    let links = links(path, &file, &gpus)?;
+    })
+}
+
+/// The node-wide settings: the checked `driverVersion` and `cgroupVersion` on an inventory of
+/// `gpus` and `links`.
+fn node_inventory(
+    path: &Path,
+    file: &NodeFile,
+    gpus: Vec<Gpu>,
+    links: Topology,
+) -> Result<Inventory, InventoryError> {
     if let Some(v) = &file.driver_version {
         if v.len() > 64 || !v.chars().all(|c| c.is_ascii_digit() || c == '.') {
             return Err(invalid(
@@ -639,12 +651,167 @@ fn parse_all(path: &Path, text: &str) -> Result<Parsed, InventoryError> {
             ))
         }
     };
-    Ok(Parsed {
-        inventory,
-        xids,
-        samples,
-        limits,
+    Ok(inventory)
+}
+
+/// Checks the GPU entry `at` that would add `count` GPUs after the node's first `index`:
+/// at least one, within [`MAX_GPUS`], `uuid` only for one.
+fn check_count(path: &Path, at: &str, entry: &GpuEntry, index: u32) -> Result<u32, InventoryError> {
+    let count = entry.count.unwrap_or(1);
+    if count == 0 {
+        return Err(invalid(path, &format!("{at}.count"), "must be at least 1"));
+    }
+    if count > MAX_GPUS {
+        return Err(invalid(
+            path,
+            &format!("{at}.count"),
+            format!("{count} is more than the {MAX_GPUS} GPUs a simulated node may have"),
+        ));
+    }
+    if index.saturating_add(count) > MAX_GPUS {
+        return Err(invalid(
+            path,
+            &format!("{at}.count"),
+            format!("the node would have more than {MAX_GPUS} GPUs"),
+        ));
+    }
+    if entry.uuid.is_some() && count != 1 {
+        return Err(invalid(
+            path,
+            &format!("{at}.uuid"),
+            "only allowed when count is 1",
+        ));
+    }
+    Ok(count)
+}
+
+/// Checks the GPU entry `at`'s model, memory and `pcieRoot`, and returns its compute
+/// capability.
+fn check_identity(
+    path: &Path,
+    at: &str,
+    entry: &GpuEntry,
+) -> Result<Option<(u32, u32)>, InventoryError> {
+    if entry.model.trim().is_empty() {
+        return Err(invalid(path, &format!("{at}.model"), "must not be empty"));
+    }
+    if entry.memory_mib == 0 {
+        return Err(invalid(
+            path,
+            &format!("{at}.memoryMiB"),
+            "must be positive",
+        ));
+    }
+    let cc = match &entry.compute_capability {
+        None => None,
+        Some(s) => Some(
+            s.split_once('.')
+                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+                .ok_or_else(|| {
+                    invalid(
+                        path,
+                        &format!("{at}.computeCapability"),
+                        format!("`{s}` is not like \"9.0\""),
+                    )
+                })?,
+        ),
+    };
+    if let Some(r) = entry.pcie_root.as_deref() {
+        if !super::is_pcie_root(r) {
+            return Err(invalid(
+                path,
+                &format!("{at}.pcieRoot"),
+                format!(
+                    "`{}` is not a PCIe root complex like pci0000:00",
+                    crate::uuid::truncate_id(r)
+                ),
+            ));
+        }
+    }
+    Ok(cc)
+}
+
+/// The UUID of the GPU with `index` of the entry `at`: its checked `uuid`, else derived from
+/// the model and the index.
+fn gpu_uuid(path: &Path, at: &str, entry: &GpuEntry, index: u32) -> Result<String, InventoryError> {
+    Ok(match &entry.uuid {
+        Some(u) => match crate::uuid::Uuid::parse(u) {
+            Ok(v) if v.kind() == crate::uuid::UuidKind::Gpu => v.into_string(),
+            Ok(_) => {
+                return Err(invalid(
+                    path,
+                    &format!("{at}.uuid"),
+                    format!("`{u}` does not start with GPU-"),
+                ))
+            }
+            Err(e) => return Err(invalid(path, &format!("{at}.uuid"), e.to_string())),
+        },
+        None => derive_uuid("GPU", &format!("{}/{index}", entry.model)),
     })
+}
+
+/// Expands the `i`-th GPU entry into `node`: its `count` GPUs with their samples, limits and
+/// Xids.
+fn expand_entry(
+    path: &Path,
+    i: usize,
+    entry: &GpuEntry,
+    state: &MigState,
+    node: &mut Expanded,
+) -> Result<(), InventoryError> {
+    let at = format!("gpus[{i}]");
+    let count = check_count(path, &at, entry, node.gpus.len() as u32)?;
+    let cc = check_identity(path, &at, entry)?;
+    let (processes, memory_used_mib) = usage_of(path, &at, entry, count)?;
+    let cgroup_limits = limits_of(path, &at, entry)?;
+    for _ in 0..count {
+        let index = node.gpus.len() as u32;
+        let uuid = gpu_uuid(path, &at, entry, index)?;
+        let (mig_devices, mig_geometry) = gpu_mig(path, &at, entry, &uuid, state)?;
+        let mig: Vec<MigSample> = mig_devices
+            .iter()
+            .map(|(d, used)| MigSample {
+                uuid: d.uuid.clone(),
+                utilization_percent: None,
+                memory_used_bytes: Some(used * MIB),
+                memory_total_bytes: Some(d.memory_mib * MIB),
+            })
+            .collect();
+        let used_mib =
+            memory_used_mib.unwrap_or_else(|| mig_devices.iter().map(|(_, used)| used).sum());
+        for (cgroup, reading) in &cgroup_limits {
+            node.limits.insert((uuid.clone(), cgroup.clone()), *reading);
+        }
+        node.samples.push(GpuSample {
+            uuid: uuid.clone(),
+            index,
+            model: entry.model.clone(),
+            utilization_percent: entry.utilization,
+            memory_used_bytes: Some(used_mib.saturating_mul(MIB)),
+            memory_total_bytes: Some(entry.memory_mib.saturating_mul(MIB)),
+            processes: processes.clone(),
+            mig,
+            ..GpuSample::default()
+        });
+        if let Some(x) = entry.xid {
+            node.xids.push((uuid.clone(), x));
+        }
+        node.gpus.push(Gpu {
+            index,
+            uuid,
+            model: entry.model.clone(),
+            memory_mib: entry.memory_mib,
+            minor: Some(index),
+            compute_capability: cc,
+            numa_node: entry.numa_node,
+            pcie_root: entry.pcie_root.clone(),
+            mig_enabled: entry.mig.is_some(),
+            mig_devices: mig_devices.into_iter().map(|(d, _)| d).collect(),
+            mig_geometry,
+            health: Health::from_bool(entry.health != Some(HealthValue::Unhealthy)),
+        });
+    }
+    Ok(())
 }
 
 /// The `links:` and `nvswitch:` of a node file as a [`Topology`]: a pair not listed is
@@ -737,15 +904,48 @@ fn derive_uuid(kind: &str, seed: &str) -> String {
     )
 }
 
+/// The MIG devices of one GPU of the entry `at` (with UUID `uuid`), each with its memory in
+/// use (MiB), and its geometry: the file's devices laid out and placed, then what `state`
+/// records created and destroyed. No devices and no geometry when MIG is off.
+fn gpu_mig(
+    path: &Path,
+    at: &str,
+    entry: &GpuEntry,
+    uuid: &str,
+    state: &MigState,
+) -> Result<(MigDevices, Option<MigGeometry>), InventoryError> {
+    let Some(m) = &entry.mig else {
+        return Ok((Vec::new(), None));
+    };
+    let mut listed = mig_layout(path, at, m, uuid)?;
+    let geometry = MigGeometry::from_table(&entry.model, entry.memory_mib);
+    match &geometry {
+        Some(g) => placement::place(path, at, &entry.model, g, &mut listed)?,
+        None => {
+            if let Some(l) = listed.iter().find(|l| l.start.is_some()) {
+                return Err(invalid(
+                    path,
+                    &format!("{at}.mig.devices[{}].placementStart", l.entry),
+                    format!("{} has no MIG profile table to place it by", entry.model),
+                ));
+            }
+        }
+    }
+    let mut devices: Vec<(MigDevice, u64)> =
+        listed.into_iter().map(|l| (l.device, l.used_mib)).collect();
+    state.apply(uuid, geometry.as_ref(), &mut devices)?;
+    Ok((devices, geometry))
+}
+
 /// The MIG devices of one GPU entry (see the module documentation for the numbering), each
-/// with its memory in use, MiB.
+/// with its memory in use, MiB, not placed yet.
 fn mig_layout(
     path: &Path,
     at: &str,
     entry: &MigEntry,
     gpu_uuid: &str,
-) -> Result<Vec<(MigDevice, u64)>, InventoryError> {
-    let mut out: Vec<(MigDevice, u64)> = Vec::new();
+) -> Result<Vec<Listed>, InventoryError> {
+    let mut out: Vec<Listed> = Vec::new();
     let mut slices = 0u32;
     for (j, d) in entry.devices.iter().enumerate() {
         let p = Profile::parse(&d.profile).ok_or_else(|| {
@@ -764,6 +964,13 @@ fn mig_layout(
                 path,
                 &format!("{at}.mig.devices[{j}].count"),
                 "must be at least 1",
+            ));
+        }
+        if d.placement_start.is_some() && count != 1 {
+            return Err(invalid(
+                path,
+                &format!("{at}.mig.devices[{j}].placementStart"),
+                "only allowed when count is 1",
             ));
         }
         let used = d.memory_used_mib.unwrap_or(0);
@@ -791,7 +998,12 @@ fn mig_layout(
             }
             let m = out.len() as u32;
             let uuid = derive_uuid("MIG", &format!("{gpu_uuid}/{m}"));
-            out.push((MigDevice::laid_out(m, uuid, &d.profile, &p), used));
+            out.push(Listed {
+                device: MigDevice::laid_out(m, uuid, &d.profile, &p),
+                used_mib: used,
+                entry: j,
+                start: d.placement_start,
+            });
         }
     }
     Ok(out)

@@ -105,3 +105,20 @@ async fn a_busy_supervisor_costs_status_the_view_timeout_at_most() {
     assert_eq!(view, set);
     assert_eq!(started.elapsed(), VIEW_TIMEOUT);
 }
+
+#[test]
+fn a_failing_rediscovery_is_a_note_under_readyz_not_a_failure() {
+    let mut s = Status {
+        generation: 1,
+        devices: 2,
+        healthy_devices: 2,
+        ..Status::default()
+    };
+    assert!(s.ready().is_ok());
+    s.rediscovery_error = Some("counting GPUs: driver not loaded".into());
+    assert!(s.ready().is_ok(), "the last inventory keeps serving");
+    assert_eq!(
+        s.unhealthy_lines(),
+        "GPU re-discovery failing: counting GPUs: driver not loaded; the last inventory keeps serving\n"
+    );
+}

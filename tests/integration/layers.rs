@@ -51,7 +51,7 @@ fn test_only_predicate(meta: &syn::Meta) -> bool {
 }
 
 /// Whether attributes put an item in test builds only (`#[cfg(test)]` and the like).
-fn test_only(attrs: &[syn::Attribute]) -> bool {
+pub(crate) fn test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg")
             && a.parse_args::<syn::Meta>()
@@ -102,6 +102,8 @@ struct Walk {
     /// (from module, absolute path named) → the first `file:line` naming it.
     uses: BTreeMap<(Vec<String>, Vec<String>), String>,
     pending: Vec<Pending>,
+    /// Every file read, `lib.rs` first: the library's production source.
+    files: Vec<PathBuf>,
     errors: Vec<String>,
 }
 
@@ -329,6 +331,7 @@ fn walk(src: &Path) -> Walk {
     let text = std::fs::read_to_string(&lib).unwrap();
     let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", lib.display()));
     let mut out = Walk::default();
+    out.files.push(lib.clone());
     for item in &ast.items {
         if let syn::Item::Mod(m) = item {
             let mut w = Walker {
@@ -348,6 +351,7 @@ fn walk(src: &Path) -> Walk {
         }
     }
     while let Some(p) = out.pending.pop() {
+        out.files.push(p.file.clone());
         let text = std::fs::read_to_string(&p.file).unwrap();
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", p.file.display()));
         let mut w = Walker {
@@ -361,6 +365,12 @@ fn walk(src: &Path) -> Walk {
     }
     assert!(out.errors.is_empty(), "{}", out.errors.join("\n"));
     out
+}
+
+/// The files of the library's production code, as rustc reaches them from `src/lib.rs`
+/// (`#[path]` followed, modules under `#[cfg(test)]` never entered).
+pub(crate) fn production_files(src: &Path) -> Vec<PathBuf> {
+    walk(src).files
 }
 
 /// The modules directly inside `scope` (the crate root: `[]`) and the edges between them: a

@@ -478,16 +478,27 @@ fn health_table() {
             "a failed re-discovery keeps the inventory",
             with(
                 started(TS2),
-                vec![step(
-                    10,
-                    Input::Discovered(Err(InventoryError::NvmlCount("driver not loaded".into()))),
-                    &[],
-                    |s, before| {
+                vec![
+                    step(
+                        10,
+                        Input::Discovered(Err(InventoryError::NvmlCount(
+                            "driver not loaded".into(),
+                        ))),
+                        &[],
+                        |s, before| {
+                            plan_kept(s, before);
+                            assert_eq!(s.inventory.as_ref(), Some(&test_node(2)));
+                            assert_eq!(s.discovery_error, None, "an inventory is there");
+                            let why = s.rediscovery_error.as_deref().unwrap_or_default();
+                            assert!(why.contains("driver not loaded"), "{why:?}");
+                        },
+                    ),
+                    // The same inventory again clears the note and changes nothing else.
+                    step(20, discovered(test_node(2)), &[], |s, before| {
                         plan_kept(s, before);
-                        assert_eq!(s.inventory.as_ref(), Some(&test_node(2)));
-                        assert_eq!(s.discovery_error, None, "an inventory is there");
-                    },
-                )],
+                        assert_eq!(s.rediscovery_error, None);
+                    }),
+                ],
             ),
         ),
         (
@@ -975,5 +986,64 @@ fn the_dra_checkpoint_is_the_record_of_claim_holders() {
     assert_eq!(
         s.plan.drain.draining["nvidia.com/gpu"][&format!("{}::1", gpu(0))],
         "draining: held by ns/claim:one"
+    );
+}
+
+#[test]
+fn an_mps_limit_change_is_pending_only_while_its_daemon_reports_one() {
+    let t = Instant::now();
+    let mut s = State::new(HealthEnv::default());
+    s.fold(discovered(test_node(1)), t);
+    s.fold(policy(MPS2, true), t);
+    let limits = |threads| crate::plan::MpsLimits {
+        active_thread_percentage: threads,
+        pinned_memory_mib: 0,
+    };
+    let event = |pending: Option<crate::plan::MpsLimits>, removed: bool| {
+        Input::Mps(mps::Event {
+            uuid: gpu(0),
+            ready: true,
+            applied: Some(limits(50)),
+            pending,
+            removed,
+        })
+    };
+    s.fold(event(Some(limits(25)), false), t);
+    assert!(
+        s.mps_pending.contains(&gpu(0)),
+        "the change waits for clients"
+    );
+    s.fold(event(None, false), t);
+    assert!(s.mps_pending.is_empty(), "applied, nothing pending");
+    s.fold(event(Some(limits(25)), false), t);
+    s.fold(event(Some(limits(25)), true), t);
+    assert!(
+        s.mps_pending.is_empty(),
+        "a removed daemon has nothing pending"
+    );
+    assert!(!s.mps_applied.contains_key(&gpu(0)));
+}
+
+#[test]
+fn a_resource_the_new_plan_drops_is_withdrawn_only_when_it_advertised_devices() {
+    let plan = |text: &str, gpus: u32| {
+        crate::plan::build(&crate::policy::parse(text).unwrap(), &test_node(gpus))
+            .unwrap()
+            .plan
+    };
+    let shared = plan(TS2, 1);
+    let whole = plan("version: v1\n", 1);
+    assert!(!shared.resources["nvidia.com/gpu-shared"].devices.is_empty());
+    assert!(
+        withdraws(&shared, &whole),
+        "nvidia.com/gpu-shared's replicas are gone from the new plan"
+    );
+    let mut empty = shared.clone();
+    for res in empty.resources.values_mut() {
+        Arc::make_mut(res).devices.clear();
+    }
+    assert!(
+        !withdraws(&empty, &whole),
+        "a resource with no devices withdraws nothing"
     );
 }

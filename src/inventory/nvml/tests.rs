@@ -4,7 +4,9 @@
 use super::events::{EventTarget, WHOLE_GPU};
 use super::sample::{join_processes, UtilSample};
 use super::*;
+use crate::inventory::mig::Profile;
 use crate::inventory::sample::ProcessSample;
+use crate::inventory::{CreatedMig, MigPlacement};
 
 #[test]
 fn xid_instance_ids_select_devices() {
@@ -383,4 +385,184 @@ fn numa_from_sysfs() {
     std::fs::write(dev.join("numa_node"), "-1\n").unwrap();
     assert_eq!(numa_node(dir.path(), "00000000:17:00.0"), None);
     assert_eq!(numa_node(dir.path(), "00000000:18:00.0"), None);
+}
+
+/// The fake MIG state file the dynamic MIG children share.
+const FAKE_MIG_DIR: &str = "SLICELET_TEST_FAKE_MIG_DIR";
+
+/// Runs `child` (a test of this module) in a child process against the fake NVML, with the
+/// inventory `inventory` and `FAKE_NVML_STATE` in `dir`; its output.
+fn run_fake_child(child: &str, dir: &Path, inventory: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libfake_nvml.so");
+    assert!(lib.exists(), "{} missing", lib.display());
+    let inv = dir.join("inventory.json");
+    std::fs::write(&inv, inventory).unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            child,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FAKE_NVML_INVENTORY", &inv)
+        .env("FAKE_NVML_STATE", dir.join("mig-state.json"))
+        .env(FAKE_LIB, &lib)
+        .env(FAKE_MIG_DIR, dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+    text
+}
+
+/// An H100 in MIG mode without instances, and one with a 3g.40gb from the inventory.
+const MIG_INVENTORY: &str = r#"{"gpus": [
+  {"uuid": "GPU-44444444-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+   "memoryMiB": 81559, "minor": 0, "computeCapability": [9, 0], "pciBusId": "00000000:17:00.0",
+   "migMode": 1},
+  {"uuid": "GPU-55555555-2222-3333-4444-555555555555", "name": "NVIDIA H100 80GB HBM3",
+   "memoryMiB": 81559, "minor": 1, "computeCapability": [9, 0], "pciBusId": "00000000:18:00.0",
+   "migMode": 1,
+   "migDevices": [{"uuid": "MIG-55555555-2222-3333-4444-000000000000", "profile": "3g.40gb",
+                   "memoryMiB": 40320, "giId": 1, "ciId": 0}]}
+]}"#;
+
+/// Dynamic MIG through the real NVML source against the fake NVML: geometry, create at a
+/// placement, overlap refused, destroy, and the instances kept across a restart (a second
+/// process with the same `FAKE_NVML_STATE`).
+#[test]
+fn dynamic_mig_against_the_fake_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    run_fake_child(
+        "inventory::nvml::tests::fake_mig_create_child",
+        dir.path(),
+        MIG_INVENTORY,
+    );
+    run_fake_child(
+        "inventory::nvml::tests::fake_mig_restart_child",
+        dir.path(),
+        MIG_INVENTORY,
+    );
+}
+
+const MIG_GPU: &str = "GPU-44444444-2222-3333-4444-555555555555";
+
+/// `(uuid, profile, gi, ci, placement)` of GPU 0's MIG devices in a new discovery.
+fn mig_layout(src: &mut NvmlSource) -> Vec<(String, String, u32, u32, Option<MigPlacement>)> {
+    let inv = src.discover().unwrap();
+    inv.gpus[0]
+        .mig_devices
+        .iter()
+        .map(|m| {
+            (
+                m.uuid.clone(),
+                m.profile.clone(),
+                m.gi_id,
+                m.ci_id,
+                m.placement,
+            )
+        })
+        .collect()
+}
+
+fn at(start: u32, size: u32) -> Option<MigPlacement> {
+    Some(MigPlacement { start, size })
+}
+
+/// The first half of [`dynamic_mig_against_the_fake_nvml`]; does nothing outside it.
+#[test]
+#[ignore = "run by dynamic_mig_against_the_fake_nvml in a child process"]
+fn fake_mig_create_child() {
+    use crate::inventory::MigGeometry;
+    let (Some(lib), Some(dir)) = (std::env::var_os(FAKE_LIB), std::env::var_os(FAKE_MIG_DIR))
+    else {
+        return;
+    };
+    let mut src = NvmlSource::new(Some(Path::new(&lib)), None).expect("fake NVML");
+    let inv = src.discover().unwrap();
+    let geometry = inv.gpus[0].mig_geometry.clone().expect("a MIG geometry");
+    assert_eq!(geometry.profiles.len(), 7, "{geometry:#?}");
+    let placements: usize = geometry.profiles.iter().map(|p| p.placements.len()).sum();
+    assert_eq!(placements, 25);
+    assert_eq!((geometry.memory_slices, geometry.compute_slices), (8, 7));
+    // Names, ids, memory and placements as NVIDIA's table has them.
+    assert_eq!(
+        Some(geometry),
+        MigGeometry::from_table("NVIDIA H100 80GB HBM3", 81559)
+    );
+    // The inventory's 3g.40gb on GPU 1 sits at the first placement of its profile.
+    let pre = &inv.gpus[1].mig_devices[0];
+    assert_eq!((pre.gi_id, pre.placement), (1, at(0, 4)));
+
+    let a = src.create_mig(MIG_GPU, "3g.40gb", 0).unwrap();
+    assert_eq!(a.parent_uuid, MIG_GPU);
+    assert_eq!(
+        (a.device.profile.as_str(), a.device.placement),
+        ("3g.40gb", at(0, 4))
+    );
+    assert_eq!(a.device.memory_mib, 40320);
+    let b = src.create_mig(MIG_GPU, "3g.40gb", 4).unwrap();
+    assert_eq!(b.device.placement, at(4, 4));
+    assert_ne!(a.device.uuid, b.device.uuid);
+    let refused = src.create_mig(MIG_GPU, "1g.10gb", 0).unwrap_err();
+    assert!(
+        matches!(&refused, InventoryError::MigCreate { reason, .. } if reason.contains("Insufficient Resources")),
+        "{refused:?}"
+    );
+    let device = |c: &CreatedMig| {
+        let d = &c.device;
+        (
+            d.uuid.clone(),
+            d.profile.clone(),
+            d.gi_id,
+            d.ci_id,
+            d.placement,
+        )
+    };
+    assert_eq!(mig_layout(&mut src), [device(&a), device(&b)]);
+
+    // Destroying frees the placement; destroying again is success.
+    src.destroy_mig(MIG_GPU, a.device.gi_id, a.device.ci_id)
+        .unwrap();
+    src.destroy_mig(MIG_GPU, a.device.gi_id, a.device.ci_id)
+        .unwrap();
+    assert_eq!(mig_layout(&mut src), [device(&b)]);
+    let c = src.create_mig(MIG_GPU, "1g.10gb", 0).unwrap();
+    assert_eq!(c.device.placement, at(0, 1));
+    let layout = mig_layout(&mut src);
+    assert_eq!(layout.len(), 2);
+    let kept: Vec<String> = layout.iter().map(|d| format!("{d:?}")).collect();
+    std::fs::write(Path::new(&dir).join("layout.txt"), kept.join("\n")).unwrap();
+}
+
+/// The second half of [`dynamic_mig_against_the_fake_nvml`]: a restart sees the instances.
+#[test]
+#[ignore = "run by dynamic_mig_against_the_fake_nvml in a child process"]
+fn fake_mig_restart_child() {
+    let (Some(lib), Some(dir)) = (std::env::var_os(FAKE_LIB), std::env::var_os(FAKE_MIG_DIR))
+    else {
+        return;
+    };
+    let mut src = NvmlSource::new(Some(Path::new(&lib)), None).expect("fake NVML");
+    let layout = mig_layout(&mut src);
+    let seen: Vec<String> = layout.iter().map(|d| format!("{d:?}")).collect();
+    let kept = std::fs::read_to_string(Path::new(&dir).join("layout.txt")).unwrap();
+    assert_eq!(seen.join("\n"), kept);
+    // The 1g.10gb at 0 still blocks a 3g.40gb there.
+    let refused = src.create_mig(MIG_GPU, "3g.40gb", 0).unwrap_err();
+    assert!(
+        refused.to_string().contains("Insufficient Resources"),
+        "{refused}"
+    );
+    for (_, _, gi, ci, _) in &layout {
+        src.destroy_mig(MIG_GPU, *gi, *ci).unwrap();
+    }
+    assert!(mig_layout(&mut src).is_empty());
 }

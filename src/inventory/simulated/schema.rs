@@ -106,4 +106,8 @@ pub(super) struct MigDeviceEntry {
     pub(super) count: Option<u32>,
     #[serde(rename = "memoryUsedMiB")]
     pub(super) memory_used_mib: Option<u64>,
+    /// `placementStart`: the first memory slice of the device's GPU instance (only with
+    /// `count` 1); default the first free placement of its profile.
+    #[serde(rename = "placementStart")]
+    pub(super) placement_start: Option<u32>,
 }

@@ -5,7 +5,9 @@ use super::*;
 const H100: &str = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n";
 
 fn samples(text: &str) -> Vec<GpuSample> {
-    parse_all(Path::new("n.yaml"), text).unwrap().samples
+    parse_all(Path::new("n.yaml"), text, &MigState::default())
+        .unwrap()
+        .samples
 }
 
 #[test]
@@ -178,7 +180,9 @@ fn memory_limits_are_read_back_where_the_node_takes_them() {
         ),
     ] {
         let text = format!("{H100}    memoryLimits:\n      - {entry}\n");
-        let e = parse_all(Path::new("n.yaml"), &text).err().unwrap();
+        let e = parse_all(Path::new("n.yaml"), &text, &MigState::default())
+            .err()
+            .unwrap();
         let InventoryError::SimulatedInvalid {
             path_in_file,
             message,
