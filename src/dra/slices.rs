@@ -98,9 +98,10 @@ pub const TAINT_KEY: &str = "gpu.slicelet.io/unhealthy";
 pub const COUNTER_SETS_PER_SLICE: usize = 8;
 /// Counters per GPU's set: [`COUNTER_MEMORY_SLICES`] and [`COUNTER_COMPUTE_SLICES`].
 pub const COUNTERS_PER_SET: usize = 2;
-/// The most counters in all counter sets of one slice (`resource.k8s.io/v1`
-/// `sharedCounters`: "The maximum number of counters in all sets is 32"); a dynamic MIG
-/// GPU's set has 9 (8 memory slices and the compute slices), so 3 fit one slice.
+/// The most counters in all counter sets of one slice (`resource.k8s.io/v1` in Kubernetes
+/// 1.34: "The maximum number of counters in all sets is 32"; later releases allow 32 per set,
+/// so keeping to the older limit fits both); a dynamic MIG GPU's set has 10 on an H100 (8
+/// memory slices, the compute slices and the `1g-10gb-me-instances`), so 3 fit one slice.
 pub const MAX_COUNTERS_PER_SLICE: usize = 32;
 /// A MIG-enabled GPU's memory slices counter: 8, or 4 on an A30 (NVIDIA's MIG user guide);
 /// each MIG device consumes its profile's share of them ([`memory_slices`]).
@@ -679,7 +680,8 @@ fn into_slices(
 
 mod dynamic;
 pub use dynamic::{
-    dynamic_mig, dynamic_mig_devices, COUNTER_MEMORY_SLICE_PREFIX, MAX_DEVICE_COUNTERS_PER_SLICE,
+    dynamic_mig, dynamic_mig_devices, instances_counter, COUNTER_INSTANCES_SUFFIX,
+    COUNTER_MEMORY_SLICE_PREFIX, MAX_DEVICE_COUNTERS_PER_SLICE,
 };
 
 #[cfg(test)]

@@ -7,6 +7,12 @@
 //! `compute-slices: <the profile's g>`. Two devices the counters let the scheduler allocate
 //! together never share a memory slice, so they can both be created.
 //!
+//! A profile the driver allows fewer instances of than its placements could hold side by side
+//! (NVML's `instanceCount`: one `1g.10gb+me` per H100, whose seven placements would otherwise
+//! admit seven) also gets a counter of its own, `<profile label>-instances` ([`instances_counter`]),
+//! holding the instances still allowed (the count less the GPU's existing GPU instances of that
+//! profile), and each of its devices consumes 1 of it; at 0 none of its devices is published.
+//!
 //! A memory slice an existing (static) MIG device occupies stays in the set (its counter is
 //! never consumed: no published device covers it), so the set's shape does not change as
 //! static devices come and go. The set's `compute-slices` is the whole GPU's, not reduced by
@@ -21,7 +27,7 @@
 //! `placementStart` and `placementSize` (ints, memory slices). Capacity `memory`: the
 //! profile's, in MiB. An Unhealthy GPU publishes no dynamic device.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
     Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
@@ -30,18 +36,75 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{gpu_attributes, int, semver, string, version, COUNTER_COMPUTE_SLICES, MEMORY};
 use crate::device_health::Health;
-use crate::inventory::{Gpu, Inventory, MigPlacement, MigProfileInfo};
-use crate::plan::dra_names::{dynamic_mig_counter_set, dynamic_mig_name};
+use crate::inventory::mig::gpu_instance_profile;
+use crate::inventory::{Gpu, Inventory, MigGeometry, MigPlacement, MigProfileInfo};
+use crate::plan::dra_names::{
+    dynamic_mig_counter_set, dynamic_mig_name, is_dns_label, profile_label,
+};
 use crate::plan::DynamicMigGpu;
 
 /// The prefix of a dynamic MIG GPU's per-memory-slice counters: `memory-slice-0` ….
 pub const COUNTER_MEMORY_SLICE_PREFIX: &str = "memory-slice-";
 
-/// The most counters all devices of one slice consume together (`resource.k8s.io/v1`
-/// `consumesCounters`: "the total number in the entire ResourceSlice must be <= 1024"). A
-/// dynamic MIG device consumes at most 9 (8 memory slices and the compute slices), so a slice
-/// of 64 devices consumes at most 576.
+/// The most counters all devices of one slice consume together (`resource.k8s.io/v1` in
+/// Kubernetes 1.34, `consumesCounters`: "the total number in the entire ResourceSlice must be
+/// <= 1024"; later releases limit each consumption to 32 counters instead). A dynamic MIG
+/// device consumes at most 10 (8 memory slices, the compute slices and its profile's
+/// instances), so a slice of 64 devices consumes at most 640.
 pub const MAX_DEVICE_COUNTERS_PER_SLICE: usize = 1024;
+
+/// The suffix of a profile's instance-limit counter: `1g-10gb-me-instances`.
+pub const COUNTER_INSTANCES_SUFFIX: &str = "-instances";
+
+/// The instance-limit counter of `profile` ([`profile_label`] and
+/// [`COUNTER_INSTANCES_SUFFIX`]: `1g.10gb+me` → `1g-10gb-me-instances`); `None` when that is
+/// no DNS label.
+pub fn instances_counter(profile: &str) -> Option<String> {
+    let name = format!("{}{COUNTER_INSTANCES_SUFFIX}", profile_label(profile));
+    is_dns_label(&name).then_some(name)
+}
+
+/// The most placements of `profile` that fit side by side (no two sharing a memory slice):
+/// the earliest-ending placement first, as interval scheduling goes.
+fn disjoint_placements(profile: &MigProfileInfo) -> u32 {
+    let mut ends: Vec<(u32, u32)> = profile
+        .placements
+        .iter()
+        .map(|p| (p.start + p.size, p.start))
+        .collect();
+    ends.sort_unstable();
+    let mut n = 0;
+    let mut free_from = 0;
+    for (end, start) in ends {
+        if start >= free_from {
+            n += 1;
+            free_from = end;
+        }
+    }
+    n
+}
+
+/// The profiles of `gpu`'s geometry whose instance count the memory slices alone do not
+/// enforce ([`disjoint_placements`] above NVML's `instanceCount`), each with the instances
+/// still allowed: the count less the GPU's existing GPU instances of that profile (each GPU
+/// instance once, however many compute instances it holds).
+fn instance_limits(gpu: &Gpu, geometry: &MigGeometry) -> BTreeMap<String, u32> {
+    geometry
+        .profiles
+        .iter()
+        .filter(|p| p.instance_count < disjoint_placements(p))
+        .map(|p| {
+            let existing: BTreeSet<u32> = gpu
+                .mig_devices
+                .iter()
+                .filter(|m| gpu_instance_profile(&m.profile) == p.profile)
+                .map(|m| m.gi_id)
+                .collect();
+            let left = p.instance_count.saturating_sub(existing.len() as u32);
+            (p.profile.clone(), left)
+        })
+        .collect()
+}
 
 /// The counter of memory slice `i`: `memory-slice-<i>`.
 fn memory_slice(i: u32) -> String {
@@ -73,6 +136,11 @@ pub fn dynamic_mig(
         COUNTER_COMPUTE_SLICES.to_string(),
         counter(u64::from(geometry.compute_slices)),
     );
+    for (profile, left) in instance_limits(gpu, geometry) {
+        if let Some(name) = instances_counter(&profile) {
+            counters.insert(name, counter(u64::from(left)));
+        }
+    }
     let set = CounterSet {
         name: dynamic_mig_counter_set(g.index),
         counters,
@@ -81,8 +149,8 @@ pub fn dynamic_mig(
 }
 
 /// One device per placement of each profile of `gpu`'s geometry (profiles in the geometry's
-/// order, placements `start` ascending) that overlaps none of `g.occupied`; none when the
-/// GPU has no geometry.
+/// order, placements `start` ascending) that overlaps none of `g.occupied`, leaving out a
+/// profile with no instance left ([`instance_limits`]); none when the GPU has no geometry.
 pub fn dynamic_mig_devices(
     g: &DynamicMigGpu,
     gpu: &Gpu,
@@ -107,13 +175,22 @@ pub fn dynamic_mig_devices(
             ..DeviceAttribute::default()
         },
     );
+    let limits = instance_limits(gpu, geometry);
     let mut out = Vec::new();
     for profile in &geometry.profiles {
+        let limited = match limits.get(&profile.profile) {
+            Some(0) => continue,
+            Some(_) => match instances_counter(&profile.profile) {
+                Some(name) => Some(name),
+                None => continue,
+            },
+            None => None,
+        };
         for p in &profile.placements {
             if g.occupied.iter().any(|o| o.overlaps(p)) {
                 continue;
             }
-            if let Some(d) = placement_device(g.index, profile, *p, &base) {
+            if let Some(d) = placement_device(g.index, profile, *p, limited.as_deref(), &base) {
                 out.push(d);
             }
         }
@@ -121,12 +198,14 @@ pub fn dynamic_mig_devices(
     out
 }
 
-/// The device for `profile` at `p` on GPU `index`, with the attributes `base` (the GPU's);
-/// `None` when its name is no DNS label.
+/// The device for `profile` at `p` on GPU `index`, with the attributes `base` (the GPU's),
+/// consuming 1 of `instances` too when the profile has an instance-limit counter; `None` when
+/// its name is no DNS label.
 fn placement_device(
     index: u32,
     profile: &MigProfileInfo,
     p: MigPlacement,
+    instances: Option<&str>,
     base: &BTreeMap<String, DeviceAttribute>,
 ) -> Option<Device> {
     let name = dynamic_mig_name(index, &profile.profile, p.start)?;
@@ -141,6 +220,9 @@ fn placement_device(
         COUNTER_COMPUTE_SLICES.to_string(),
         counter(u64::from(profile.gpu_slices)),
     );
+    if let Some(name) = instances {
+        counters.insert(name.to_string(), counter(1));
+    }
     Some(Device {
         name,
         attributes: Some(attrs),
