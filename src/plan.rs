@@ -694,4 +694,6 @@ use crate::policy::Policy;
 use size::{encoded_size, varint_len};
 
 #[cfg(test)]
+mod dynamic_mig_tests;
+#[cfg(test)]
 mod tests;

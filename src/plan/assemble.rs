@@ -128,6 +128,7 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
         None => Vec::new(),
     };
     dynamic_mig::check(&dynamic_mig, resources.values().map(|r| &**r))?;
+    dynamic_mig::drop_empty_warnings(&dynamic_mig, inventory, &mut warnings);
     Ok(Built {
         plan: Plan {
             resources,

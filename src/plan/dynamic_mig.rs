@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::select::empty_mig_warning;
 use super::{DynamicMigGpu, PlanError, ResourcePlan, Strategy};
 use crate::inventory::{Gpu, Inventory};
 use crate::policy::{DeviceRef, DeviceSelector};
@@ -106,6 +107,21 @@ fn named_gpus<'a>(
         }
     }
     by_index.into_values().collect()
+}
+
+/// Drops the "MIG enabled and no MIG devices; nothing is advertised" warning of each dynamic
+/// MIG GPU: its free space is what DRA publishes, so the warning would be wrong.
+pub(super) fn drop_empty_warnings(
+    dynamic: &[DynamicMigGpu],
+    inventory: &Inventory,
+    warnings: &mut Vec<String>,
+) {
+    let wrong: Vec<String> = dynamic
+        .iter()
+        .filter_map(|g| inventory.by_index(g.index))
+        .map(empty_mig_warning)
+        .collect();
+    warnings.retain(|w| !wrong.contains(w));
 }
 
 /// Refuses a resource that shares a dynamic MIG GPU or one of its MIG devices (time-slicing,
