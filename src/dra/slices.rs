@@ -687,4 +687,6 @@ pub use dynamic::{
 #[cfg(test)]
 mod attribute_tests;
 #[cfg(test)]
+mod dynamic_tests;
+#[cfg(test)]
 mod tests;
