@@ -315,6 +315,9 @@ pub struct DynamicMigGpu {
     /// The placements its existing MIG devices occupy (memory slices): no device is published
     /// for a placement overlapping one of them.
     pub occupied: Vec<crate::inventory::MigPlacement>,
+    /// The GPU's health in the inventory the plan was built from (the daemon's: Xids, lost
+    /// GPUs and the other causes folded in): an Unhealthy GPU publishes no dynamic device.
+    pub health: crate::device_health::Health,
 }
 
 /// What the drain rules added to a plan, so that a policy or inventory change never pulls a

@@ -59,6 +59,7 @@ pub(super) fn resolve(
             index: gpu.index,
             uuid: gpu.uuid.clone(),
             occupied,
+            health: gpu.health,
         });
     }
     Ok(out)

@@ -4,6 +4,7 @@
 
 use super::dra_names::{dynamic_mig_name, is_dns_label, parse_dynamic_mig, DynamicMigDevice};
 use super::*;
+use crate::device_health::Health;
 use crate::inventory::mig::table::TABLES;
 use crate::inventory::{simulated, MigPlacement};
 use crate::policy::parse;
@@ -133,11 +134,13 @@ fn static_mig_devices_occupy_their_placements() {
                 index: 0,
                 uuid: inv.gpus[0].uuid.clone(),
                 occupied: vec![MigPlacement { start: 4, size: 4 }],
+                health: Health::Healthy,
             },
             DynamicMigGpu {
                 index: 1,
                 uuid: inv.gpus[1].uuid.clone(),
                 occupied: Vec::new(),
+                health: Health::Healthy,
             },
         ]
     );
@@ -148,6 +151,20 @@ fn static_mig_devices_occupy_their_placements() {
         built.plan.resources.keys()
     );
     assert!(built.warnings.is_empty(), "{:?}", built.warnings);
+}
+
+#[test]
+fn each_gpu_carries_its_health_in_the_plans_inventory() {
+    let mut inv = node();
+    inv.gpus[1].health = Health::Unhealthy;
+    let built = build(&policy("mixed", "", "[0, 1]"), &inv).unwrap();
+    let health: Vec<(u32, Health)> = built
+        .plan
+        .dynamic_mig
+        .iter()
+        .map(|g| (g.index, g.health))
+        .collect();
+    assert_eq!(health, [(0, Health::Healthy), (1, Health::Unhealthy)]);
 }
 
 #[test]

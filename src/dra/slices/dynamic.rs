@@ -118,7 +118,8 @@ fn counter(n: u64) -> Counter {
 }
 
 /// The counter set and devices of the dynamic MIG GPU `g` ([`dynamic_mig_devices`]); `None`
-/// when the inventory lacks the GPU or its geometry, or the GPU is Unhealthy.
+/// when the inventory lacks the GPU or its geometry, or the GPU is Unhealthy (in the plan's
+/// inventory, `g.health`, or in `inventory`).
 pub fn dynamic_mig(
     g: &DynamicMigGpu,
     inventory: &Inventory,
@@ -126,7 +127,7 @@ pub fn dynamic_mig(
 ) -> Option<(CounterSet, Vec<Device>)> {
     let gpu = inventory.by_index(g.index)?;
     let geometry = gpu.mig_geometry.as_ref()?;
-    if gpu.health != Health::Healthy {
+    if gpu.health != Health::Healthy || g.health != Health::Healthy {
         return None;
     }
     let mut counters: BTreeMap<String, Counter> = (0..geometry.memory_slices)

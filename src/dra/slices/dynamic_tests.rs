@@ -346,6 +346,7 @@ fn a_static_instance_removes_every_placement_it_overlaps() {
             index: 0,
             uuid: inv.gpus[0].uuid.clone(),
             occupied: vec![MigPlacement { start: 4, size: 4 }],
+            health: Health::Healthy,
         }]
     );
     let got: BTreeSet<String> = devices(&s).iter().map(|d| d.name.clone()).collect();
@@ -408,6 +409,22 @@ fn an_unhealthy_gpu_publishes_no_dynamic_device() {
     let names: Vec<&str> = sets(&s).iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["gpu-1-mig"]);
     assert_eq!(devices(&s).len(), 25);
+    assert!(devices(&s).iter().all(|d| d.name.starts_with("gpu-1-mig-")));
+
+    // Unhealthy in the plan's inventory (an Xid the daemon folded in) while the discovered one
+    // says Healthy: nothing either.
+    let inv = empty_mig(H100, 2);
+    let (mut plan, _) = built(DYNAMIC_ALL, &inv);
+    plan.dynamic_mig[0].health = Health::Unhealthy;
+    let s = build_pool(
+        dra_resources(&plan),
+        &plan.dynamic_mig,
+        &inv,
+        &params(),
+        &HealthMap::new(),
+    );
+    let names: Vec<&str> = sets(&s).iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["gpu-1-mig"]);
     assert!(devices(&s).iter().all(|d| d.name.starts_with("gpu-1-mig-")));
 }
 
