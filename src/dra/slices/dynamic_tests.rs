@@ -279,12 +279,23 @@ fn counters_fit(set: &CounterSet, devs: &[&Device], chosen: &[usize]) -> bool {
         .all(|(k, v)| set.counters.get(k).is_some_and(|c| *v <= value(c)))
 }
 
-/// The driver's view: no two placements share a memory slice, no profile above NVML's
-/// instance count, the compute slices within the GPU's.
+/// The driver's view, beside the GPU's existing instances: no two placements share a memory
+/// slice, no profile above NVML's instance count, the compute slices within the GPU's.
 fn driver_creates(inv: &Inventory, devs: &[&Device], chosen: &[usize]) -> bool {
-    let geometry = inv.gpus[0].mig_geometry.as_ref().unwrap();
+    let gpu = &inv.gpus[0];
+    let geometry = gpu.mig_geometry.as_ref().unwrap();
     let mut per_profile: BTreeMap<&str, u32> = BTreeMap::new();
     let mut compute = 0;
+    for m in &gpu.mig_devices {
+        *per_profile.entry(m.profile.as_str()).or_default() += 1;
+        compute += u64::from(m.gpu_slices);
+        if chosen
+            .iter()
+            .any(|&i| placement(devs[i]).overlaps(&m.placement.unwrap()))
+        {
+            return false;
+        }
+    }
     for (n, &i) in chosen.iter().enumerate() {
         let p = profile(devs[i]);
         *per_profile.entry(p).or_default() += 1;
@@ -304,8 +315,23 @@ fn driver_creates(inv: &Inventory, devs: &[&Device], chosen: &[usize]) -> bool {
 
 #[test]
 fn the_scheduler_can_allocate_together_exactly_what_the_driver_can_create() {
-    for (name, gpu) in [("H100", H100), ("A30", A30)] {
-        let inv = empty_mig(gpu, 1);
+    let with = |gpu: &str, statics: &[(&str, u32)]| {
+        let devices: String = statics
+            .iter()
+            .map(|(p, st)| format!("        - profile: {p}\n          placementStart: {st}\n"))
+            .collect();
+        node(&format!("gpus:\n{gpu}    mig:\n      devices:\n{devices}"))
+    };
+    let cases = [
+        ("H100", empty_mig(H100, 1)),
+        ("A30", empty_mig(A30, 1)),
+        ("H100, 3g.40gb at 4", with(H100, &[("3g.40gb", 4)])),
+        ("H100, 1g.20gb at 6", with(H100, &[("1g.20gb", 6)])),
+        ("H100, 2g.20gb at 2", with(H100, &[("2g.20gb", 2)])),
+        ("H100, 1g.10gb+me at 3", with(H100, &[("1g.10gb+me", 3)])),
+        ("A30, 2g.12gb+me at 2", with(A30, &[("2g.12gb+me", 2)])),
+    ];
+    for (name, inv) in cases {
         let (_, s) = built(DYNAMIC_ALL, &inv);
         let devs = devices(&s);
         let set = sets(&s)[0];
