@@ -224,6 +224,14 @@ fn devices_per_gpu_of_the_other_tables() {
     // (node, devices: the sum of each profile's placements)
     let (_, s) = built(DYNAMIC_ALL, &empty_mig(A100_40GB, 1));
     assert_eq!(devices(&s).len(), 25, "devices per A100 40GB (docs/mig.md)");
+    for gpu in [
+        "  - model: NVIDIA A100-SXM4-80GB\n    memoryMiB: 81920\n",
+        "  - model: NVIDIA H200\n    memoryMiB: 143771\n",
+    ] {
+        let (_, s) = built(DYNAMIC_ALL, &empty_mig(gpu, 1));
+        assert_eq!(devices(&s).len(), 25, "{gpu} (docs/mig.md: as an H100)");
+        assert_eq!(sets(&s)[0].counters.len(), 10, "{gpu}");
+    }
     let (_, s) = built(DYNAMIC_ALL, &empty_mig(A30, 1));
     // 1g.6gb ×4, 2g.12gb ×2, 4g.24gb ×1, 1g.6gb+me ×4, 2g.12gb+me ×2.
     assert_eq!(devices(&s).len(), 13);
