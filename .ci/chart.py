@@ -348,13 +348,15 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
         c.that(set(classes) == want_classes, f"DeviceClasses {sorted(classes)}, not {sorted(want_classes)}")
         for name, dc in classes.items():
             expr = dc["spec"]["selectors"][0]["cel"]["expression"]
-            c.that(expr.startswith(f'device.driver == "{driver}" && device.attributes["{driver}"].'),
+            c.that(expr.startswith((f'device.driver == "{driver}" && device.attributes["{driver}"].',
+                                    f'device.driver == "{driver}" && has(device.attributes["{driver}"].')),
                    f"DeviceClass {name}: selects the driver's devices by attribute: {expr}")
             bridged = bridges.get(name)
             c.that(dc["spec"].get("extendedResourceName") == bridged,
                    f"DeviceClass {name}: extendedResourceName {dc['spec'].get('extendedResourceName')!r}, not {bridged!r}")
             if bridged is not None:
-                want = f'device.driver == "{driver}" && device.attributes["{driver}"].resource == "{bridged}"'
+                want = (f'device.driver == "{driver}" && has(device.attributes["{driver}"].resource) && '
+                        f'device.attributes["{driver}"].resource == "{bridged}"')
                 c.that(len(dc["spec"]["selectors"]) == 1 and expr == want,
                        f"bridge DeviceClass {name}: selects exactly the devices mirroring {bridged}: {expr}")
         if not v["config"]["name"]:

@@ -40,6 +40,7 @@ use crate::inventory::{Gpu, Inventory, MigCaps, MigDevice};
 use crate::policy::{Delivery, ResourceName, SharedAllocation};
 
 mod assemble;
+mod dynamic_mig;
 mod index;
 pub mod memory;
 mod select;
@@ -297,6 +298,26 @@ pub struct Plan {
     /// What the drain rules changed (see [`Drain`]); empty when nothing is held or nothing
     /// was withdrawn or re-purposed.
     pub drain: Drain,
+    /// The GPUs DRA partitions on demand (`dra.dynamicMig`), index ascending: MIG mode on,
+    /// geometry known. Their free placements are published as DRA devices
+    /// ([`crate::dra::slices`]); their static MIG devices stay in `resources` as before.
+    pub dynamic_mig: Vec<DynamicMigGpu>,
+}
+
+/// A GPU whose free MIG space DRA publishes as one device per placement of each profile
+/// (docs/mig.md, "Dynamic MIG").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamicMigGpu {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// The placements its existing MIG devices occupy (memory slices): no device is published
+    /// for a placement overlapping one of them.
+    pub occupied: Vec<crate::inventory::MigPlacement>,
+    /// The GPU's health in the inventory the plan was built from (the daemon's: Xids, lost
+    /// GPUs and the other causes folded in): an Unhealthy GPU publishes no dynamic device.
+    pub health: crate::device_health::Health,
 }
 
 /// What the drain rules added to a plan, so that a policy or inventory change never pulls a
@@ -547,6 +568,36 @@ pub enum PlanError {
         /// A device-plugin resource with devices of it.
         plugin: String,
     },
+    /// A GPU `dra.dynamicMig.devices` names has MIG mode off.
+    #[error("dra.dynamicMig.devices: GPU {gpu} ({uuid}) has MIG mode off; slicelet never enables MIG mode or resets a GPU: enable it with `nvidia-smi -i {gpu} -mig 1` (then reset the GPU or reboot the node, as nvidia-smi says), or leave the GPU out of dra.dynamicMig.devices")]
+    DynamicMigModeOff {
+        /// GPU index.
+        gpu: u32,
+        /// GPU UUID.
+        uuid: String,
+    },
+    /// A resource shares a dynamic MIG GPU or one of its MIG devices.
+    #[error("{resource}: shares GPU {gpu} ({uuid}) or a MIG device of it by {how}, but dra.dynamicMig.devices partitions that GPU on demand; time-slicing, MPS and consumable capacity on a dynamic MIG GPU are not supported: leave it out of one of the two")]
+    DynamicMigShared {
+        /// GPU index.
+        gpu: u32,
+        /// GPU UUID.
+        uuid: String,
+        /// The resource sharing it.
+        resource: String,
+        /// `time-slicing`, `MPS` or `consumable capacity`.
+        how: String,
+    },
+    /// A resource advertises a dynamic MIG GPU whole (`migStrategy: none`).
+    #[error("{resource}: advertises GPU {gpu} ({uuid}) whole, but dra.dynamicMig.devices partitions it on demand; use flags.migStrategy: mixed")]
+    DynamicMigWhole {
+        /// GPU index.
+        gpu: u32,
+        /// GPU UUID.
+        uuid: String,
+        /// The resource.
+        resource: String,
+    },
     /// An MPS entry's clients do not fit a GPU's memory.
     #[error("{entry}.pinnedDeviceMemoryLimit: {replicas} replicas × {limit_mib} MiB = {total_mib} MiB do not fit GPU {gpu} ({uuid}), which has {memory_mib} MiB; lower pinnedDeviceMemoryLimit or replicas")]
     MpsMemory {
@@ -645,5 +696,7 @@ use crate::policy::Policy;
 #[cfg(test)]
 use size::{encoded_size, varint_len};
 
+#[cfg(test)]
+mod dynamic_mig_tests;
 #[cfg(test)]
 mod tests;

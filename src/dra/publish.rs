@@ -11,7 +11,8 @@
 //!    so a change costs only its writes. It lists again at the start, after any error (a
 //!    conflict: somebody else wrote them) and after a registration (the kubelet may have
 //!    deleted them);
-//! 2. builds the wanted slices ([`super::slices::build`] of the plan's DRA resources). The
+//! 2. builds the wanted slices ([`super::slices::build_pool`] of the plan's DRA resources and
+//!    dynamic MIG GPUs). The
 //!    pool generation is bumped whenever the slices differ from what this loop published
 //!    last, unless only one slice changes and every slice keeps its devices' names (a taint
 //!    coming or going: one write, as Kubernetes' own resourceslice controller does it; the
@@ -460,7 +461,13 @@ fn wanted_slices(
             xid_effect: input.xid_taint_effect,
         }
     };
-    let mut wanted = slices::build(resources, &input.inventory, &p, &input.health);
+    let mut wanted = slices::build_pool(
+        resources,
+        &input.plan.dynamic_mig,
+        &input.inventory,
+        &p,
+        &input.health,
+    );
     keep_listed_times(&mut wanted, listed);
     let specs = specs_of(&wanted);
     let changed = state.published.as_ref() != Some(&specs);

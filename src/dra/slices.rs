@@ -81,7 +81,7 @@ use crate::device_health::{Cause, Health};
 use crate::inventory::Inventory;
 use crate::plan::dra_names::device_name;
 use crate::plan::dra_names::hex_digest;
-use crate::plan::{Plan, ResourcePlan, Strategy, VirtualDevice};
+use crate::plan::{DynamicMigGpu, Plan, ResourcePlan, Strategy, VirtualDevice};
 use crate::policy::TaintEffect;
 
 /// The most devices one ResourceSlice may hold (`resource.k8s.io/v1` ResourceSliceMaxDevices).
@@ -98,6 +98,11 @@ pub const TAINT_KEY: &str = "gpu.slicelet.io/unhealthy";
 pub const COUNTER_SETS_PER_SLICE: usize = 8;
 /// Counters per GPU's set: [`COUNTER_MEMORY_SLICES`] and [`COUNTER_COMPUTE_SLICES`].
 pub const COUNTERS_PER_SET: usize = 2;
+/// The most counters in all counter sets of one slice (`resource.k8s.io/v1` in Kubernetes
+/// 1.34: "The maximum number of counters in all sets is 32"; later releases allow 32 per set,
+/// so keeping to the older limit fits both); a dynamic MIG GPU's set has 10 on an H100 (8
+/// memory slices, the compute slices and the `1g-10gb-me-instances`), so 3 fit one slice.
+pub const MAX_COUNTERS_PER_SLICE: usize = 32;
 /// A MIG-enabled GPU's memory slices counter: 8, or 4 on an A30 (NVIDIA's MIG user guide);
 /// each MIG device consumes its profile's share of them ([`memory_slices`]).
 pub const COUNTER_MEMORY_SLICES: &str = "memory-slices";
@@ -533,6 +538,19 @@ pub fn build<'a>(
     params: &SliceParams,
     health: &HealthMap,
 ) -> Slices {
+    build_pool(resources, &[], inventory, params, health)
+}
+
+/// [`build`], with the devices and counter sets of the dynamic MIG GPUs `dynamic` (the plan's
+/// [`Plan::dynamic_mig`]; [`dynamic_mig`]) after the resources' own: their sets after the
+/// static MIG sets, their devices after the resources' devices.
+pub fn build_pool<'a>(
+    resources: impl IntoIterator<Item = &'a ResourcePlan>,
+    dynamic: &[DynamicMigGpu],
+    inventory: &Inventory,
+    params: &SliceParams,
+    health: &HealthMap,
+) -> Slices {
     let (devices, skipped) = pool::named(resources);
     let mut sets: BTreeMap<String, CounterSet> = BTreeMap::new();
     let devices: Vec<Device> = devices
@@ -551,7 +569,14 @@ pub fn build<'a>(
             Some(dev)
         })
         .collect();
-    let sets: Vec<CounterSet> = sets.into_values().collect();
+    let mut sets: Vec<CounterSet> = sets.into_values().collect();
+    let mut devices = devices;
+    for g in dynamic {
+        if let Some((set, mut devs)) = dynamic_mig(g, inventory, params.driver_version.as_deref()) {
+            sets.push(set);
+            devices.append(&mut devs);
+        }
+    }
     Slices {
         slices: into_slices(params, &sets, &devices),
         skipped,
@@ -580,6 +605,30 @@ fn counters_consumed(
     sets.contains_key(&c.counter_set).then(|| vec![c])
 }
 
+/// `sets` in order, cut into the sets of one slice each: at most [`COUNTER_SETS_PER_SLICE`]
+/// sets and [`MAX_COUNTERS_PER_SLICE`] counters in all (a set is never split).
+fn counter_chunks(sets: &[CounterSet]) -> Vec<Vec<CounterSet>> {
+    let mut out: Vec<Vec<CounterSet>> = Vec::new();
+    let mut counters = 0;
+    for set in sets {
+        let n = set.counters.len();
+        match out.last_mut() {
+            Some(last)
+                if last.len() < COUNTER_SETS_PER_SLICE
+                    && counters + n <= MAX_COUNTERS_PER_SLICE =>
+            {
+                last.push(set.clone());
+                counters += n;
+            }
+            _ => {
+                out.push(vec![set.clone()]);
+                counters = n;
+            }
+        }
+    }
+    out
+}
+
 /// The slices of `sets` and `devices`. Counters live in slices of their own, without devices
 /// (Kubernetes 1.35 and later require it), before the device slices; at least one slice.
 fn into_slices(
@@ -592,9 +641,9 @@ fn into_slices(
     } else {
         MAX_DEVICES_PER_SLICE_WITH_TAINTS
     };
-    let mut chunks: Vec<(Vec<CounterSet>, Vec<Device>)> = sets
-        .chunks(COUNTER_SETS_PER_SLICE)
-        .map(|c| (c.to_vec(), Vec::new()))
+    let mut chunks: Vec<(Vec<CounterSet>, Vec<Device>)> = counter_chunks(sets)
+        .into_iter()
+        .map(|c| (c, Vec::new()))
         .collect();
     if devices.is_empty() && chunks.is_empty() {
         chunks.push((Vec::new(), Vec::new()));
@@ -629,7 +678,15 @@ fn into_slices(
         .collect()
 }
 
+mod dynamic;
+pub use dynamic::{
+    dynamic_mig, dynamic_mig_devices, instances_counter, COUNTER_INSTANCES_SUFFIX,
+    COUNTER_MEMORY_SLICE_PREFIX, MAX_DEVICE_COUNTERS_PER_SLICE,
+};
+
 #[cfg(test)]
 mod attribute_tests;
+#[cfg(test)]
+mod dynamic_tests;
 #[cfg(test)]
 mod tests;

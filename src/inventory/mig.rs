@@ -119,6 +119,15 @@ pub fn profile_from_device_name(name: &str) -> Option<String> {
     Profile::parse(word).map(|_| word.to_string())
 }
 
+/// The GPU-instance profile of a MIG device's profile: a compute instance smaller than its GPU
+/// instance (`1c.3g.40gb`) sits in that GPU instance (`3g.40gb`); other names as they are.
+pub fn gpu_instance_profile(profile: &str) -> &str {
+    match profile.split_once('.') {
+        Some((c, rest)) if c.ends_with('c') => rest,
+        _ => profile,
+    }
+}
+
 /// A MIG device's memory in whole GB as profile names state it, from the parent's total memory
 /// and the device's memory (both MiB). NVIDIA's rule (go-nvlib): the device's share of the GPU,
 /// rounded up to eighths, times the GPU's memory in GB rounded up, rounded to nearest. So

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::select::{claim_units, node_resources, Unit, Units};
 use super::size::encoded_size;
 use super::{
-    memory, mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan, PlanError,
-    ResourcePlan, Strategy, VirtualDevice, MAX_LIST_BYTES,
+    dynamic_mig, memory, mps, replica_id, Built, Drain, MigInfo, MpsLimits, MpsWanted, Plan,
+    PlanError, ResourcePlan, Strategy, VirtualDevice, MAX_LIST_BYTES,
 };
 use crate::inventory::{mig, Inventory};
 use crate::policy::{DeviceSelector, Policy, ResourceName, SharedResource};
@@ -123,10 +123,17 @@ fn build_once(policy: &Policy, inventory: &Inventory) -> Result<Built, PlanError
     let limits = memory_limits(policy);
     memory::apply(&mut resources, &limits, inventory, &mut warnings)?;
     check_dra_overlap(&resources)?;
+    let dynamic_mig = match &policy.dynamic_mig {
+        Some(selector) => dynamic_mig::resolve(selector, inventory, &mut warnings)?,
+        None => Vec::new(),
+    };
+    dynamic_mig::check(&dynamic_mig, resources.values().map(|r| &**r))?;
+    dynamic_mig::drop_empty_warnings(&dynamic_mig, inventory, &mut warnings);
     Ok(Built {
         plan: Plan {
             resources,
             drain: Drain::default(),
+            dynamic_mig,
         },
         warnings,
         mps_wanted: MpsWanted::default(),

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use super::{physical_uuid, Plan, ResourcePlan};
 use crate::in_use::InUse;
+use crate::inventory::{Inventory, MigPlacement};
 
 /// The longest DNS label (a device name), characters.
 pub const MAX_DNS_LABEL: usize = 63;
@@ -39,6 +40,73 @@ pub fn device_name(id: &str) -> String {
     } else {
         format!("dev-{}", hex_digest(id, 16))
     }
+}
+
+/// The name of a dynamic MIG GPU's counter set: `gpu-<index>-mig`. No static name has this
+/// form (a UUID's second part is hex, never `mig`).
+pub fn dynamic_mig_counter_set(gpu_index: u32) -> String {
+    format!("gpu-{gpu_index}-mig")
+}
+
+/// A MIG profile name as a DNS label part: lowercase, `.` and `+` turned into `-`
+/// (`1g.10gb+me` → `1g-10gb-me`). NVIDIA's profile names have no `-`, so no two profiles of
+/// one GPU give the same part.
+pub fn profile_label(profile: &str) -> String {
+    profile.to_ascii_lowercase().replace(['.', '+'], "-")
+}
+
+/// The name of the dynamic MIG device for `profile` at memory slice `start` of GPU
+/// `gpu_index`: `gpu-<index>-mig-<profile label>-<start>` (`gpu-0-mig-3g-40gb-4`,
+/// `gpu-1-mig-1g-10gb-me-6`); `None` when that is no DNS label (a profile with other
+/// characters, over 63 characters). Deterministic; [`parse_dynamic_mig`] reads it back.
+pub fn dynamic_mig_name(gpu_index: u32, profile: &str, start: u32) -> Option<String> {
+    let name = format!("gpu-{gpu_index}-mig-{}-{start}", profile_label(profile));
+    is_dns_label(&name).then_some(name)
+}
+
+/// What a dynamic MIG device name stands for: the GPU, the profile as NVIDIA names it and
+/// the placement to create it at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamicMigDevice {
+    /// The GPU's NVML index.
+    pub gpu_index: u32,
+    /// The GPU's `GPU-…` UUID.
+    pub gpu_uuid: String,
+    /// The profile, as the GPU's geometry names it (`3g.40gb`).
+    pub profile: String,
+    /// Where to create it (memory slices).
+    pub placement: MigPlacement,
+}
+
+/// The dynamic MIG device `name` ([`dynamic_mig_name`]) stands for on `inventory`: the GPU
+/// at its index, the profile of that GPU's geometry whose label it carries, and that
+/// profile's placement starting at its start. `None` when `name` has another form, or the
+/// GPU, its geometry, the profile or the placement is not there.
+pub fn parse_dynamic_mig(name: &str, inventory: &Inventory) -> Option<DynamicMigDevice> {
+    let rest = name.strip_prefix("gpu-")?;
+    let (index, rest) = rest.split_once("-mig-")?;
+    let (label, start) = rest.rsplit_once('-')?;
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if !digits(index) || !digits(start) {
+        return None;
+    }
+    let (gpu_index, start): (u32, u32) = (index.parse().ok()?, start.parse().ok()?);
+    let gpu = inventory.by_index(gpu_index)?;
+    let profile = gpu
+        .mig_geometry
+        .as_ref()?
+        .profiles
+        .iter()
+        .find(|p| profile_label(&p.profile) == label)?;
+    let placement = *profile.placements.iter().find(|p| p.start == start)?;
+    (dynamic_mig_name(gpu_index, &profile.profile, start).as_deref() == Some(name)).then(|| {
+        DynamicMigDevice {
+            gpu_index,
+            gpu_uuid: gpu.uuid.clone(),
+            profile: profile.profile.clone(),
+            placement,
+        }
+    })
 }
 
 /// Whether `s` is a DNS label: 1–63 characters of `[a-z0-9-]`, alphanumeric at both ends

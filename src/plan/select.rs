@@ -194,6 +194,15 @@ fn single_units<'a>(inv: &'a Inventory) -> Result<Units<'a>, PlanError> {
     Ok(out)
 }
 
+/// The warning about a MIG-enabled GPU without MIG devices under migStrategy mixed (nothing is
+/// advertised for it; the plan drops it for a dynamic MIG GPU, whose free space DRA publishes).
+pub(super) fn empty_mig_warning(g: &Gpu) -> String {
+    format!(
+        "flags.migStrategy: GPU {} ({}) has MIG enabled and no MIG devices; nothing is advertised for it",
+        g.index, g.uuid
+    )
+}
+
 /// migStrategy mixed on a node with MIG: whole GPUs where MIG is off, each MIG device under
 /// its profile's resource (warning about GPUs without MIG devices and profiles that make no
 /// resource name).
@@ -207,10 +216,7 @@ fn mixed_units<'a>(inv: &'a Inventory, warnings: &mut Vec<String>) -> Units<'a> 
             continue;
         }
         if g.mig_devices.is_empty() {
-            warnings.push(format!(
-                    "flags.migStrategy: GPU {} ({}) has MIG enabled and no MIG devices; nothing is advertised for it",
-                    g.index, g.uuid
-                ));
+            warnings.push(empty_mig_warning(g));
         }
         for m in &g.mig_devices {
             let name = mig::resource_name(&m.profile);

@@ -187,6 +187,10 @@ pub struct Policy {
     /// `dra.xidTaintEffect` (slicelet extension, default `NoSchedule`): the effect of the DRA
     /// device taint on a device a critical Xid made Unhealthy.
     pub dra_xid_taint_effect: TaintEffect,
+    /// `dra.dynamicMig.devices` (slicelet extension): the GPUs whose free MIG space DRA
+    /// publishes as one device per placement of each profile (docs/mig.md, "Dynamic MIG");
+    /// `None` when the key is absent. Never MIG devices (refused); GPUs only.
+    pub dynamic_mig: Option<DeviceSelector>,
     /// `flags.mpsRoot` (default `/run/nvidia/mps`): each GPU under MPS gets
     /// `<mpsRoot>/<uuid>/{pipe,log}` and the shared `<mpsRoot>/shm`.
     pub mps_root: PathBuf,
@@ -219,6 +223,7 @@ impl Default for Policy {
             mps: Mps::default(),
             dra: std::collections::BTreeSet::new(),
             dra_xid_taint_effect: TaintEffect::NoSchedule,
+            dynamic_mig: None,
             mps_root: PathBuf::from(mps::DEFAULT_MPS_ROOT),
             ignored_keys: Vec::new(),
             notices: Vec::new(),
@@ -362,6 +367,8 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> PolicyError {
     }
 }
 
+#[cfg(test)]
+mod dynamic_mig_tests;
 #[cfg(test)]
 mod nvidia_forms_tests;
 #[cfg(test)]

@@ -49,6 +49,18 @@ pub struct Dra {
     /// (the default: no new claim gets it) or `NoExecute` (also evicts the pods whose claims
     /// hold it and do not tolerate the taint). Other causes are always `NoSchedule`.
     pub xid_taint_effect: Option<TaintEffect>,
+    /// `dynamicMig`: GPUs whose free MIG space DRA publishes as one device per placement of
+    /// every profile, created when a claim is prepared (Kubernetes partitionable devices).
+    pub dynamic_mig: Option<DynamicMig>,
+}
+
+/// `dra.dynamicMig` (slicelet extension): which GPUs are partitioned on demand.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DynamicMig {
+    /// The GPUs, in any form a sharing entry's `devices` takes (`all`, a count, GPU indices,
+    /// GPU UUIDs); MIG devices are refused.
+    pub devices: Option<DeviceSelector>,
 }
 
 /// The effect of a DRA device taint (`resource.k8s.io/v1` DeviceTaint `effect`, KEP-5055).

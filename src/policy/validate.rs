@@ -200,6 +200,9 @@ fn read_dra(
             ));
         }
     }
+    if let Some(m) = &d.dynamic_mig {
+        policy.dynamic_mig = Some(dynamic_mig(m, policy)?);
+    }
     if let Some(effect) = d.xid_taint_effect {
         policy.dra_xid_taint_effect = effect;
         policy.extensions.push(format!(
@@ -496,4 +499,64 @@ fn lenient_devices(
         once.push(d);
     }
     DeviceSelector::List(once)
+}
+
+/// `dra.dynamicMig`: its `devices` (required; GPUs only, each once, as [`lenient_devices`]
+/// reads a list), none of them shared by a time-slicing or MPS entry that names it too (a
+/// dynamic MIG GPU is partitioned, not shared; the plan refuses the overlaps only the node
+/// shows). Noted as an extension.
+fn dynamic_mig(m: &schema::DynamicMig, policy: &mut Policy) -> Result<DeviceSelector, PolicyError> {
+    const PATH: &str = "dra.dynamicMig.devices";
+    let Some(devices) = m.devices.clone() else {
+        return Err(err(
+            PATH,
+            "missing: list the GPUs to partition on demand (all, a count, GPU indices or GPU UUIDs)",
+        ));
+    };
+    if let DeviceSelector::List(list) = &devices {
+        for (i, d) in list.iter().enumerate() {
+            let mig = match d {
+                DeviceRef::MigIndex(..) | DeviceRef::LegacyMig { .. } => true,
+                DeviceRef::Uuid(u) => u.starts_with("MIG-"),
+                DeviceRef::Index(_) | DeviceRef::Unmatchable(_) => false,
+            };
+            if mig {
+                return Err(err(
+                    format!("{PATH}[{i}]"),
+                    format!("{d} names a MIG device; dynamic MIG partitions whole GPUs: give the GPU's index or GPU UUID"),
+                ));
+            }
+        }
+    }
+    let devices = lenient_devices(devices, PATH, &mut policy.lenient);
+    if let Some((entry, gpu)) = shared_entries(policy)
+        .find_map(|e| shared_dynamic_gpu(&e.devices, &devices).map(|g| (e.path.clone(), g)))
+    {
+        return Err(err(
+            format!("{entry}.devices"),
+            format!("shares GPU {gpu}, which dra.dynamicMig.devices partitions on demand; time-slicing and MPS on a dynamic MIG GPU are not supported: leave it out of one of the two"),
+        ));
+    }
+    policy.extensions.push(format!(
+        "{PATH}: dynamic MIG (MIG devices created for each DRA claim, Kubernetes 1.36 or later) is a slicelet extension"
+    ));
+    Ok(devices)
+}
+
+/// A GPU both `shared` (a sharing entry's devices) and `dynamic` name in so many words (the
+/// same index or GPU UUID, or a MIG device `<gpu>:<m>` of a dynamic GPU index), as written.
+fn shared_dynamic_gpu(shared: &DeviceSelector, dynamic: &DeviceSelector) -> Option<String> {
+    let (DeviceSelector::List(s), DeviceSelector::List(d)) = (shared, dynamic) else {
+        return None;
+    };
+    s.iter().find_map(|r| {
+        d.iter()
+            .find(|g| match (r, g) {
+                (DeviceRef::Index(a) | DeviceRef::MigIndex(a, _), DeviceRef::Index(b)) => a == b,
+                (DeviceRef::Uuid(a), DeviceRef::Uuid(b)) => a == b,
+                (DeviceRef::LegacyMig { gpu, .. }, DeviceRef::Uuid(b)) => gpu == b,
+                _ => false,
+            })
+            .map(ToString::to_string)
+    })
 }

@@ -804,6 +804,122 @@ fn device_classes_select_published_attributes() {
     );
 }
 
+/// What one conjunct of a DeviceClass selector gives for a device, as CEL evaluates it:
+/// reading an attribute the device lacks is an error (the scheduler then fails the whole
+/// allocation, it does not skip the device).
+fn cel_term(term: &str, d: &k8s_openapi::api::resource::v1::Device) -> Result<bool, String> {
+    let attrs = format!("device.attributes[\"{DRIVER}\"].");
+    let attr = |name: &str| d.attributes.as_ref().and_then(|a| a.get(name));
+    let term = term.trim();
+    if let Some(v) = term.strip_prefix("device.driver == ") {
+        return Ok(v.trim_matches('"') == DRIVER);
+    }
+    if let Some(name) = term
+        .strip_prefix(&format!("has({attrs}"))
+        .and_then(|t| t.strip_suffix(')'))
+    {
+        return Ok(attr(name).is_some());
+    }
+    let (name, value) = term
+        .strip_prefix(&attrs)
+        .and_then(|t| t.split_once(" == "))
+        .unwrap_or_else(|| panic!("a selector term this test cannot read: {term}"));
+    match attr(name).map(|a| a.string.as_deref()) {
+        None => Err(format!("no such key: {name}")),
+        Some(None) => Err(format!("{name} is no string")),
+        Some(Some(s)) => Ok(s == value.trim_matches('"')),
+    }
+}
+
+/// A selector of `&&`-joined terms, with CEL's `&&`: false if any term is false, else an
+/// error if any is one, else true.
+fn cel_selects(expr: &str, d: &k8s_openapi::api::resource::v1::Device) -> Result<bool, String> {
+    let results: Vec<Result<bool, String>> = expr.split(" && ").map(|t| cel_term(t, d)).collect();
+    if results.iter().any(|r| r == &Ok(false)) {
+        return Ok(false);
+    }
+    results
+        .into_iter()
+        .collect::<Result<Vec<bool>, String>>()
+        .map(|_| true)
+}
+
+/// The overlay's DeviceClasses on a pool of static devices (time-sliced replicas, a MIG
+/// device) and dynamic MIG devices: no selector errors on any device; each dynamic device is
+/// selected by `mig.<driver>` and its profile's class, and by no class of static devices
+/// (whole GPUs, replicas, the bridge's).
+#[test]
+fn device_classes_select_dynamic_mig_devices_and_never_error() {
+    use slicelet::dra::slices;
+    let repo = crate::common::repo();
+    let mut classes = yaml_docs(&repo.join("manifests/overlays/dra/deviceclasses.yaml"));
+    classes.extend(yaml_docs(
+        &repo.join("manifests/overlays/dra-bridge/bridge-deviceclass.yaml"),
+    ));
+    let gpu = "  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n";
+    let inv = simulated::parse(
+        Path::new("classes"),
+        &format!("gpus:\n{gpu}{gpu}    mig:\n      devices:\n        - profile: 3g.40gb\n          placementStart: 4\n"),
+    )
+    .unwrap();
+    let policy = slicelet::policy::parse(
+        "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        rename: nvidia.com/gpu-shared\n        replicas: 2\n        dra: true\ndra:\n  resources: [nvidia.com/mig-3g.40gb]\n  dynamicMig:\n    devices: [1]\n",
+    )
+    .unwrap();
+    let plan = plan::build(&policy, &inv).unwrap().plan;
+    let params = slices::SliceParams {
+        node: "node-1".to_string(),
+        driver: DRIVER.to_string(),
+        generation: 1,
+        driver_version: None,
+        unhealthy: slices::Unhealthy::default(),
+    };
+    let built = slices::build_pool(
+        slices::dra_resources(&plan),
+        &plan.dynamic_mig,
+        &inv,
+        &params,
+        &dra::health_map::HealthMap::new(),
+    );
+    let devices: Vec<_> = built
+        .slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .collect();
+    let dynamic = devices
+        .iter()
+        .filter(|d| d.name.starts_with("gpu-1-mig-"))
+        .count();
+    assert_eq!((devices.len() - dynamic, dynamic), (3, 14));
+    let mut by_profile_class = 0;
+    for d in &devices {
+        let profile = d
+            .attributes
+            .as_ref()
+            .unwrap()
+            .get("profile")
+            .and_then(|a| a.string.clone());
+        let is_dynamic = d.name.starts_with("gpu-1-mig-");
+        for c in &classes {
+            let name = c["metadata"]["name"].as_str().unwrap();
+            let expr = c["spec"]["selectors"][0]["cel"]["expression"]
+                .as_str()
+                .unwrap();
+            let selected = cel_selects(expr, d)
+                .unwrap_or_else(|e| panic!("class {name} on device {}: CEL error {e}", d.name));
+            if !is_dynamic {
+                continue;
+            }
+            let want = name == format!("mig.{DRIVER}")
+                || Some(name.to_string()) == profile.as_ref().map(|p| format!("mig-{p}.{DRIVER}"));
+            assert_eq!(selected, want, "class {name} on dynamic device {}", d.name);
+            by_profile_class += usize::from(selected && name.starts_with("mig-"));
+        }
+    }
+    // Every dynamic profile but 1g.10gb+me (no class: `+` makes no name) has its class.
+    assert_eq!(by_profile_class, dynamic - 4);
+}
+
 /// The overlay's RBAC grants what the publisher and the plugin call, and the admission policy
 /// binds slice writes to the token's node.
 #[test]

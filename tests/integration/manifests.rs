@@ -603,7 +603,7 @@ fn bridge_classes_name_dra_resources_and_select_exactly_their_devices() {
     assert_eq!(class["metadata"]["name"], bridge_class(name).as_str());
     assert_eq!(
         class["spec"]["selectors"],
-        serde_json::json!([{"cel": {"expression": format!("device.driver == \"gpu.slicelet.io\" && device.attributes[\"gpu.slicelet.io\"].resource == \"{name}\"")}}])
+        serde_json::json!([{"cel": {"expression": format!("device.driver == \"gpu.slicelet.io\" && has(device.attributes[\"gpu.slicelet.io\"].resource) && device.attributes[\"gpu.slicelet.io\"].resource == \"{name}\"")}}])
     );
     let k = yaml(&dir.join("kustomization.yaml"));
     let mut configs = Vec::new();

@@ -21,14 +21,7 @@ pub(super) struct Listed {
     pub(super) start: Option<u32>,
 }
 
-/// The GPU-instance profile of a MIG device's profile: a compute instance smaller than its GPU
-/// instance (`1c.3g.40gb`) sits in that GPU instance (`3g.40gb`); other names as they are.
-pub(super) fn gpu_instance_profile(profile: &str) -> &str {
-    match profile.split_once('.') {
-        Some((c, rest)) if c.ends_with('c') => rest,
-        _ => profile,
-    }
-}
+pub(super) use crate::inventory::mig::gpu_instance_profile;
 
 /// Gives every device of one GPU (the `gpus[i]` entry `at`, of `model`) its placement.
 ///
