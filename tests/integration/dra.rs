@@ -124,7 +124,12 @@ impl Dra {
     /// Starts the component and waits for its first publish (its sockets are bound then).
     async fn spawn(&mut self) {
         self.stop = CancellationToken::new();
-        let h = dra::spawn(self.settings(), self.inputs.subscribe(), self.stop.clone());
+        let h = dra::spawn(
+            self.settings(),
+            self.inputs.subscribe(),
+            self.stop.clone(),
+            None,
+        );
         let mut status = h.status.clone();
         tokio::time::timeout(WAIT, status.wait_for(|s| s.reconciles >= 1))
             .await
@@ -1064,7 +1069,7 @@ async fn a_rebuilt_record_holds_its_devices_and_an_api_outage_keeps_the_file() {
     std::fs::remove_file(&spec).unwrap();
     d.api.set_unavailable(true);
     d.stop = CancellationToken::new();
-    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone());
+    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone(), None);
     let mut status = h.status.clone();
     d.handle = Some(h);
     let down = tokio::time::timeout(WAIT, status.wait_for(|s| s.down.is_some()))

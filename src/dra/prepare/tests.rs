@@ -70,6 +70,7 @@ fn run(
     let held = Held {
         exclusive: held.clone(),
         shares: BTreeMap::new(),
+        dynamic_mig: Vec::new(),
     };
     prepare(c, want, &ctx, &held)
 }
