@@ -328,3 +328,100 @@ pub fn reconcile(state: &mut Checkpoint, inventory: &Inventory) -> Vec<MigRecord
     });
     destroy
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::MigPlacement;
+
+    fn node() -> Inventory {
+        let text = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 3g.40gb\n          placementStart: 0\n        - profile: 1g.10gb\n          placementStart: 4\n        - profile: 1g.10gb\n          placementStart: 5\n";
+        crate::inventory::simulated::parse(std::path::Path::new("n.yaml"), text).unwrap()
+    }
+
+    fn record(uid: &str, profile: &str, start: u32, state: MigRecordState) -> MigRecord {
+        MigRecord {
+            claim: ClaimRef {
+                namespace: "ns".into(),
+                name: format!("c-{uid}"),
+                uid: uid.into(),
+            },
+            device: format!("gpu-0-mig-{}-{start}", profile.replace('.', "-")),
+            gpu_uuid: node().gpus[0].uuid.clone(),
+            profile: profile.into(),
+            start,
+            size: MigPlacement { start, size: 1 }.size,
+            state,
+            instance: None,
+        }
+    }
+
+    fn with_instance(mut r: MigRecord, inv: &Inventory, start: u32) -> MigRecord {
+        let m = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .find(|m| m.placement.is_some_and(|p| p.start == start))
+            .unwrap();
+        r.instance = Some(instance_of(m));
+        r
+    }
+
+    /// A restart between create and answer adopts the instance; an intent whose create never
+    /// happened is dropped; a `destroying` record is returned once to destroy and one whose
+    /// instance is gone is dropped; a claim's `created` record stays while the claim is
+    /// prepared and is destroyed when it is not; the instance at slice 5 no record names is
+    /// never returned.
+    #[test]
+    fn a_restart_adopts_drops_and_destroys_by_record_only() {
+        use MigRecordState::{Created, Creating, Destroying};
+        let inv = node();
+        let mut state = Checkpoint::new();
+        let prepared = crate::dra::prepare::PreparedClaim {
+            claim: record("u3", "1g.10gb", 4, Created).claim,
+            pods: Vec::new(),
+            devices: Vec::new(),
+            spec_file: String::new(),
+            spec: serde_json::Value::Null,
+            rebuilt: false,
+        };
+        state.claims.insert("u3".into(), prepared);
+        state.dynamic_mig = vec![
+            record("u1", "3g.40gb", 0, Creating),
+            record("u2", "1g.10gb", 1, Creating),
+            with_instance(record("u3", "1g.10gb", 4, Created), &inv, 4),
+            with_instance(record("u4", "1g.10gb", 4, Destroying), &inv, 4),
+            {
+                let mut gone = record("u5", "1g.10gb", 6, Destroying);
+                gone.instance = Some(MigInstance {
+                    gi_id: 9,
+                    ci_id: 0,
+                    uuid: "MIG-gone".into(),
+                });
+                gone
+            },
+        ];
+        let destroy = reconcile(&mut state, &inv);
+        let adopted = &state.dynamic_mig[0];
+        assert_eq!((adopted.claim.uid.as_str(), adopted.state), ("u1", Created));
+        assert_eq!(
+            adopted.instance.as_ref().map(|i| i.uuid.as_str()),
+            Some(inv.gpus[0].mig_devices[0].uuid.as_str())
+        );
+        let kept: Vec<(&str, MigRecordState)> = state
+            .dynamic_mig
+            .iter()
+            .map(|r| (r.claim.uid.as_str(), r.state))
+            .collect();
+        assert_eq!(kept, vec![("u1", Created), ("u3", Created), ("u4", Destroying)]);
+        let destroyed: Vec<&str> = destroy.iter().map(|r| r.claim.uid.as_str()).collect();
+        assert_eq!(destroyed, vec!["u4"]);
+        // A second start (the claim of the adopted one never came back) destroys it then.
+        state.dynamic_mig.retain(|r| r.claim.uid != "u4");
+        let destroy = reconcile(&mut state, &inv);
+        let destroyed: Vec<&str> = destroy.iter().map(|r| r.claim.uid.as_str()).collect();
+        assert_eq!(destroyed, vec!["u1"]);
+        assert!(destroy
+            .iter()
+            .all(|r| r.instance.as_ref().unwrap().uuid != inv.gpus[0].mig_devices[2].uuid));
+    }
+}
