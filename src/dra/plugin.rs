@@ -590,9 +590,9 @@ pub enum ClaimError {
         claim: String,
         /// The published device name.
         device: String,
-        /// The driver's reason, or no hardware path.
+        /// The driver's reason, or no hardware path (boxed: the largest error by far).
         #[source]
-        source: crate::dra::mig::MigCallError,
+        source: Box<crate::dra::mig::MigCallError>,
     },
     /// A dynamic MIG device could not be destroyed (a process still on it: `In use by another
     /// client`); its record stays `destroying` and the kubelet's retry destroys it.
@@ -602,9 +602,9 @@ pub enum ClaimError {
         claim: String,
         /// The published device name.
         device: String,
-        /// The driver's reason, or no hardware path.
+        /// The driver's reason, or no hardware path (boxed: the largest error by far).
         #[source]
-        source: crate::dra::mig::MigCallError,
+        source: Box<crate::dra::mig::MigCallError>,
     },
     /// Another call is creating or destroying the claim's dynamic MIG devices (the kubelet
     /// retries).

@@ -287,13 +287,26 @@ async fn a_claim_creates_its_mig_device_and_unprepare_destroys_it() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].state, MigRecordState::Created);
     assert_eq!(records[0].instance.as_ref().unwrap().uuid, *uuid);
-    let holds = h.handle.as_ref().unwrap().status.borrow().dynamic_mig.clone();
+    let holds = h
+        .handle
+        .as_ref()
+        .unwrap()
+        .status
+        .borrow()
+        .dynamic_mig
+        .clone();
     assert!(holds.contains(&(h.discover().gpus[0].uuid.clone(), 0)));
     // The kubelet calls again: the checkpointed answer, nothing created again.
-    let again = k.prepare(Version::V1beta1, &[("ns", "a", UID_A)]).await.unwrap();
+    let again = k
+        .prepare(Version::V1beta1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
     assert_eq!(again[UID_A].error, "");
     assert_eq!(h.calls(), vec!["create 3g.40gb@0"]);
-    let un = k.unprepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
     assert_eq!(un[UID_A], "");
     assert!(instances(&h.discover()).is_empty());
     assert!(h.records().is_empty());
@@ -336,12 +349,22 @@ async fn a_destroy_refused_while_in_use_is_retried_by_the_next_unprepare() {
     let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
     assert_eq!(r[UID_A].error, "");
     h.fake.lock().unwrap().fail_destroy = Some("In use by another client".into());
-    let un = k.unprepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
-    assert!(un[UID_A].contains("In use by another client"), "{}", un[UID_A]);
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
+    assert!(
+        un[UID_A].contains("In use by another client"),
+        "{}",
+        un[UID_A]
+    );
     assert_eq!(h.records()[0].state, MigRecordState::Destroying);
     assert_eq!(instances(&h.discover()).len(), 1);
     h.fake.lock().unwrap().fail_destroy = None;
-    let un = k.unprepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
     assert_eq!(un[UID_A], "");
     assert!(instances(&h.discover()).is_empty());
     assert!(h.records().is_empty());

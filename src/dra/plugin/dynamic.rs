@@ -54,7 +54,7 @@ impl Plugin {
             return Err(ClaimError::MigCreate {
                 claim: c.to_string(),
                 device: p.device.clone(),
-                source: MigCallError::NoHardware,
+                source: Box::new(MigCallError::NoHardware),
             });
         }
         let before = state.dynamic_mig.len();
@@ -100,7 +100,7 @@ impl Plugin {
                 return Err(ClaimError::MigCreate {
                     claim: c.to_string(),
                     device: p.device.clone(),
-                    source,
+                    source: Box::new(source),
                 });
             }
         };
@@ -193,7 +193,7 @@ impl Plugin {
                 .map_err(|source| ClaimError::MigDestroy {
                     claim: c.to_string(),
                     device: r.device.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
         }
         Ok(())
@@ -412,7 +412,10 @@ mod tests {
             .iter()
             .map(|r| (r.claim.uid.as_str(), r.state))
             .collect();
-        assert_eq!(kept, vec![("u1", Created), ("u3", Created), ("u4", Destroying)]);
+        assert_eq!(
+            kept,
+            vec![("u1", Created), ("u3", Created), ("u4", Destroying)]
+        );
         let destroyed: Vec<&str> = destroy.iter().map(|r| r.claim.uid.as_str()).collect();
         assert_eq!(destroyed, vec!["u4"]);
         // A second start (the claim of the adopted one never came back) destroys it then.

@@ -1013,8 +1013,7 @@ fn dynamic_node(gpu1_unhealthy: bool) -> (Plan, crate::inventory::Inventory) {
     let text = format!(
         "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 1g.10gb\n          placementStart: 6\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n{health}    mig: {{}}\n"
     );
-    let inv =
-        crate::inventory::simulated::parse(std::path::Path::new("n.yaml"), &text).unwrap();
+    let inv = crate::inventory::simulated::parse(std::path::Path::new("n.yaml"), &text).unwrap();
     let policy = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb]\n  dynamicMig:\n    devices: [0, 1]\n";
     let plan = plan::build(&parse(policy).unwrap(), &inv).unwrap().plan;
     (plan, inv)
@@ -1053,10 +1052,7 @@ fn a_dynamic_mig_device_is_staged_and_finished_with_its_uuid() {
     // are the container's (a claim mixing dynamic and static devices).
     assert_eq!(p.devices[0].device, "gpu-0-mig-3g-40gb-0");
     assert_eq!(p.devices[0].id, "MIG-new");
-    assert_eq!(
-        p.devices[0].cdi_ids,
-        vec![format!("{DRIVER}/claim={UID}")]
-    );
+    assert_eq!(p.devices[0].cdi_ids, vec![format!("{DRIVER}/claim={UID}")]);
     assert_eq!(p.devices[1].id, static_mig.uuid);
     let env = env(&p);
     for key in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"] {
@@ -1095,23 +1091,70 @@ fn dynamic_mig_refusals_table() {
         ..Held::default()
     };
     let cases: Vec<(&str, &str, Held, bool, &str)> = vec![
-        ("unknown profile", "gpu-0-mig-9g-99gb-0", held_none(), false, "is not a device of this node's DRA resources"),
-        ("unknown placement", "gpu-0-mig-3g-40gb-2", held_none(), false, "is not a device of this node's DRA resources"),
-        ("unknown GPU", "gpu-7-mig-3g-40gb-0", held_none(), false, "is not a device of this node's DRA resources"),
-        ("held by name", "gpu-0-mig-3g-40gb-0", other("gpu-0-mig-3g-40gb-0", 0, 4), false, "is held by prepared claim ns/other"),
-        ("held overlapping", "gpu-0-mig-3g-40gb-0", other("gpu-0-mig-1g-10gb-2", 2, 1), false, "is held by prepared claim ns/other"),
-        ("unhealthy GPU", "gpu-1-mig-3g-40gb-0", held_none(), true, "is Unhealthy"),
-        ("placement taken by a static instance", "gpu-0-mig-3g-40gb-4", held_none(), false, "overlaps the MIG device at memory slices 6..7"),
+        (
+            "unknown profile",
+            "gpu-0-mig-9g-99gb-0",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "unknown placement",
+            "gpu-0-mig-3g-40gb-2",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "unknown GPU",
+            "gpu-7-mig-3g-40gb-0",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "held by name",
+            "gpu-0-mig-3g-40gb-0",
+            other("gpu-0-mig-3g-40gb-0", 0, 4),
+            false,
+            "is held by prepared claim ns/other",
+        ),
+        (
+            "held overlapping",
+            "gpu-0-mig-3g-40gb-0",
+            other("gpu-0-mig-1g-10gb-2", 2, 1),
+            false,
+            "is held by prepared claim ns/other",
+        ),
+        (
+            "unhealthy GPU",
+            "gpu-1-mig-3g-40gb-0",
+            held_none(),
+            true,
+            "is Unhealthy",
+        ),
+        (
+            "placement taken by a static instance",
+            "gpu-0-mig-3g-40gb-4",
+            held_none(),
+            false,
+            "overlaps the MIG device at memory slices 6..7",
+        ),
     ];
     for (case, device, held, sick, msg) in cases {
-        let (plan, inv) = if sick { (&sick_plan, &sick_inv) } else { (&plan, &inv) };
+        let (plan, inv) = if sick {
+            (&sick_plan, &sick_inv)
+        } else {
+            (&plan, &inv)
+        };
         let ctx = context(plan, inv, None);
         let c = claim(UID, &[("mig", DRIVER, NODE, device)]);
         let e = stage(&c, &want(UID), &ctx, &held).unwrap_err();
         assert!(e.to_string().contains(msg), "{case}: {e}");
     }
     // A GPU the plan does not partition on demand: its names are unknown.
-    let policy = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n";
+    let policy =
+        "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n";
     let plan0 = plan::build(&parse(policy).unwrap(), &inv).unwrap().plan;
     let ctx = context(&plan0, &inv, None);
     let c = claim(UID, &[("mig", DRIVER, NODE, "gpu-1-mig-3g-40gb-0")]);
