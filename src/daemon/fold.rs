@@ -530,7 +530,19 @@ impl State {
     /// and without the MIG devices DRA created (or is creating, or destroys) for claims
     /// ([`without_dynamic_mig`]).
     fn planned(&self, inv: &Inventory) -> Inventory {
-        without_dynamic_mig(self.tracker.effective(inv), &self.dra_dynamic_mig)
+        without_dynamic_mig(self.tracker.effective(inv), &self.dynamic_holds(inv))
+    }
+
+    /// The placements DRA's claims hold on `inv`: its dynamic MIG records', and those of
+    /// every prepared dynamic MIG device by name (a record rebuilt from the API after the
+    /// checkpoint was lost holds its device by name only).
+    fn dynamic_holds(&self, inv: &Inventory) -> BTreeSet<(String, u32)> {
+        let mut holds = self.dra_dynamic_mig.clone();
+        holds.extend(self.dra_prepared.keys().filter_map(|name| {
+            let d = plan::dra_names::parse_dynamic_mig(name, inv)?;
+            Some((d.gpu_uuid, d.placement.start))
+        }));
+        holds
     }
 
     /// Plans `policy` on the current GPUs and applies it when it fits; true when applied.
@@ -649,9 +661,9 @@ impl State {
         let Some(policy) = &self.policy else { return };
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
-        let holds = &self.dra_dynamic_mig;
+        let holds = self.dynamic_holds(inv);
         let build = |tracker: &Tracker| {
-            let planned = without_dynamic_mig(tracker.effective(inv), holds);
+            let planned = without_dynamic_mig(tracker.effective(inv), &holds);
             plan::memory::build_serving(policy, &planned, &self.mps_applied)
         };
         let mut built = match build(&self.tracker) {
