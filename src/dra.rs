@@ -8,7 +8,10 @@
 //!   Unhealthy devices tainted (or withdrawn where the API server has no device taints).
 //! - [`publish`]: reconciles those slices through the Kubernetes API.
 //! - [`prepare`] (pure): a ResourceClaim's allocation → the devices, CDI IDs and CDI spec.
-//! - [`checkpoint`]: the prepared claims, on disk.
+//! - [`checkpoint`]: the prepared claims, on disk (with the dynamic MIG devices created for
+//!   them).
+//! - [`mig`]: the channel MIG devices are created and destroyed through (dynamic MIG; the
+//!   daemon's hardware thread serves it).
 //! - [`plugin`]: the kubelet plugin (registration, the DRA service v1 and v1beta1).
 //! - [`health_service`]: the kubelet's DRAResourceHealth service (v1 and v1alpha1), on the same
 //!   endpoint: every device's health, streamed.
@@ -23,6 +26,7 @@
 pub mod checkpoint;
 pub mod health_map;
 pub mod health_service;
+pub mod mig;
 pub mod plugin;
 pub mod pool;
 pub mod prepare;
@@ -174,15 +178,18 @@ pub struct DraHandle {
 }
 
 /// Starts DRA on the current runtime: the publisher, the DRA service and then the
-/// registration socket. `inputs` carries each new plan (`None` until the first); the
-/// component stops, removing its sockets, when `shutdown` is cancelled.
+/// registration socket. `inputs` carries each new plan (`None` until the first); `mig`: where
+/// dynamic MIG devices are created and destroyed (the daemon's hardware thread; `None`: a
+/// claim for one fails); the component stops, removing its sockets, when `shutdown` is
+/// cancelled.
 pub fn spawn(
     settings: DraSettings,
     inputs: watch::Receiver<Option<Arc<DraInput>>>,
     shutdown: CancellationToken,
+    mig: Option<mig::MigClient>,
 ) -> DraHandle {
     let (status_tx, status) = watch::channel(publish::PublishStatus::default());
-    let task = tokio::spawn(supervise(settings, inputs, status_tx, shutdown));
+    let task = tokio::spawn(supervise(settings, inputs, status_tx, shutdown, mig));
     DraHandle { task, status }
 }
 
@@ -222,6 +229,7 @@ async fn supervise(
     inputs: watch::Receiver<Option<Arc<DraInput>>>,
     status: watch::Sender<publish::PublishStatus>,
     shutdown: CancellationToken,
+    mig: Option<mig::MigClient>,
 ) -> Result<(), DraError> {
     use backon::BackoffBuilder as _;
     let mut delays = backon::ExponentialBuilder::default()
@@ -236,6 +244,7 @@ async fn supervise(
             inputs.clone(),
             status.clone(),
             shutdown.child_token(),
+            mig.clone(),
         )
         .await;
         if shutdown.is_cancelled() {
@@ -261,6 +270,7 @@ async fn run(
     inputs: watch::Receiver<Option<Arc<DraInput>>>,
     status: watch::Sender<publish::PublishStatus>,
     shutdown: CancellationToken,
+    mig: Option<mig::MigClient>,
 ) -> Result<(), DraError> {
     crate::policy::cdi::parse_kind(&prepare::cdi_kind(&settings.driver)).map_err(|source| {
         DraError::Driver {
@@ -278,7 +288,10 @@ async fn run(
         inputs.clone(),
         status.clone(),
         prepared,
+        mig,
     ));
+    // Before the kubelet can call: the MIG devices a restart left half made or half undone.
+    plugin.reconcile_mig().await;
     let (dra_listener, dra_bound) = plugin::bind(&plugin::dra_socket(&settings))?;
     let (reg_listener, reg_bound) = plugin::bind(&plugin::registration_socket(&settings))?;
     let (reg_tx, reg_rx) = watch::channel(0u64);

@@ -10,6 +10,9 @@ use tokio_util::sync::CancellationToken;
 use super::fold::State;
 use crate::settings::Settings;
 
+/// DRA's MIG requests, as the supervisor receives them.
+pub(super) type MigRequests = tokio::sync::mpsc::UnboundedReceiver<crate::dra::mig::MigRequest>;
+
 /// The sender each plan goes to DRA on (`None` without `--dra`).
 pub(super) struct DraLink {
     inputs: Option<watch::Sender<Option<Arc<crate::dra::DraInput>>>>,
@@ -18,22 +21,25 @@ pub(super) struct DraLink {
 impl DraLink {
     /// DRA (`--dra`, the device plugin only): the policy's DRA resources published as
     /// ResourceSlices and prepared for the kubelet's DRA manager, from the same plan; the link
-    /// each plan goes to and the DRA component's handle.
+    /// each plan goes to, the DRA component's handle and the MIG requests it sends (dynamic
+    /// MIG), which the supervisor hands to the hardware actor.
     pub(super) fn spawn(
         settings: &Settings,
         plugin_mode: bool,
         shutdown: &CancellationToken,
-    ) -> (DraLink, Option<crate::dra::DraHandle>) {
+    ) -> (DraLink, Option<crate::dra::DraHandle>, Option<MigRequests>) {
         let Some(dra) = settings.dra.clone().filter(|_| plugin_mode) else {
-            return (DraLink { inputs: None }, None);
+            return (DraLink { inputs: None }, None, None);
         };
         let (inputs, rx) = watch::channel(None::<Arc<crate::dra::DraInput>>);
-        let handle = crate::dra::spawn(dra, rx, shutdown.child_token());
+        let (mig, requests) = crate::dra::mig::MigClient::channel();
+        let handle = crate::dra::spawn(dra, rx, shutdown.child_token(), Some(mig));
         (
             DraLink {
                 inputs: Some(inputs),
             },
             Some(handle),
+            Some(requests),
         )
     }
 

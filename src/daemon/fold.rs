@@ -48,6 +48,10 @@ pub enum Input {
     /// the kubelet's version): published device name → the claims holding it. Read from the
     /// file at start, before the first plan, then from the DRA component after each change.
     DraPrepared(BTreeMap<String, Vec<crate::in_use::Holder>>),
+    /// The placements the DRA checkpoint's dynamic MIG records hold, as (GPU UUID, first
+    /// memory slice) ([`crate::dra::checkpoint::Checkpoint::dynamic_mig_holds`]); read with
+    /// [`Input::DraPrepared`].
+    DraDynamicMig(BTreeSet<(String, u32)>),
     /// The policy file was read (off the loop) and parsed.
     Policy {
         /// The file.
@@ -175,6 +179,9 @@ pub struct State {
     pub in_use: InUse,
     /// DRA devices prepared for claims (the DRA checkpoint), by published device name.
     pub dra_prepared: BTreeMap<String, Vec<crate::in_use::Holder>>,
+    /// The placements DRA's dynamic MIG records hold ([`Input::DraDynamicMig`]): the MIG
+    /// devices there are left out of the inventory plans are built on ([`State::planned`]).
+    pub dra_dynamic_mig: BTreeSet<(String, u32)>,
     /// Whether anybody is asked what is in use (`--pod-resources-socket`); without it no plan
     /// waits for an answer.
     in_use_source: bool,
@@ -215,6 +222,7 @@ impl State {
             cdi_errors: Vec::new(),
             in_use: InUse::default(),
             dra_prepared: BTreeMap::new(),
+            dra_dynamic_mig: BTreeSet::new(),
             in_use_source: false,
             in_use_error: None,
             in_use_wanted: false,
@@ -272,6 +280,12 @@ impl State {
             Input::DraPrepared(prepared) => {
                 if prepared != self.dra_prepared {
                     self.dra_prepared = prepared;
+                    self.replan(&mut out);
+                }
+            }
+            Input::DraDynamicMig(holds) => {
+                if holds != self.dra_dynamic_mig {
+                    self.dra_dynamic_mig = holds;
                     self.replan(&mut out);
                 }
             }
@@ -512,6 +526,25 @@ impl State {
         }
     }
 
+    /// The inventory plans are built on: `inv` with health folded in ([`Tracker::effective`])
+    /// and without the MIG devices DRA created (or is creating, or destroys) for claims
+    /// ([`without_dynamic_mig`]).
+    fn planned(&self, inv: &Inventory) -> Inventory {
+        without_dynamic_mig(self.tracker.effective(inv), &self.dynamic_holds(inv))
+    }
+
+    /// The placements DRA's claims hold on `inv`: its dynamic MIG records', and those of
+    /// every prepared dynamic MIG device by name (a record rebuilt from the API after the
+    /// checkpoint was lost holds its device by name only).
+    fn dynamic_holds(&self, inv: &Inventory) -> BTreeSet<(String, u32)> {
+        let mut holds = self.dra_dynamic_mig.clone();
+        holds.extend(self.dra_prepared.keys().filter_map(|name| {
+            let d = plan::dra_names::parse_dynamic_mig(name, inv)?;
+            Some((d.gpu_uuid, d.placement.start))
+        }));
+        holds
+    }
+
     /// Plans `policy` on the current GPUs and applies it when it fits; true when applied.
     fn try_apply(&mut self, policy: Policy, hash_hex: &str, out: &mut Vec<Action>) -> bool {
         let xid_policy = XidPolicy::for_policy(
@@ -521,8 +554,7 @@ impl State {
         );
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
-        match plan::memory::build_serving(&policy, &self.tracker.effective(inv), &self.mps_applied)
-        {
+        match plan::memory::build_serving(&policy, &self.planned(inv), &self.mps_applied) {
             Ok(built) => {
                 for key in &policy.ignored_keys {
                     tracing::warn!(key = %key, "policy key is recognised (NVIDIA config v1) but slicelet does not act on it yet; ignored");
@@ -629,8 +661,10 @@ impl State {
         let Some(policy) = &self.policy else { return };
         let empty = Inventory::default();
         let inv = self.inventory.as_ref().unwrap_or(&empty);
+        let holds = self.dynamic_holds(inv);
         let build = |tracker: &Tracker| {
-            plan::memory::build_serving(policy, &tracker.effective(inv), &self.mps_applied)
+            let planned = without_dynamic_mig(tracker.effective(inv), &holds);
+            plan::memory::build_serving(policy, &planned, &self.mps_applied)
         };
         let mut built = match build(&self.tracker) {
             Ok(b) => b,
@@ -658,12 +692,7 @@ impl State {
         }
         let mut plan = built.plan;
         let holders = self.holders();
-        plan::drain::apply(
-            &mut plan,
-            &self.plan,
-            &holders,
-            &self.tracker.effective(inv),
-        );
+        plan::drain::apply(&mut plan, &self.plan, &holders, &self.planned(inv));
         drop(holders);
         self.want_mps(wanted, out);
         if self.in_use_source && !self.in_use_fresh && withdraws(&self.plan, &plan) {
@@ -687,6 +716,25 @@ impl State {
             out.push(Action::CheckCdi);
         }
     }
+}
+
+/// `inv` without the MIG devices at `holds` (GPU UUID, first memory slice): the instances
+/// DRA created for claims (dynamic MIG). A GPU is never held by two holders, so such an
+/// instance is never a static device (device plugin or static DRA), and its placement stays
+/// free in [`Plan::dynamic_mig`]'s `occupied`, so the dynamic device it was created for stays
+/// published (the scheduler keeps counting its counters while the claim holds it). DRA's
+/// prepare still sees the whole inventory ([`crate::dra::DraInput::inventory`]).
+pub fn without_dynamic_mig(mut inv: Inventory, holds: &BTreeSet<(String, u32)>) -> Inventory {
+    if holds.is_empty() {
+        return inv;
+    }
+    for g in &mut inv.gpus {
+        g.mig_devices.retain(|m| {
+            m.placement
+                .is_none_or(|p| !holds.contains(&(g.uuid.clone(), p.start)))
+        });
+    }
+    inv
 }
 
 /// Logs each health transition and counts it (an action for the metrics).

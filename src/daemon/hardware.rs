@@ -32,7 +32,7 @@ pub const REPORT_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 pub type Opener = Box<dyn FnMut() -> Result<Box<dyn GpuSource>, InventoryError> + Send>;
 
 /// What the supervisor asks of the hardware.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Command {
     /// Discover every GPU now (opening the source first if it is not open): answered by
     /// [`Report::Discovered`], followed by any Xids the discovery found (simulated `xid:`).
@@ -47,6 +47,22 @@ pub enum Command {
     /// [`Report::Sampled`] (see [`crate::usage::sampler`]). Identical requests still queued are
     /// answered by one sample.
     Sample(SampleRequest),
+    /// DRA's MIG request (dynamic MIG), answered on its own channel: a create or destroy is
+    /// followed by a discovery (reported as for [`Command::Discover`]), so the plan sees the
+    /// new inventory; an inventory request is answered by a discovery made now. Served in
+    /// order with every other command, so no two MIG calls ever run at once.
+    Mig(MigCall),
+}
+
+/// A MIG request of DRA's ([`crate::dra::mig::MigRequest`]).
+#[derive(Debug)]
+pub struct MigCall(pub crate::dra::mig::MigRequest);
+
+impl PartialEq for MigCall {
+    /// Never: each request has its own answer, so two are never merged.
+    fn eq(&self, _: &Self) -> bool {
+        false
+    }
 }
 
 /// Where a [`Command::Sample`] looks for what attributes processes to pods.
@@ -192,7 +208,7 @@ fn next_command(queue: &mut std::collections::VecDeque<Command>) -> Option<Comma
                 return None;
             }
         }
-        Command::Probe(_) => {}
+        Command::Probe(_) | Command::Mig(_) => {}
     }
     Some(command)
 }
@@ -211,20 +227,18 @@ struct Actor {
 
 impl Actor {
     /// Opens the source when needed, discovers, re-arms the Xid watch for new GPUs and
-    /// reports the inventory and the Xids seen meanwhile.
-    fn discover(&mut self, outbox: &Outbox) {
+    /// reports the inventory and the Xids seen meanwhile; the inventory, when discovered.
+    fn discover(&mut self, outbox: &Outbox) -> Option<Inventory> {
         if self.source.is_none() {
             match (self.open)() {
                 Ok(s) => self.source = Some(s),
                 Err(e) => {
                     outbox.send(Report::Discovered(Err(e)));
-                    return;
+                    return None;
                 }
             }
         }
-        let Some(s) = self.source.as_mut() else {
-            return;
-        };
+        let s = self.source.as_mut()?;
         let result = s.discover();
         let events = s.take_events();
         if let Ok(inv) = &result {
@@ -236,12 +250,53 @@ impl Actor {
             }
         }
         let describe = s.describe();
+        let found = result.as_ref().ok().cloned();
         outbox.send(Report::Discovered(result.map(|inv| (inv, describe))));
         for x in events {
             outbox.send(Report::Health(HealthEvent::Xid {
                 uuid: x.uuid,
                 xid: x.xid,
             }));
+        }
+        found
+    }
+
+    /// Serves one of DRA's MIG requests ([`Command::Mig`]): the source's create or destroy,
+    /// answered, then a discovery; or a discovery, answered.
+    fn mig(&mut self, request: crate::dra::mig::MigRequest, outbox: &Outbox) {
+        use crate::dra::mig::MigRequest;
+        let not_open = || InventoryError::NvmlCount("the GPU source is not open yet".to_string());
+        match request {
+            MigRequest::Create {
+                gpu_uuid,
+                profile,
+                start,
+                reply,
+            } => {
+                let r = match self.source.as_mut() {
+                    Some(s) => s.create_mig(&gpu_uuid, &profile, start),
+                    None => Err(not_open()),
+                };
+                let _ = reply.send(r);
+                self.discover(outbox);
+            }
+            MigRequest::Destroy {
+                gpu_uuid,
+                gi_id,
+                ci_id,
+                reply,
+            } => {
+                let r = match self.source.as_mut() {
+                    Some(s) => s.destroy_mig(&gpu_uuid, gi_id, ci_id),
+                    None => Err(not_open()),
+                };
+                let _ = reply.send(r);
+                self.discover(outbox);
+            }
+            MigRequest::Inventory { reply } => {
+                let found = self.discover(outbox);
+                let _ = reply.send(found);
+            }
         }
     }
 
@@ -316,7 +371,10 @@ fn actor(open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) 
             continue;
         };
         match command {
-            Command::Discover => a.discover(outbox),
+            Command::Discover => {
+                a.discover(outbox);
+            }
+            Command::Mig(MigCall(request)) => a.mig(request, outbox),
             Command::Probe(uuids) => outbox.send(Report::Probed(a.probe(uuids))),
             Command::ComputeModes(wanted) => {
                 if let Some(s) = a.source.as_mut() {

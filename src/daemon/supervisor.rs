@@ -100,6 +100,8 @@ enum Event {
     Resync,
     InventoryResync,
     BindRetry,
+    /// DRA asks the hardware for a MIG device (dynamic MIG).
+    Mig(crate::dra::mig::MigRequest),
 }
 
 /// Everything the supervisor owns (see the module docs).
@@ -327,6 +329,10 @@ impl Supervisor {
         };
         let error = match loaded {
             Ok(c) => {
+                let holds = c.dynamic_mig_holds();
+                if !holds.is_empty() {
+                    self.fold(Input::DraDynamicMig(holds));
+                }
                 let prepared = crate::dra::checkpoint::holders(&c);
                 if !prepared.is_empty() {
                     self.fold(Input::DraPrepared(prepared));
@@ -387,6 +393,9 @@ impl Supervisor {
                 Event::Resync => self.want_policy(false),
                 Event::InventoryResync => self.shell.rediscover(&self.state),
                 Event::BindRetry => self.servers.retry_unserved(),
+                Event::Mig(request) => self
+                    .shell
+                    .tell_hardware(Command::Mig(super::hardware::MigCall(request))),
             }
         }
     }
@@ -437,6 +446,7 @@ impl Supervisor {
             Some(answer) = inputs.view_requests.recv() => Event::ViewRequest(answer),
             Some(index) = inputs.cdi_specs.recv() => Event::Cdi(index),
             Some(r) = inputs.server.registered.recv() => Event::Registered(r),
+            Some(request) = async { inputs.mig_requests.as_mut()?.recv().await }, if inputs.mig_requests.is_some() => Event::Mig(request),
             Some(ev) = inputs.server.streams.recv() => Event::Stream(ev),
             () = until(deadlines.residency_settle), if deadlines.residency_settle.is_some() => Event::SettleDue,
             () = until(stream_deadline), if stream_deadline.is_some() => Event::StreamDeadline,
@@ -518,7 +528,10 @@ impl Supervisor {
         let mut next = Some(report);
         while let Some(r) = next {
             let input = match r {
-                Report::Discovered(r) => Input::Discovered(r),
+                Report::Discovered(r) => {
+                    self.sync_dra();
+                    Input::Discovered(r)
+                }
                 Report::Health(e) => Input::Health(e),
                 Report::Probed(p) => Input::Probed(p),
                 Report::Sampled(r) => {
@@ -533,6 +546,20 @@ impl Supervisor {
         let period = self.settings.inventory_resync_interval;
         if self.state.inventory.is_some() && self.timers.inventory_resync.period() != period {
             self.timers.inventory_resync = timer(period);
+        }
+    }
+
+    /// DRA's status, when it changed since last read: folded before each discovery, so that a
+    /// MIG device DRA created for a claim (its placement published before the create was
+    /// asked for) is never planned as a static device, whichever channel the supervisor
+    /// happens to read first.
+    fn sync_dra(&mut self) {
+        let changed = self
+            .dra_status
+            .as_ref()
+            .is_some_and(|rx| rx.has_changed().unwrap_or(false));
+        if changed {
+            self.on_dra(false);
         }
     }
 
@@ -559,13 +586,14 @@ impl Supervisor {
         let Some(rx) = self.dra_status.as_mut() else {
             return;
         };
-        let (down, serving, prepared, taints_refused) = {
+        let (down, serving, prepared, taints_refused, dynamic_mig) = {
             let s = rx.borrow_and_update();
             (
                 s.down.clone(),
                 s.serving,
                 s.prepared.clone(),
                 s.taints_refused.clone(),
+                s.dynamic_mig.clone(),
             )
         };
         if ended {
@@ -582,6 +610,7 @@ impl Supervisor {
         // Only once DRA has loaded its checkpoint: before that it knows nothing, and folding
         // an empty map would drop the holders read from the file at start.
         if let Some(prepared) = prepared {
+            self.fold(Input::DraDynamicMig(dynamic_mig));
             self.fold(Input::DraPrepared(prepared));
         }
     }

@@ -39,6 +39,8 @@ pub(super) struct Inputs {
     pub view_requests: mpsc::Receiver<crate::status::ViewRequest>,
     /// The device-plugin servers' events.
     pub server: servers::ServerEvents,
+    /// DRA's MIG requests, for the hardware actor (`None` without `--dra`).
+    pub mig_requests: Option<super::dra_link::MigRequests>,
 }
 
 /// The watches of the policy directory (and, for the device plugin, the kubelet's directory).
@@ -140,7 +142,7 @@ pub(super) fn wire_shell(
         Arc::clone(metrics),
         settings.stream_grace,
     );
-    let (dra, dra_handle) = DraLink::spawn(settings, plugin_mode, shutdown);
+    let (dra, dra_handle, mig_requests) = DraLink::spawn(settings, plugin_mode, shutdown);
     let (in_use_tx, in_use_answers) = mpsc::channel(1);
     let (cdi_tx, cdi_specs) = mpsc::channel(2);
     // /status asks for its view; the answer is built from the state at that moment.
@@ -182,6 +184,7 @@ pub(super) fn wire_shell(
         cdi_specs,
         view_requests,
         server,
+        mig_requests,
     };
     (shell, inputs, servers, dra_handle)
 }

@@ -38,6 +38,63 @@ pub struct Checkpoint {
     pub version: u32,
     /// Prepared claims by UID.
     pub claims: BTreeMap<String, PreparedClaim>,
+    /// The MIG devices slicelet creates, created or destroys for claims (dynamic MIG), in the
+    /// order their claims were prepared. Left out of the file when empty, so a checkpoint
+    /// without them stays what version 1 always was (no version bump: a slicelet that knows
+    /// no dynamic MIG and finds records sets the file aside as corrupt and rebuilds the claims
+    /// from the API, leaving the instances alone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dynamic_mig: Vec<MigRecord>,
+}
+
+/// Where a claim's dynamic MIG device is in its life. Each state is saved before the step it
+/// names, so a restart anywhere finds what to finish ([`super::plugin`]'s start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MigRecordState {
+    /// The create is asked for (or about to be): the instance at the placement, if any, is
+    /// this claim's.
+    Creating,
+    /// Created: [`MigRecord::instance`] names it.
+    Created,
+    /// Unprepare destroys it (asked for, or about to be).
+    Destroying,
+}
+
+/// The instance a [`MigRecord`] created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigInstance {
+    /// The GPU instance id.
+    pub gi_id: u32,
+    /// The compute instance id.
+    pub ci_id: u32,
+    /// The MIG device's `MIG-…` UUID (what the claim's container gets).
+    pub uuid: String,
+}
+
+/// One dynamic MIG device a claim holds: the intent, then the instance created for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigRecord {
+    /// The claim it is created for.
+    pub claim: super::prepare::ClaimRef,
+    /// The published device name (`gpu-<i>-mig-<profile>-<start>`).
+    pub device: String,
+    /// The parent GPU's `GPU-…` UUID.
+    pub gpu_uuid: String,
+    /// The profile as NVIDIA names it.
+    pub profile: String,
+    /// The placement's first memory slice (a GPU instance's placement is unique on its GPU:
+    /// the driver refuses overlapping ones).
+    pub start: u32,
+    /// The placement's size, memory slices.
+    pub size: u32,
+    /// Where it is in its life.
+    pub state: MigRecordState,
+    /// The instance, once created (or adopted at start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<MigInstance>,
 }
 
 /// Reading or writing the checkpoint failed.
@@ -91,7 +148,18 @@ impl Checkpoint {
         Checkpoint {
             version: VERSION,
             claims: BTreeMap::new(),
+            dynamic_mig: Vec::new(),
         }
+    }
+
+    /// Every placement a [`MigRecord`] names, as (GPU UUID, first memory slice): the daemon
+    /// plans on an inventory without the MIG devices there ([`MigRecord`]'s instance is this
+    /// claim's, never a static device), whatever the record's state.
+    pub fn dynamic_mig_holds(&self) -> std::collections::BTreeSet<(String, u32)> {
+        self.dynamic_mig
+            .iter()
+            .map(|r| (r.gpu_uuid.clone(), r.start))
+            .collect()
     }
 
     /// What every claim but `except` (a UID) holds: device name → the claim
@@ -113,6 +181,18 @@ impl Checkpoint {
                     }
                 }
             }
+        }
+        for r in self.dynamic_mig.iter().filter(|r| r.claim.uid != except) {
+            let holder = format!("{}/{}", r.claim.namespace, r.claim.name);
+            out.exclusive.insert(r.device.clone(), holder.clone());
+            out.dynamic_mig.push(crate::dra::prepare::HeldMig {
+                gpu_uuid: r.gpu_uuid.clone(),
+                placement: crate::inventory::MigPlacement {
+                    start: r.start,
+                    size: r.size,
+                },
+                holder,
+            });
         }
         out
     }
@@ -417,6 +497,7 @@ mod tests {
         let mut old = serde_json::to_value(Checkpoint {
             version: VERSION,
             claims: BTreeMap::from([("u1".to_string(), claim("u1", "gpu-a"))]),
+            dynamic_mig: Vec::new(),
         })
         .unwrap();
         old["claims"]["u1"]

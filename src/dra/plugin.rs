@@ -39,6 +39,8 @@ use super::prepare::{self, ClaimRef, PrepareError, PreparedDevice};
 use super::{DraError, DraInput, DraSettings};
 use crate::api;
 
+mod dynamic;
+
 /// The file name of the DRA service socket inside `<plugins dir>/<driver>/`.
 pub const DRA_SOCKET: &str = "dra.sock";
 
@@ -254,17 +256,30 @@ pub struct Plugin {
     state: Mutex<Checkpoint>,
     /// Where what is prepared is published (the supervisor's drain rules read it).
     status: watch::Sender<super::publish::PublishStatus>,
+    /// The hardware's MIG requests (dynamic MIG); `None`: nothing serves them, so a claim for
+    /// a dynamic MIG device fails with [`super::mig::MigCallError::NoHardware`].
+    mig: Option<super::mig::MigClient>,
+}
+
+/// What staging a claim under the lock left to do.
+enum Staging {
+    /// Prepared (or prepared meanwhile): its devices.
+    Done(Vec<PreparedDevice>),
+    /// The dynamic MIG devices to create first (intents recorded and saved).
+    Create(Vec<prepare::DynamicPick>),
 }
 
 impl Plugin {
     /// The plugin over `state`, the prepared claims [`load_or_rebuild`] read from
-    /// `<plugins dir>/<driver>/checkpoint.json`.
+    /// `<plugins dir>/<driver>/checkpoint.json`; `mig`: where dynamic MIG devices are created
+    /// (its records are reconciled by [`Plugin::reconcile_mig`] before the plugin serves).
     pub fn new(
         settings: DraSettings,
         client: Client,
         inputs: watch::Receiver<Option<Arc<DraInput>>>,
         status: watch::Sender<super::publish::PublishStatus>,
         mut state: Checkpoint,
+        mig: Option<super::mig::MigClient>,
     ) -> Self {
         let checkpoint_path = driver_dir(&settings).join(checkpoint::FILE);
         // Paths come from validated UIDs only: an entry whose UID is not one, or whose spec
@@ -282,7 +297,11 @@ impl Plugin {
             tracing::info!(claims = state.claims.len(), path = %checkpoint_path.display(), "DRA: prepared claims reloaded from the checkpoint");
         }
         let prepared = checkpoint::holders(&state);
-        status.send_modify(|s| s.prepared = Some(prepared));
+        let holds = state.dynamic_mig_holds();
+        status.send_modify(|s| {
+            s.prepared = Some(prepared);
+            s.dynamic_mig = holds;
+        });
         Plugin {
             settings,
             client,
@@ -290,15 +309,20 @@ impl Plugin {
             checkpoint_path,
             state: Mutex::new(state),
             status,
+            mig,
         }
     }
 
     /// Publishes what `state` has prepared ([`super::publish::PublishStatus::prepared`]).
+    /// Also the placements its dynamic MIG records hold
+    /// ([`super::publish::PublishStatus::dynamic_mig`]).
     fn publish_prepared(&self, state: &Checkpoint) {
         let prepared = checkpoint::holders(state);
+        let holds = state.dynamic_mig_holds();
         self.status.send_if_modified(|s| {
-            let changed = s.prepared.as_ref() != Some(&prepared);
+            let changed = s.prepared.as_ref() != Some(&prepared) || s.dynamic_mig != holds;
             s.prepared = Some(prepared);
+            s.dynamic_mig = holds;
             changed
         });
     }
@@ -363,28 +387,68 @@ impl Plugin {
             .ok_or_else(|| ClaimError::NoPlan {
                 claim: c.to_string(),
             })?;
-        let mut state = self.lock();
-        // Prepared meanwhile by a concurrent call: the same answer. A record rebuilt from the
-        // API is prepared afresh (it has no answer), and replaced.
-        if let Some(p) = state.claims.get(&c.uid).filter(|p| !p.rebuilt) {
-            return Ok(p.devices.clone());
+        let to_create = match self.stage_or_commit(c, &claim, &input)? {
+            Staging::Done(devices) => return Ok(devices),
+            Staging::Create(picks) => picks,
+        };
+        // Never with the lock held: each create is awaited, its record saved before and after.
+        for pick in &to_create {
+            self.create_one(c, pick).await?;
         }
-        let before = state.claims.get(&c.uid).cloned();
-        let held = state.held(&c.uid);
-        let ctx = prepare::Context {
+        self.commit_dynamic(c, &claim, &input)
+    }
+
+    /// The context claims are prepared against on `input`.
+    fn context<'a>(&'a self, input: &'a DraInput) -> prepare::Context<'a> {
+        prepare::Context {
             plan: &input.plan,
             inventory: &input.inventory,
             node: &self.settings.node,
             driver: &self.settings.driver,
             dev_root: &self.settings.dev_root,
             memory_hook: self.settings.memory_hook.as_ref(),
-        };
-        let prepared = prepare::prepare(&claim, c, &ctx, &held)?;
+        }
+    }
+
+    /// Checks and stages claim `c` under the lock: a claim without dynamic MIG devices is
+    /// prepared and committed at once ([`Staging::Done`]); one with them gets an intent
+    /// record per device still to create, saved ([`Staging::Create`]).
+    fn stage_or_commit(
+        &self,
+        c: &ClaimRef,
+        claim: &ResourceClaim,
+        input: &DraInput,
+    ) -> Result<Staging, ClaimError> {
+        let mut state = self.lock();
+        // Prepared meanwhile by a concurrent call: the same answer. A record rebuilt from the
+        // API is prepared afresh (it has no answer), and replaced.
+        if let Some(p) = state.claims.get(&c.uid).filter(|p| !p.rebuilt) {
+            return Ok(Staging::Done(p.devices.clone()));
+        }
+        let held = state.held(&c.uid);
+        let staged = prepare::stage(claim, c, &self.context(input), &held)?;
+        if staged.dynamic.is_empty() {
+            let prepared = staged.finish(&BTreeMap::new());
+            return self.commit(&mut state, c, prepared).map(Staging::Done);
+        }
+        self.record_intents(&mut state, c, &staged.dynamic)
+            .map(Staging::Create)
+    }
+
+    /// Writes `prepared`'s spec, records the claim and saves; on a failed save the claim's
+    /// record is as before and the spec removed.
+    fn commit(
+        &self,
+        state: &mut Checkpoint,
+        c: &ClaimRef,
+        prepared: prepare::PreparedClaim,
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let before = state.claims.get(&c.uid).cloned();
         let path = self.spec_path(&c.uid);
         write_spec(&path, &prepared.spec)?;
         let devices = prepared.devices.clone();
         state.claims.insert(c.uid.clone(), prepared);
-        if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
+        if let Err(e) = checkpoint::save(&self.checkpoint_path, state) {
             match before {
                 Some(b) => state.claims.insert(c.uid.clone(), b),
                 None => state.claims.remove(&c.uid),
@@ -395,16 +459,26 @@ impl Plugin {
                 source: e,
             });
         }
-        self.publish_prepared(&state);
+        self.publish_prepared(state);
         tracing::info!(claim = %c, devices = devices.len(), spec = %path.display(), "DRA: claim prepared");
         Ok(devices)
     }
 
     /// Unprepares each claim; the answer per UID.
-    pub fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), ClaimError>> {
+    pub async fn unprepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, Result<(), ClaimError>> {
         let mut out = BTreeMap::new();
         for c in claims {
-            out.insert(c.uid.clone(), self.unprepare_one(&c));
+            let r = match self.destroy_dynamic(&c).await {
+                Ok(()) => self.unprepare_one(&c),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = &r {
+                tracing::warn!(claim = %c, error = %claim_error(e), "DRA: NodeUnprepareResources failed for a claim");
+            }
+            out.insert(c.uid.clone(), r);
         }
         out
     }
@@ -509,6 +583,38 @@ pub enum ClaimError {
         #[source]
         source: std::io::Error,
     },
+    /// A dynamic MIG device could not be created (the kubelet retries the claim).
+    #[error("claim {claim}: creating MIG device {device}")]
+    MigCreate {
+        /// `namespace/name (uid)`.
+        claim: String,
+        /// The published device name.
+        device: String,
+        /// The driver's reason, or no hardware path (boxed: the largest error by far).
+        #[source]
+        source: Box<crate::dra::mig::MigCallError>,
+    },
+    /// A dynamic MIG device could not be destroyed (a process still on it: `In use by another
+    /// client`); its record stays `destroying` and the kubelet's retry destroys it.
+    #[error("claim {claim}: destroying MIG device {device}")]
+    MigDestroy {
+        /// `namespace/name (uid)`.
+        claim: String,
+        /// The published device name.
+        device: String,
+        /// The driver's reason, or no hardware path (boxed: the largest error by far).
+        #[source]
+        source: Box<crate::dra::mig::MigCallError>,
+    },
+    /// Another call is creating or destroying the claim's dynamic MIG devices (the kubelet
+    /// retries).
+    #[error(
+        "claim {claim}: its MIG devices are being created or destroyed by another call; retried"
+    )]
+    InProgress {
+        /// `namespace/name (uid)`.
+        claim: String,
+    },
     /// The claim's CDI spec could not be encoded.
     #[error(transparent)]
     Encode(serde_json::Error),
@@ -567,7 +673,12 @@ macro_rules! dra_version {
                         uid: c.uid,
                     })
                     .collect();
-                let answers = self.0.prepare(claims).await;
+                // On a task of its own: a kubelet that gives up on the call (its timeout) does
+                // not cancel a create half way; the claim's retry finds it done.
+                let plugin = Arc::clone(&self.0);
+                let answers = tokio::spawn(async move { plugin.prepare(claims).await })
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
                 let claims = answers
                     .into_iter()
                     .map(|(uid, r)| {
@@ -606,9 +717,11 @@ macro_rules! dra_version {
                         uid: c.uid,
                     })
                     .collect();
-                let claims = self
-                    .0
-                    .unprepare(claims)
+                let plugin = Arc::clone(&self.0);
+                let answers = tokio::spawn(async move { plugin.unprepare(claims).await })
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                let claims = answers
                     .into_iter()
                     .map(|(uid, r)| {
                         (

@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 
 use crate::allocate::{self, AllocateError, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
 use crate::device_health::Health;
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, MigPlacement};
 use crate::plan::{CapacityPlan, Plan, ResourcePlan, Strategy, VirtualDevice};
 
 /// The CDI spec version written (the oldest with everything used here).
@@ -265,6 +265,19 @@ pub enum PrepareError {
         /// The range published, e.g. `1 to 100 in steps of 1`.
         range: String,
     },
+    /// A dynamic MIG device whose placement overlaps a MIG device that exists and no claim
+    /// created (a static one): the driver would refuse the create.
+    #[error("claim {claim}: device {device}: its placement overlaps the MIG device at memory slices {start}..{} on its GPU (a static MIG device; the scheduler's view is behind)", start + size)]
+    PlacementTaken {
+        /// The claim (`namespace/name (uid)`).
+        claim: String,
+        /// The device.
+        device: String,
+        /// The static device's first memory slice.
+        start: u32,
+        /// Its size, memory slices.
+        size: u32,
+    },
     /// Allocate refused the devices (MPS replicas of two GPUs, say).
     #[error("claim {claim}: {source}")]
     Allocate {
@@ -332,6 +345,20 @@ pub struct Held {
     pub exclusive: BTreeMap<String, String>,
     /// Device name → each other claim's share of it: (`namespace/name`, the share).
     pub shares: BTreeMap<String, Vec<(String, Share)>>,
+    /// The dynamic MIG devices other claims hold or are being created for (their placements
+    /// may overlap a device of another name).
+    pub dynamic_mig: Vec<HeldMig>,
+}
+
+/// A dynamic MIG device another claim holds ([`super::checkpoint::MigRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldMig {
+    /// The parent GPU's UUID.
+    pub gpu_uuid: String,
+    /// Its placement.
+    pub placement: MigPlacement,
+    /// The claim (`namespace/name`).
+    pub holder: String,
 }
 
 /// What a claim is prepared against: the node's plan and inventory and how it serves DRA.
@@ -354,7 +381,8 @@ pub struct Context<'a> {
 }
 
 /// Prepares `want` from the API's `claim` against `ctx`; `held`: what every other prepared
-/// claim holds.
+/// claim holds. A claim with dynamic MIG devices needs them created first: [`stage`], create,
+/// then [`Staged::finish`] (here they are left without a MIG device).
 ///
 /// # Errors
 /// [`PrepareError`] naming the claim and the device at fault.
@@ -364,19 +392,67 @@ pub fn prepare(
     ctx: &Context<'_>,
     held: &Held,
 ) -> Result<PreparedClaim, PrepareError> {
+    Ok(stage(claim, want, ctx, held)?.finish(&BTreeMap::new()))
+}
+
+/// A dynamic MIG device a claim's allocation names ([`crate::plan::dra_names::parse_dynamic_mig`]),
+/// checked: the plugin creates it, then [`Staged::finish`] gives the claim its UUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamicPick {
+    /// The published device name (`gpu-<i>-mig-<profile>-<start>`).
+    pub device: String,
+    /// The parent GPU's `GPU-…` UUID.
+    pub gpu_uuid: String,
+    /// The profile as NVIDIA names it.
+    pub profile: String,
+    /// Where to create it (memory slices).
+    pub placement: MigPlacement,
+}
+
+/// A claim checked and its container edits made, but for its dynamic MIG devices, which are
+/// not there yet ([`stage`]).
+#[derive(Debug)]
+pub struct Staged {
+    /// The claim (its devices in allocation order; a dynamic one's `id` is empty until
+    /// [`Staged::finish`]).
+    claim: PreparedClaim,
+    edits: Edits,
+    /// The claim specs' CDI kind ([`cdi_kind`]).
+    kind: String,
+    /// The dynamic MIG devices to create first, in allocation order, each once.
+    pub dynamic: Vec<DynamicPick>,
+}
+
+/// Checks `want` from the API's `claim` against `ctx` (`held`: what every other prepared claim
+/// holds) and makes the container edits of its static devices; its dynamic MIG devices are
+/// checked ([`dynamic_device`]) and listed for the plugin to create.
+///
+/// # Errors
+/// [`PrepareError`] naming the claim and the device at fault.
+pub fn stage(
+    claim: &ResourceClaim,
+    want: &ClaimRef,
+    ctx: &Context<'_>,
+    held: &Held,
+) -> Result<Staged, PrepareError> {
     let driver = ctx.driver;
     check_claim_ref(want)?;
     let results = allocated_results(claim, want, driver)?;
     let by_name = dra_devices_by_name(ctx.plan);
     let mut picked = Picked::default();
     for r in results {
+        if let Some(m) = dynamic_device(want, r, ctx, held)? {
+            picked.add_dynamic(r, m);
+            continue;
+        }
         let (res, d) = checked_device(want, r, ctx.node, &by_name, held)?;
         picked.add(want, r, res, d, ctx)?;
     }
     let Picked {
-        mut devices,
+        devices,
         capacity_mib,
         per_resource,
+        dynamic,
     } = picked;
     for (&device, &total_mib) in &capacity_mib {
         check_fit(want, device, total_mib, &devices, held)?;
@@ -392,20 +468,121 @@ pub fn prepare(
         edits.merge(a);
     }
     edits.apply_shares(&devices, ctx);
-    let kind = cdi_kind(driver);
-    assign_cdi_ids(
-        &mut devices,
-        &format!("{kind}={}", want.uid),
-        &edits.cdi_devices,
-    );
-    Ok(PreparedClaim {
-        claim: want.clone(),
-        pods: reserved_pods(claim),
-        devices,
-        spec_file: spec_file(driver, &want.uid),
-        rebuilt: false,
-        spec: edits.spec(&kind, &want.uid),
+    Ok(Staged {
+        claim: PreparedClaim {
+            claim: want.clone(),
+            pods: reserved_pods(claim),
+            devices,
+            spec_file: spec_file(driver, &want.uid),
+            rebuilt: false,
+            spec: Value::Null,
+        },
+        edits,
+        kind: cdi_kind(driver),
+        dynamic,
     })
+}
+
+impl Staged {
+    /// The prepared claim once its dynamic MIG devices exist: `created` maps each one's device
+    /// name to its `MIG-…` UUID, which becomes the device's ID and is added to
+    /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` (a static MIG device's edits); the
+    /// CDI IDs assigned and the spec written out.
+    pub fn finish(self, created: &BTreeMap<String, String>) -> PreparedClaim {
+        let Staged {
+            mut claim,
+            mut edits,
+            kind,
+            dynamic: _,
+        } = self;
+        for d in &mut claim.devices {
+            let Some(uuid) = created.get(&d.device).filter(|_| d.id.is_empty()) else {
+                continue;
+            };
+            d.id.clone_from(uuid);
+            edits.merge(allocate::ContainerAllocation {
+                envs: BTreeMap::from([
+                    (NVIDIA_VISIBLE_DEVICES.to_string(), uuid.clone()),
+                    (CUDA_VISIBLE_DEVICES.to_string(), uuid.clone()),
+                ]),
+                ..allocate::ContainerAllocation::default()
+            });
+        }
+        assign_cdi_ids(
+            &mut claim.devices,
+            &format!("{kind}={}", claim.claim.uid),
+            &edits.cdi_devices,
+        );
+        claim.spec = edits.spec(&kind, &claim.claim.uid);
+        claim
+    }
+}
+
+/// The dynamic MIG device allocation result `r` names, checked; `None` when `r` is of another
+/// pool or names no dynamic MIG device of `ctx.inventory` (the static checks answer then).
+/// Rules: its GPU is one the plan partitions on demand ([`Plan::dynamic_mig`]) and Healthy in
+/// the inventory (as the slices publish it), its placement overlaps no static MIG device (the
+/// plan's `occupied`), and no other claim holds it or a device overlapping it on that GPU
+/// (exclusive, like a MIG device).
+///
+/// # Errors
+/// [`PrepareError::UnknownDevice`], [`PrepareError::Unhealthy`],
+/// [`PrepareError::PlacementTaken`] or [`PrepareError::Held`].
+fn dynamic_device(
+    want: &ClaimRef,
+    r: &DeviceRequestAllocationResult,
+    ctx: &Context<'_>,
+    held: &Held,
+) -> Result<Option<DynamicPick>, PrepareError> {
+    if r.pool != ctx.node {
+        return Ok(None);
+    }
+    let Some(m) = crate::plan::dra_names::parse_dynamic_mig(&r.device, ctx.inventory) else {
+        return Ok(None);
+    };
+    let Some(g) = ctx.plan.dynamic_mig.iter().find(|g| g.uuid == m.gpu_uuid) else {
+        return Err(PrepareError::UnknownDevice {
+            claim: want.to_string(),
+            device: r.device.clone(),
+        });
+    };
+    let healthy = ctx
+        .inventory
+        .by_uuid(&m.gpu_uuid)
+        .is_some_and(|gpu| gpu.health == Health::Healthy);
+    if !healthy {
+        return Err(PrepareError::Unhealthy {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            id: m.gpu_uuid,
+        });
+    }
+    if let Some(o) = g.occupied.iter().find(|o| o.overlaps(&m.placement)) {
+        return Err(PrepareError::PlacementTaken {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            start: o.start,
+            size: o.size,
+        });
+    }
+    let overlapping = held
+        .dynamic_mig
+        .iter()
+        .find(|h| h.gpu_uuid == m.gpu_uuid && h.placement.overlaps(&m.placement))
+        .map(|h| &h.holder);
+    if let Some(holder) = holder_of(&held.exclusive, &r.device).or(overlapping) {
+        return Err(PrepareError::Held {
+            claim: want.to_string(),
+            device: r.device.clone(),
+            holder: holder.clone(),
+        });
+    }
+    Ok(Some(DynamicPick {
+        device: r.device.clone(),
+        gpu_uuid: m.gpu_uuid,
+        profile: m.profile,
+        placement: m.placement,
+    }))
 }
 
 /// The claim's allocation results for `driver`, once its UID is `want`'s.
@@ -513,9 +690,32 @@ struct Picked<'a> {
     capacity_mib: BTreeMap<&'a str, u64>,
     /// Resource name → its plan and the device IDs picked of it.
     per_resource: BTreeMap<&'a str, (&'a ResourcePlan, Vec<String>)>,
+    /// The dynamic MIG devices picked, each once.
+    dynamic: Vec<DynamicPick>,
 }
 
 impl<'a> Picked<'a> {
+    /// Adds result `r` on dynamic MIG device `m`: one device (a second request for it adds
+    /// its name), its ID empty until it is created.
+    fn add_dynamic(&mut self, r: &DeviceRequestAllocationResult, m: DynamicPick) {
+        if let Some(p) = self.devices.iter_mut().find(|p| p.device == r.device) {
+            if !p.requests.contains(&r.request) {
+                p.requests.push(r.request.clone());
+            }
+            return;
+        }
+        self.devices.push(PreparedDevice {
+            requests: vec![r.request.clone()],
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            cdi_ids: Vec::new(),
+            resource: String::new(),
+            id: String::new(),
+            share: None,
+        });
+        self.dynamic.push(m);
+    }
+
     /// Adds result `r` on the plan's `res`/`d`. One device allocated for two requests
     /// (subrequests) is one device with two names; each result on a consumable-capacity device
     /// is a share of its own, with its own ID.

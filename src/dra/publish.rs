@@ -155,6 +155,11 @@ pub struct PublishStatus {
     /// checkpoint was loaded (a DRA that failed before loading it knows nothing, which is not
     /// "nothing prepared").
     pub prepared: Option<std::collections::BTreeMap<String, Vec<crate::in_use::Holder>>>,
+    /// The placements the checkpoint's dynamic MIG records name, as (GPU UUID, first memory
+    /// slice) ([`super::checkpoint::Checkpoint::dynamic_mig_holds`]): written with
+    /// [`PublishStatus::prepared`], and before each create is asked for, so the daemon never
+    /// plans an instance created for a claim as a static MIG device.
+    pub dynamic_mig: std::collections::BTreeSet<(String, u32)>,
 }
 
 /// The publisher's memory between reconciles.

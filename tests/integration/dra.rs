@@ -124,7 +124,12 @@ impl Dra {
     /// Starts the component and waits for its first publish (its sockets are bound then).
     async fn spawn(&mut self) {
         self.stop = CancellationToken::new();
-        let h = dra::spawn(self.settings(), self.inputs.subscribe(), self.stop.clone());
+        let h = dra::spawn(
+            self.settings(),
+            self.inputs.subscribe(),
+            self.stop.clone(),
+            None,
+        );
         let mut status = h.status.clone();
         tokio::time::timeout(WAIT, status.wait_for(|s| s.reconciles >= 1))
             .await
@@ -1180,7 +1185,7 @@ async fn a_rebuilt_record_holds_its_devices_and_an_api_outage_keeps_the_file() {
     std::fs::remove_file(&spec).unwrap();
     d.api.set_unavailable(true);
     d.stop = CancellationToken::new();
-    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone());
+    let h = dra::spawn(d.settings(), d.inputs.subscribe(), d.stop.clone(), None);
     let mut status = h.status.clone();
     d.handle = Some(h);
     let down = tokio::time::timeout(WAIT, status.wait_for(|s| s.down.is_some()))
@@ -2127,4 +2132,87 @@ fn dra_doc_says_what_the_cluster_needs() {
             "docs/dra.md's section lacks {needed:?}"
         );
     }
+}
+
+/// Dynamic MIG through the whole daemon on a simulated H100 with MIG mode on and no instances
+/// (config/nodes/h100-80gb-x2-mig-dynamic.yaml, copied beside its state file): a claim for
+/// `gpu-0-mig-3g-40gb-0` is prepared by creating that MIG device through the hardware thread
+/// (the node's `.mig-state.json` has it), its CDI spec gives the container that MIG UUID, the
+/// dynamic device stays published, and the device plugin never serves the instance as a
+/// static MIG device; unprepare destroys it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_creates_a_claims_mig_device_and_destroys_it_at_unprepare() {
+    use crate::common::{emulator, wait_lists, Daemon, Node};
+    const DEVICE: &str = "gpu-0-mig-3g-40gb-0";
+    let node = Node::new(
+        "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n",
+    );
+    let sim = node.tmp.path().join("node.yaml");
+    std::fs::copy(node_file("h100-80gb-x2-mig-dynamic.yaml"), &sim).unwrap();
+    let state_file = node.tmp.path().join("node.yaml.mig-state.json");
+    let api = KubeApi::start(NODE, &[]).await;
+    let emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    let d = Daemon::start(settings);
+    wait_lists(&emu, &[("nvidia.com/gpu", 1)]).await;
+    let has_device = |s: &[Value]| names(&parse(s)).iter().any(|n| n == DEVICE);
+    api.wait_slices(has_device).await;
+    api.set_claim("ns", "mig", UID_A, &[alloc("mig", NODE, DEVICE)]);
+    let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
+        .await
+        .unwrap();
+    let r = k
+        .prepare(Version::V1, &[("ns", "mig", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(r[UID_A].error, "");
+    assert_eq!(r[UID_A].devices[0].device, DEVICE);
+    let spec_file = node
+        .tmp
+        .path()
+        .join("cdi")
+        .join(format!("gpu.slicelet.io-claim_{UID_A}.json"));
+    let spec: Value = serde_json::from_str(&crate::common::read(&spec_file)).unwrap();
+    let env = spec["devices"][0]["containerEdits"]["env"].to_string();
+    let mig = env
+        .split("NVIDIA_VISIBLE_DEVICES=")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_string();
+    assert!(mig.starts_with("MIG-") && !mig.contains(','), "{env}");
+    assert!(
+        env.contains(&format!("CUDA_VISIBLE_DEVICES={mig}")),
+        "{env}"
+    );
+    assert!(crate::common::read(&state_file).contains(&mig));
+    let inv = inventory_at(&sim);
+    assert_eq!(inv.gpus[0].mig_devices.len(), 1);
+    assert!(
+        has_device(&api.slices()),
+        "held, the device stays published"
+    );
+    assert!(!d
+        .status
+        .borrow()
+        .resources
+        .contains("nvidia.com/mig-3g.40gb"));
+    let un = k
+        .unprepare(Version::V1, &[("ns", "mig", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+    assert!(!crate::common::read(&state_file).contains(&mig));
+    assert!(inventory_at(&sim).gpus[0].mig_devices.is_empty());
+    assert!(
+        emu.lists("nvidia.com/mig-3g.40gb").is_empty(),
+        "the instance was never a static device"
+    );
+    d.stop().await;
+}
+
+fn inventory_at(path: &Path) -> Inventory {
+    use slicelet::inventory::GpuSource as _;
+    simulated::SimulatedSource::new(path).discover().unwrap()
 }

@@ -7,6 +7,7 @@ mod commands_doc;
 mod common;
 mod daemon;
 mod dra;
+mod dra_mig;
 mod dra_sockets;
 mod drain;
 mod fixtures;

@@ -1047,3 +1047,65 @@ fn a_resource_the_new_plan_drops_is_withdrawn_only_when_it_advertised_devices() 
         "a resource with no devices withdraws nothing"
     );
 }
+
+/// An H100 in MIG mode with a 3g.40gb at slice 0 and a 1g.10gb at slice 4, partitioned on
+/// demand, its MIG devices served as static ones (`migStrategy: mixed`) too.
+fn dynamic_mig_state() -> (State, Inventory) {
+    let text = "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 3g.40gb\n          placementStart: 0\n        - profile: 1g.10gb\n          placementStart: 4\n";
+    let inv = crate::inventory::simulated::parse(std::path::Path::new("n.yaml"), text).unwrap();
+    let mut s = State::new(HealthEnv::default());
+    let now = Instant::now();
+    s.fold(discovered(inv.clone()), now);
+    s.fold(
+        policy(
+            "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n",
+            true,
+        ),
+        now,
+    );
+    (s, inv)
+}
+
+/// An instance DRA's records hold (created for a claim) is never a static device and its
+/// placement stays free for the dynamic device; one held by a prepared claim's device name
+/// alone (a record rebuilt from the API) too; the others stay static.
+#[test]
+fn instances_dra_created_for_claims_are_never_static_devices() {
+    let (mut s, inv) = dynamic_mig_state();
+    let g0 = inv.gpus[0].uuid.clone();
+    let static_resources =
+        |s: &State| -> Vec<String> { s.plan.resources.keys().map(|r| r.to_string()).collect() };
+    assert_eq!(
+        static_resources(&s),
+        vec!["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"]
+    );
+    let occupied = |s: &State| -> Vec<u32> {
+        s.plan.dynamic_mig[0]
+            .occupied
+            .iter()
+            .map(|p| p.start)
+            .collect()
+    };
+    assert_eq!(occupied(&s), vec![0, 4]);
+    let now = Instant::now();
+    let out = s.fold(Input::DraDynamicMig([(g0.clone(), 0)].into()), now);
+    assert!(out.iter().any(|a| matches!(a, Action::Publish(_))));
+    assert_eq!(static_resources(&s), vec!["nvidia.com/mig-1g.10gb"]);
+    assert_eq!(occupied(&s), vec![4]);
+    // A rediscovery keeps it out.
+    s.fold(discovered(inv.clone()), now);
+    assert_eq!(static_resources(&s), vec!["nvidia.com/mig-1g.10gb"]);
+    // Held by name only (the checkpoint rebuilt from the API).
+    s.fold(Input::DraDynamicMig(BTreeSet::new()), now);
+    let holder = crate::in_use::Holder {
+        namespace: "ns".into(),
+        pod: "claim:c".into(),
+        container: String::new(),
+    };
+    s.fold(
+        Input::DraPrepared([("gpu-0-mig-1g-10gb-4".to_string(), vec![holder])].into()),
+        now,
+    );
+    assert_eq!(occupied(&s), vec![0]);
+    assert_eq!(static_resources(&s), vec!["nvidia.com/mig-3g.40gb"]);
+}

@@ -70,6 +70,7 @@ fn run(
     let held = Held {
         exclusive: held.clone(),
         shares: BTreeMap::new(),
+        dynamic_mig: Vec::new(),
     };
     prepare(c, want, &ctx, &held)
 }
@@ -998,4 +999,169 @@ fn a_replica_claim_gets_the_memory_hook_where_the_plan_says_it_is_enforced() {
             .get("hooks")
             .is_none());
     }
+}
+
+/// GPU 0: an H100 with MIG on and one static 1g.10gb at memory slice 6; GPU 1: an H100 with
+/// MIG on and no instances, Unhealthy when `gpu1_unhealthy`; both partitioned on demand, the
+/// static 1g.10gb devices served through DRA too.
+fn dynamic_node(gpu1_unhealthy: bool) -> (Plan, crate::inventory::Inventory) {
+    let health = if gpu1_unhealthy {
+        "    health: Unhealthy\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig:\n      devices:\n        - profile: 1g.10gb\n          placementStart: 6\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n{health}    mig: {{}}\n"
+    );
+    let inv = crate::inventory::simulated::parse(std::path::Path::new("n.yaml"), &text).unwrap();
+    let policy = "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  resources: [nvidia.com/mig-1g.10gb]\n  dynamicMig:\n    devices: [0, 1]\n";
+    let plan = plan::build(&parse(policy).unwrap(), &inv).unwrap().plan;
+    (plan, inv)
+}
+
+fn held_none() -> Held {
+    Held::default()
+}
+
+#[test]
+fn a_dynamic_mig_device_is_staged_and_finished_with_its_uuid() {
+    let (plan, inv) = dynamic_node(false);
+    let ctx = context(&plan, &inv, None);
+    let static_mig = &inv.gpus[0].mig_devices[0];
+    let static_name = device_name(&static_mig.uuid);
+    let c = claim(
+        UID,
+        &[
+            ("mig", DRIVER, NODE, "gpu-0-mig-3g-40gb-0"),
+            ("small", DRIVER, NODE, &static_name),
+        ],
+    );
+    let staged = stage(&c, &want(UID), &ctx, &held_none()).unwrap();
+    assert_eq!(
+        staged.dynamic,
+        vec![DynamicPick {
+            device: "gpu-0-mig-3g-40gb-0".into(),
+            gpu_uuid: inv.gpus[0].uuid.clone(),
+            profile: "3g.40gb".into(),
+            placement: MigPlacement { start: 0, size: 4 },
+        }]
+    );
+    let created = BTreeMap::from([("gpu-0-mig-3g-40gb-0".to_string(), "MIG-new".to_string())]);
+    let p = staged.finish(&created);
+    // Allocation order kept; the dynamic device's ID is its MIG UUID, and both MIG devices
+    // are the container's (a claim mixing dynamic and static devices).
+    assert_eq!(p.devices[0].device, "gpu-0-mig-3g-40gb-0");
+    assert_eq!(p.devices[0].id, "MIG-new");
+    assert_eq!(p.devices[0].cdi_ids, vec![format!("{DRIVER}/claim={UID}")]);
+    assert_eq!(p.devices[1].id, static_mig.uuid);
+    let env = env(&p);
+    for key in ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"] {
+        let want = format!("{key}={},MIG-new", static_mig.uuid);
+        assert!(env.contains(&want), "{want} not in {env:?}");
+    }
+    // Alone, the container gets that MIG device only.
+    let c = claim(UID, &[("mig", DRIVER, NODE, "gpu-1-mig-1g-10gb-3")]);
+    let p = stage(&c, &want(UID), &ctx, &held_none())
+        .unwrap()
+        .finish(&BTreeMap::from([(
+            "gpu-1-mig-1g-10gb-3".to_string(),
+            "MIG-one".to_string(),
+        )]));
+    assert!(env_of_is(&p, "NVIDIA_VISIBLE_DEVICES", "MIG-one"));
+    assert!(env_of_is(&p, "CUDA_VISIBLE_DEVICES", "MIG-one"));
+}
+
+fn env_of_is(p: &PreparedClaim, key: &str, value: &str) -> bool {
+    env(p).contains(&format!("{key}={value}"))
+}
+
+/// (case, device, other claims' holds, error wanted)
+#[test]
+fn dynamic_mig_refusals_table() {
+    let (plan, inv) = dynamic_node(false);
+    let (sick_plan, sick_inv) = dynamic_node(true);
+    let g0 = inv.gpus[0].uuid.clone();
+    let other = |device: &str, start: u32, size: u32| Held {
+        exclusive: BTreeMap::from([(device.to_string(), "ns/other".to_string())]),
+        dynamic_mig: vec![HeldMig {
+            gpu_uuid: g0.clone(),
+            placement: MigPlacement { start, size },
+            holder: "ns/other".into(),
+        }],
+        ..Held::default()
+    };
+    let cases: Vec<(&str, &str, Held, bool, &str)> = vec![
+        (
+            "unknown profile",
+            "gpu-0-mig-9g-99gb-0",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "unknown placement",
+            "gpu-0-mig-3g-40gb-2",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "unknown GPU",
+            "gpu-7-mig-3g-40gb-0",
+            held_none(),
+            false,
+            "is not a device of this node's DRA resources",
+        ),
+        (
+            "held by name",
+            "gpu-0-mig-3g-40gb-0",
+            other("gpu-0-mig-3g-40gb-0", 0, 4),
+            false,
+            "is held by prepared claim ns/other",
+        ),
+        (
+            "held overlapping",
+            "gpu-0-mig-3g-40gb-0",
+            other("gpu-0-mig-1g-10gb-2", 2, 1),
+            false,
+            "is held by prepared claim ns/other",
+        ),
+        (
+            "unhealthy GPU",
+            "gpu-1-mig-3g-40gb-0",
+            held_none(),
+            true,
+            "is Unhealthy",
+        ),
+        (
+            "placement taken by a static instance",
+            "gpu-0-mig-3g-40gb-4",
+            held_none(),
+            false,
+            "overlaps the MIG device at memory slices 6..7",
+        ),
+    ];
+    for (case, device, held, sick, msg) in cases {
+        let (plan, inv) = if sick {
+            (&sick_plan, &sick_inv)
+        } else {
+            (&plan, &inv)
+        };
+        let ctx = context(plan, inv, None);
+        let c = claim(UID, &[("mig", DRIVER, NODE, device)]);
+        let e = stage(&c, &want(UID), &ctx, &held).unwrap_err();
+        assert!(e.to_string().contains(msg), "{case}: {e}");
+    }
+    // A GPU the plan does not partition on demand: its names are unknown.
+    let policy =
+        "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n";
+    let plan0 = plan::build(&parse(policy).unwrap(), &inv).unwrap().plan;
+    let ctx = context(&plan0, &inv, None);
+    let c = claim(UID, &[("mig", DRIVER, NODE, "gpu-1-mig-3g-40gb-0")]);
+    let e = stage(&c, &want(UID), &ctx, &held_none()).unwrap_err();
+    assert!(matches!(e, PrepareError::UnknownDevice { .. }), "{e}");
+    // A held device of another GPU does not block this one.
+    let c = claim(UID, &[("mig", DRIVER, NODE, "gpu-1-mig-3g-40gb-0")]);
+    let ctx = context(&plan, &inv, None);
+    assert!(stage(&c, &want(UID), &ctx, &other("gpu-0-mig-3g-40gb-0", 0, 4)).is_ok());
 }
