@@ -42,6 +42,7 @@ use crate::policy::{Delivery, ResourceName, SharedAllocation};
 mod assemble;
 mod index;
 pub mod memory;
+pub mod mig_layout;
 mod select;
 mod size;
 
