@@ -43,6 +43,7 @@ mod assemble;
 mod dynamic_mig;
 mod index;
 pub mod memory;
+pub mod mig_layout;
 mod select;
 mod size;
 

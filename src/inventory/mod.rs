@@ -203,6 +203,10 @@ pub struct Gpu {
     /// `<sysfs>/bus/pci/devices/<bus id>` links to `…/devices/pci0000:00/…/<bus id>`; a
     /// simulated node's `pcieRoot`. Published to DRA as `resource.kubernetes.io/pcieRoot`.
     pub pcie_root: Option<String>,
+    /// The PCI device ID (`nvmlPciInfo_t.pciDeviceId`: device ID in the high 16 bits, vendor
+    /// `0x10DE` in the low ones; `0x233010DE` for an H100 SXM5), when known: what NVIDIA's
+    /// mig-parted `device-filter` matches.
+    pub pci_device_id: Option<u32>,
     /// MIG mode is enabled (current mode).
     pub mig_enabled: bool,
     /// MIG devices, when MIG mode is enabled, sorted by [`MigDevice::index`]. A MIG-enabled
@@ -597,6 +601,7 @@ pub(crate) fn test_node(n: u32) -> Inventory {
                 compute_capability: Some((9, 0)),
                 numa_node: Some(i64::from(i / 4)),
                 pcie_root: None,
+                pci_device_id: Some(0x2330_10DE),
                 mig_enabled: false,
                 mig_devices: Vec::new(),
                 mig_geometry: None,

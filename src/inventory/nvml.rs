@@ -399,6 +399,7 @@ impl GpuSource for NvmlSource {
                                 compute_capability: None,
                                 numa_node: None,
                                 pcie_root: None,
+                                pci_device_id: None,
                                 mig_enabled: false,
                                 mig_geometry: None,
                                 mig_devices: Vec::new(),
@@ -559,7 +560,9 @@ impl NvmlSource {
             .cuda_compute_capability()
             .ok()
             .and_then(|c| Some((u32::try_from(c.major).ok()?, u32::try_from(c.minor).ok()?)));
-        let bus_id = dev.pci_info().ok().map(|p| p.bus_id);
+        let pci = dev.pci_info().ok();
+        let pci_device_id = pci.as_ref().map(|p| p.pci_device_id);
+        let bus_id = pci.map(|p| p.bus_id);
         let numa = bus_id
             .as_deref()
             .and_then(|b| numa_node(&self.sysfs_root, b));
@@ -597,6 +600,7 @@ impl NvmlSource {
             compute_capability: cc,
             numa_node: numa,
             pcie_root,
+            pci_device_id,
             mig_enabled,
             mig_devices,
             mig_geometry,

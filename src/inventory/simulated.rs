@@ -731,6 +731,24 @@ fn check_identity(
     Ok(cc)
 }
 
+/// The entry's `pciDeviceId` (hex, with or without `0x`), when given.
+fn pci_device_id(path: &Path, at: &str, entry: &GpuEntry) -> Result<Option<u32>, InventoryError> {
+    let Some(s) = entry.pci_device_id.as_deref() else {
+        return Ok(None);
+    };
+    let hex = s.trim_start_matches("0x").trim_start_matches("0X");
+    u32::from_str_radix(hex, 16).map(Some).map_err(|_| {
+        invalid(
+            path,
+            &format!("{at}.pciDeviceId"),
+            format!(
+                "`{}` is not a PCI device ID like \"0x233010DE\"",
+                crate::uuid::truncate_id(s)
+            ),
+        )
+    })
+}
+
 /// The UUID of the GPU with `index` of the entry `at`: its checked `uuid`, else derived from
 /// the model and the index.
 fn gpu_uuid(path: &Path, at: &str, entry: &GpuEntry, index: u32) -> Result<String, InventoryError> {
@@ -805,6 +823,7 @@ fn expand_entry(
             compute_capability: cc,
             numa_node: entry.numa_node,
             pcie_root: entry.pcie_root.clone(),
+            pci_device_id: pci_device_id(path, &at, entry)?,
             mig_enabled: entry.mig.is_some(),
             mig_devices: mig_devices.into_iter().map(|(d, _)| d).collect(),
             mig_geometry,

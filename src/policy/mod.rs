@@ -7,6 +7,7 @@
 
 pub mod cdi;
 mod delivery;
+mod mig_parted;
 mod mps;
 mod names;
 mod overrides;
@@ -22,6 +23,10 @@ use std::path::{Path, PathBuf};
 use validate::{validate, validate_replicated};
 
 pub use delivery::{Delivery, DeviceIdStrategy, DeviceListStrategies, DeviceListStrategy};
+pub use mig_parted::{
+    parse_mig_parted, parse_pci_id, DeviceFilter, MigConfigEntry, MigPartedDevices, MigPartedFile,
+    MIG_PARTED_VERSION,
+};
 pub use mps::{Mps, MpsEntry, MAX_CLIENTS, MAX_CLIENTS_PRE_VOLTA};
 pub(crate) use names::is_dns_subdomain;
 pub use names::{ResourceName, ResourceNameError};

@@ -51,6 +51,8 @@ pub(super) struct GpuEntry {
     pub(super) numa_node: Option<i64>,
     /// `pcieRoot`: the PCIe root complex, `pci<domain>:<bus>`.
     pub(super) pcie_root: Option<String>,
+    /// `pciDeviceId`: the PCI device ID as NVML reports it, hex (`0x233010DE`).
+    pub(super) pci_device_id: Option<String>,
     pub(super) health: Option<HealthValue>,
     pub(super) xid: Option<u64>,
     pub(super) mig: Option<MigEntry>,

@@ -64,6 +64,32 @@ fn pcie_root_is_optional_and_checked() {
     }
 }
 
+/// `pciDeviceId` is optional hex (with or without `0x`, any case) and refused otherwise,
+/// naming its path.
+#[test]
+fn pci_device_id_is_optional_hex() {
+    let p = Path::new("n.yaml");
+    let gpu = |id: &str| {
+        format!("gpus:\n  - model: X\n    memoryMiB: 1\n    pciDeviceId: \"{id}\"\n  - model: X\n    memoryMiB: 1\n")
+    };
+    let ids: Vec<Option<u32>> = parse(p, &gpu("0x233010DE"))
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.pci_device_id)
+        .collect();
+    assert_eq!(ids, [Some(0x2330_10DE), None]);
+    assert_eq!(
+        parse(p, &gpu("20b010de")).unwrap().gpus[0].pci_device_id,
+        Some(0x20B0_10DE)
+    );
+    let e = parse(p, &gpu("H100")).unwrap_err().to_string();
+    assert!(
+        e.contains("gpus[0].pciDeviceId") && e.contains("PCI device ID"),
+        "{e}"
+    );
+}
+
 #[test]
 fn unknown_key_names_its_path() {
     let text = "gpus:\n  - model: X\n    memoryMiB: 1\n    memory: 2\n";
