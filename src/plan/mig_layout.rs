@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::inventory::{Gpu, Inventory, MigDevice, MigPlacement, MigProfileInfo};
+use crate::inventory::{Gpu, Inventory, MigDevice, MigGeometry, MigPlacement, MigProfileInfo};
 use crate::policy::{MigConfigEntry, MigPartedFile};
 
 /// What one GPU needs to match the layout.
@@ -238,40 +238,11 @@ fn gpu_change(
             gpu: gpu.index,
             uuid: gpu.uuid.clone(),
         })?;
-    let mut instances: Vec<&MigProfileInfo> = Vec::new();
-    for (profile, &n) in wanted {
-        let info = geometry
-            .profile(profile)
-            .ok_or_else(|| LayoutError::UnknownProfile {
-                layout: at.layout.to_string(),
-                entry: at.entry,
-                gpu: gpu.index,
-                uuid: gpu.uuid.clone(),
-                profile: profile.clone(),
-                known: geometry
-                    .profiles
-                    .iter()
-                    .map(|p| p.profile.clone())
-                    .collect(),
-            })?;
-        instances.extend(std::iter::repeat_n(info, n as usize));
-    }
+    let mut instances = wanted_instances(at, geometry, wanted)?;
     if holds_exactly(&gpu.mig_devices, wanted) {
         return Ok(None);
     }
-    // Largest first: they have the fewest placements.
-    instances.sort_by(|a, b| {
-        (
-            b.placements.first().map_or(0, |p| p.size),
-            b.gpu_slices,
-            &b.profile,
-        )
-            .cmp(&(
-                a.placements.first().map_or(0, |p| p.size),
-                a.gpu_slices,
-                &a.profile,
-            ))
-    });
+    largest_first(&mut instances);
     let mut chosen = Vec::new();
     let counts_fit = wanted.iter().all(|(p, &n)| {
         geometry
@@ -305,6 +276,53 @@ fn gpu_change(
             .map(|(info, p)| (info.profile.clone(), p))
             .collect(),
     }))
+}
+
+/// One [`MigProfileInfo`] per wanted instance (a profile wanted twice appears twice).
+///
+/// # Errors
+/// [`LayoutError::UnknownProfile`] for a profile `geometry` does not offer.
+fn wanted_instances<'g>(
+    at: At<'_>,
+    geometry: &'g MigGeometry,
+    wanted: &BTreeMap<String, u32>,
+) -> Result<Vec<&'g MigProfileInfo>, LayoutError> {
+    let mut instances = Vec::new();
+    for (profile, &n) in wanted {
+        let info = geometry
+            .profile(profile)
+            .ok_or_else(|| LayoutError::UnknownProfile {
+                layout: at.layout.to_string(),
+                entry: at.entry,
+                gpu: at.gpu.index,
+                uuid: at.gpu.uuid.clone(),
+                profile: profile.clone(),
+                known: geometry
+                    .profiles
+                    .iter()
+                    .map(|p| p.profile.clone())
+                    .collect(),
+            })?;
+        instances.extend(std::iter::repeat_n(info, n as usize));
+    }
+    Ok(instances)
+}
+
+/// Orders `instances` largest placement first (then most slices, then by name): the large
+/// ones have the fewest placements, so placing them first backtracks least.
+fn largest_first(instances: &mut [&MigProfileInfo]) {
+    instances.sort_by(|a, b| {
+        (
+            b.placements.first().map_or(0, |p| p.size),
+            b.gpu_slices,
+            &b.profile,
+        )
+            .cmp(&(
+                a.placements.first().map_or(0, |p| p.size),
+                a.gpu_slices,
+                &a.profile,
+            ))
+    });
 }
 
 /// Whether `devices` are exactly `wanted`: the same profiles, the same counts.
