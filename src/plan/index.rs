@@ -183,11 +183,6 @@ impl UnitLinks {
         self.first[u]
     }
 
-    /// The GPU index behind unit `u`.
-    pub fn gpu(&self, u: usize) -> u32 {
-        self.gpu[u]
-    }
-
     /// The NUMA node of unit `u`'s GPU.
     pub fn numa(&self, u: usize) -> Option<i64> {
         self.numa[u]

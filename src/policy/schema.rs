@@ -307,16 +307,6 @@ pub enum SharedAllocation {
     Packed,
 }
 
-impl SharedAllocation {
-    /// The spelling in the policy file: `distributed` or `packed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SharedAllocation::Distributed => "distributed",
-            SharedAllocation::Packed => "packed",
-        }
-    }
-}
-
 /// `flags.gfd`. Recognised, not acted on.
 #[derive(Debug, Default, Deserialize)]
 #[expect(dead_code, reason = "read from the file, not acted on")]

@@ -391,3 +391,38 @@ fn an_unhealthy_mig_device_makes_only_its_mps_devices_unhealthy() {
         .collect();
     assert_eq!(health, [true, true, false, false]);
 }
+
+#[test]
+fn an_mps_list_over_the_kubelets_message_limit_is_refused() {
+    // 48 replicas of GPUs with 220-character UUIDs: about 11 KB of ListAndWatch per GPU, so
+    // 420 GPUs pass the 4 MiB the kubelet reads and 100 stay well under it.
+    let long_uuids = |n: u32| {
+        let mut node = test_node(n);
+        for g in &mut node.gpus {
+            g.uuid = format!("GPU-{:08}-{}", g.index, "a".repeat(207));
+        }
+        node
+    };
+    let policy = parse(
+        "version: v1\nflags:\n  mpsRoot: /tmp/mps\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        rename: gpu-mps\n        replicas: 48\n",
+    )
+    .unwrap();
+    let built = build(&policy, &long_uuids(100)).unwrap();
+    assert_eq!(
+        built.plan.resources["nvidia.com/gpu-mps"].devices.len(),
+        4800
+    );
+    match build(&policy, &long_uuids(420)).unwrap_err() {
+        PlanError::MessageTooLarge {
+            resource,
+            bytes,
+            limit,
+            ..
+        } => {
+            assert_eq!(resource, "nvidia.com/gpu-mps");
+            assert_eq!(limit, MAX_LIST_BYTES);
+            assert!(bytes > MAX_LIST_BYTES as u64, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

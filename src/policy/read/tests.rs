@@ -196,6 +196,25 @@ fn nesting_limits_count_what_a_parser_nests() {
 }
 
 #[test]
+fn quoted_strings_end_where_yaml_ends_them_and_keep_the_line_count() {
+    let l = Limits {
+        max_depth: 8,
+        max_indent: 16,
+        ..limits()
+    };
+    // A single-quoted string ends at its closing quote (`''` is a quote inside it), so the
+    // `]` after it closes its line's `[`: nine lines of depth 1 stay at depth 1.
+    let single = "a: ['it''s', 'y']\n".repeat(9);
+    assert_eq!(check_nesting(&single, &l), Ok(()));
+    // A `\` line break inside a double-quoted string is still a line: the error is on line 3.
+    let continued = format!("a: \"x\\\n  y\"\nb: {}{}\n", "[".repeat(9), "]".repeat(9));
+    assert_eq!(
+        check_nesting(&continued, &l),
+        Err(NestingError::Flow { line: 3, limit: 8 })
+    );
+}
+
+#[test]
 fn every_shipped_policy_and_node_passes_the_nesting_check() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut dirs = vec![
