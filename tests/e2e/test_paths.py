@@ -5,7 +5,7 @@ through DRA.
 
 import json
 
-from cluster import NODE
+from cluster import NODE, wait_for
 from node import PRINT_ENV, REPO, claim_template, container_env, pod, serve_dra
 
 H100 = REPO / "config/nodes/h100-80gb-x8.yaml"
@@ -160,4 +160,100 @@ def test_mig_devices_through_dra(cluster, kube, ns, slicelet, work):
     assert len(uuids) == 2 and all(u.startswith("MIG-") for u in uuids), uuids
     env = container_env(cluster, p)
     assert sorted(env.get("NVIDIA_VISIBLE_DEVICES", "").split(",")) == uuids, env
+    assert "publishing ResourceSlices failed" not in d.log(), d.proc.tail()
+
+
+DYNAMIC_MIG = """version: v1
+flags:
+  migStrategy: mixed
+dra:
+  dynamicMig:
+    devices: [0]
+"""
+
+# One H100 80GB in MIG mode with no instance: all 8 memory slices are free for claims.
+H100_MIG_EMPTY = """gpus:
+  - model: NVIDIA H100 80GB HBM3
+    memoryMiB: 81559
+    computeCapability: "9.0"
+    numaNode: 0
+    mig:
+      devices: []
+"""
+
+
+def created_instances(node_file):
+    """The MIG instances the simulated driver holds: {MIG UUID: placement start}."""
+    state = node_file.with_name(node_file.name + ".mig-state.json")
+    if not state.exists():
+        return {}
+    gpus = json.loads(state.read_text()).get("gpus", {})
+    return {c["uuid"]: c["placementStart"] for g in gpus.values() for c in g.get("created", [])}
+
+
+def running_placements(kube, ns, names):
+    """Per running pod of `names`: (device name, placement start, size, MIG UUID in its env)."""
+    out = {}
+    for n in names:
+        p = kube.get("pod", n, ns)
+        if p["status"].get("phase") != "Running":
+            continue
+        [(device, attrs, _)] = allocated(kube, ns, p)
+        out[n] = (device, attr(attrs, "placementStart"), attr(attrs, "placementSize"))
+    return out
+
+
+def assert_disjoint(placements):
+    taken = {}
+    for n, (device, start, size) in placements.items():
+        for s in range(start, start + size):
+            assert s not in taken, f"{n} ({device}) and {taken[s]} both cover memory slice {s}: {placements}"
+            taken[s] = n
+
+
+def test_dynamic_mig_claims_create_their_devices_where_the_scheduler_placed_them(cluster, kube, ns, slicelet, work):
+    node_file = work / "h100-mig-empty.yaml"
+    node_file.write_text(H100_MIG_EMPTY)
+    d = serve_dra(slicelet, work, DYNAMIC_MIG, node_file)
+    kube.wait(f"resourceslice/{NODE}-gpu-slicelet-io-1", "create", timeout=20, why=lambda: d.proc.tail())
+    published = slice_devices(kube)
+    assert any(n.startswith("gpu-0-mig-3g-40gb-") for n in published), sorted(published)
+    # 4 + 2 + 1 of the 8 memory slices, largest first (a 1g.10gb placed first could split the
+    # free half a 2g.20gb needs): all three fit wherever the scheduler puts each.
+    wanted = {"a": "mig-3g.40gb", "b": "mig-2g.20gb", "c": "mig-1g.10gb"}
+    for n, cls in [*wanted.items(), ("d", "mig-3g.40gb")]:
+        kube.apply(claim_template(n, f"{cls}.gpu.slicelet.io"), namespace=ns)
+    uuids = {}
+    for n in wanted:
+        kube.apply(pod(n, PRINT_ENV, claims=[("gpu", n)]), namespace=ns)
+        p = kube.pod_running(ns, n, timeout=60)
+        env = container_env(cluster, p)
+        uuids[n] = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        assert uuids[n].startswith("MIG-") and "," not in uuids[n], (n, env)
+    assert len(set(uuids.values())) == 3, uuids
+    running = running_placements(kube, ns, wanted)
+    assert_disjoint(running)
+    # Each container's MIG device is one the (simulated) driver created at its placement.
+    created = created_instances(node_file)
+    assert {uuids[n]: running[n][1] for n in wanted} == created, (uuids, running, created)
+    # A second 3g.40gb needs 4 free memory slices in one half: the counters hold it back.
+    kube.apply(pod("d", PRINT_ENV, claims=[("gpu", "d")]), namespace=ns)
+    [ev] = kube.wait_event(ns, "d", "FailedScheduling")[-1:]
+    assert "cannot allocate all claims" in ev["message"], ev["message"]
+    assert kube.get("pod", "d", ns)["status"]["phase"] == "Pending"
+    assert_disjoint(running_placements(kube, ns, [*wanted, "d"]))
+    # a ends: its instance is destroyed, and d runs in the placement a freed.
+    kube.delete("pod", "a", ns)
+    p = kube.pod_running(ns, "d", timeout=60)
+    running = running_placements(kube, ns, ["b", "c", "d"])
+    assert_disjoint(running)
+    assert running["d"][1] == created[uuids["a"]], (running, created)
+    env = container_env(cluster, p)
+    created = created_instances(node_file)
+    assert uuids["a"] not in created, created
+    assert created.get(env.get("NVIDIA_VISIBLE_DEVICES")) == running["d"][1], (env, created)
+    # Every claim gone: every instance slicelet created is destroyed.
+    for n in ["b", "c", "d"]:
+        kube.delete("pod", n, ns)
+    wait_for("the created MIG instances destroyed", lambda: not created_instances(node_file), timeout=30)
     assert "publishing ResourceSlices failed" not in d.log(), d.proc.tail()
