@@ -39,6 +39,10 @@ struct Fake {
     /// Create, but keep the answer (a restart between create and answer).
     hold_create: bool,
     held: Vec<oneshot::Sender<Result<slicelet::inventory::CreatedMig, InventoryError>>>,
+    /// Take a destroy's request but neither run it nor answer (a restart between unprepare's
+    /// mark and the destroy).
+    hold_destroy: bool,
+    held_destroys: Vec<oneshot::Sender<Result<(), InventoryError>>>,
 }
 
 struct Harness {
@@ -86,6 +90,11 @@ fn serve(
                     reply,
                 } => {
                     f.calls.push(format!("destroy gi {gi_id}"));
+                    if f.hold_destroy {
+                        f.held_destroys.push(reply);
+                        count.send_replace(f.calls.len());
+                        continue;
+                    }
                     let r = match &f.fail_destroy {
                         Some(reason) => Err(InventoryError::MigDestroy {
                             uuid: gpu_uuid,
@@ -454,6 +463,51 @@ async fn a_restart_destroys_a_destroying_record_once_and_nothing_else() {
     h.spawn().await;
     assert_eq!(h.calls(), vec!["inventory", "destroy gi 1"]);
     assert_eq!(instances(&h.discover()), left);
+}
+
+/// A restart between unprepare's mark and the destroy it asked for: the instance still
+/// exists and the checkpoint says `destroying`, so the restarted plugin destroys it before it
+/// serves (the kubelet's retried unprepare then finds nothing to do), and another claim's
+/// instance is left alone. With the mark saved only after the destroy, the record would
+/// still read `created` and the instance would outlive its claim's unprepare.
+#[tokio::test]
+async fn a_restart_between_unprepare_and_destroy_destroys_the_instance_at_start() {
+    let mut h = Harness::new().await;
+    h.spawn().await;
+    h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
+    h.api
+        .set_claim("ns", "b", UID_B, &[alloc("gpu-0-mig-1g-10gb-6")]);
+    let k = h.kubelet().await;
+    let r = k
+        .prepare(Version::V1, &[("ns", "a", UID_A), ("ns", "b", UID_B)])
+        .await
+        .unwrap();
+    assert_eq!((r[UID_A].error.as_str(), r[UID_B].error.as_str()), ("", ""));
+    let made = instances(&h.discover());
+    assert_eq!(made.len(), 2, "{made:?}");
+    let b_instance = made.iter().find(|(_, start)| *start == 6).unwrap().clone();
+    let calls = h.calls().len();
+    h.fake.lock().unwrap().hold_destroy = true;
+    let pending = tokio::spawn(async move {
+        let _ = k.unprepare(Version::V1, &[("ns", "a", UID_A)]).await;
+    });
+    h.wait_calls(calls + 1).await;
+    pending.abort();
+    h.stop_component().await;
+    assert_eq!(instances(&h.discover()).len(), 2, "the destroy never ran");
+    h.fake.lock().unwrap().hold_destroy = false;
+    h.spawn().await;
+    assert_eq!(instances(&h.discover()), vec![b_instance]);
+    let records = h.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].claim.uid, UID_B);
+    let k = h.kubelet().await;
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+    assert_eq!(instances(&h.discover()).len(), 1);
 }
 
 fn write_checkpoint(path: &Path, c: &checkpoint::Checkpoint) {
