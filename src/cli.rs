@@ -462,6 +462,15 @@ pub struct RunArgs {
     /// Host root under which /dev is found, for device specs.
     #[arg(long, env = "SLICELET_DEV_ROOT", default_value = "/")]
     pub dev_root: String,
+    /// NVIDIA's MIG layouts file (mig-parted's `version: v1` `mig-configs:`, as the GPU
+    /// Operator's ConfigMap holds it): the layout named by the node label nvidia.com/mig.config
+    /// (or --mig-config) is applied to GPUs whose MIG mode is already set. Off by default.
+    #[arg(long, env = "SLICELET_MIG_CONFIG_FILE")]
+    pub mig_config_file: Option<PathBuf>,
+    /// The layout of --mig-config-file to apply while the node label nvidia.com/mig.config is
+    /// not set or not watched (no --node-name); the label wins.
+    #[arg(long, env = "SLICELET_MIG_CONFIG")]
+    pub mig_config: Option<String>,
     /// Tokio worker threads (a 192-core node must not get 192 workers).
     #[arg(long, env = "SLICELET_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub worker_threads: u16,
@@ -768,6 +777,11 @@ impl RunArgs {
             ..self.mps.config()
         };
         s.nfd_features_file = self.nfd_features_file.clone();
+        s.mig_config_file = self
+            .mig_config_file
+            .clone()
+            .filter(|p| !p.as_os_str().is_empty());
+        s.mig_config = self.mig_config.clone().filter(|n| !n.is_empty());
         self.cdi.apply(&mut s);
         self.memory.apply(&mut s);
         self.usage.apply(&mut s);

@@ -56,6 +56,9 @@ pub struct Status {
     /// Why GPU re-discovery fails while the last good inventory keeps serving (not a
     /// readiness failure: a note under `/readyz`'s first line).
     pub rediscovery_error: Option<String>,
+    /// Why the node's MIG layout failed or its file is refused (`--mig-config-file`; a note
+    /// under `/readyz`'s first line, not a readiness failure).
+    pub mig_config_error: Option<String>,
     /// GPUs (or MIG devices) whose MPS control daemon is ready.
     pub mps_ready: BTreeSet<String>,
     /// GPUs with an MPS limit change pending until their clients are gone.
@@ -216,10 +219,15 @@ impl Status {
         let rediscovery = self.rediscovery_error.iter().map(|why| {
             format!("GPU re-discovery failing: {why}; the last inventory keeps serving\n")
         });
+        let mig = self
+            .mig_config_error
+            .iter()
+            .map(|why| format!("MIG layout: {why}\n"));
         unhealthy
             .chain(retained)
             .chain(taints)
             .chain(rediscovery)
+            .chain(mig)
             .collect()
     }
 }

@@ -86,6 +86,8 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
             Action::PolicyRejected => "PolicyRejected".to_string(),
             Action::Causes => "Causes".to_string(),
+            Action::MigApply(c) => format!("MigApply({})", c.index),
+            Action::MigState => "MigState".to_string(),
         })
         .collect()
 }
