@@ -56,6 +56,9 @@ pub struct Status {
     /// Why GPU re-discovery fails while the last good inventory keeps serving (not a
     /// readiness failure: a note under `/readyz`'s first line).
     pub rediscovery_error: Option<String>,
+    /// The node's MIG layout state (`nvidia.com/mig.config.state`: `pending`, `success`,
+    /// `failed`); `None` while no layout is asked for.
+    pub mig_config_state: Option<&'static str>,
     /// Why the node's MIG layout failed or its file is refused (`--mig-config-file`; a note
     /// under `/readyz`'s first line, not a readiness failure).
     pub mig_config_error: Option<String>,

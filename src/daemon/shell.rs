@@ -308,6 +308,7 @@ impl Shell {
             n.discovery_error.clone_from(&state.discovery_error);
             n.rediscovery_error.clone_from(&state.rediscovery_error);
             n.mig_config_error = mig_config_note(state);
+            n.mig_config_state = state.mig.state.as_ref().map(|m| m.as_str());
             n.resources = resources;
             n.registered.retain(|r| n.resources.contains(r));
             n.streaming.retain(|r| n.resources.contains(r));

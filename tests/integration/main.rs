@@ -20,6 +20,7 @@ pub mod layers;
 mod live;
 mod manifests;
 pub mod mps;
+mod mig_layouts;
 mod mps_gpu;
 mod node_label;
 mod restarts;
