@@ -86,7 +86,10 @@ async fn the_labelled_layout_is_applied_and_advertised_and_a_new_label_applies_a
                 && has_line(&file, "nvidia.com/mig.config.state=success")
         })
         .await;
-    eprintln!("start to success (2 GPUs x 7 instances): {:?}", started.elapsed());
+    eprintln!(
+        "start to success (2 GPUs x 7 instances): {:?}",
+        started.elapsed()
+    );
     assert_eq!(st.mig_config_error, None);
 
     let asked = Instant::now();
@@ -105,9 +108,16 @@ async fn the_labelled_layout_is_applied_and_advertised_and_a_new_label_applies_a
             && has_line(&file, "nvidia.com/mig.config.state=success")
     })
     .await;
-    eprintln!("label to success (all-balanced on 2 GPUs): {:?}", asked.elapsed());
+    eprintln!(
+        "label to success (all-balanced on 2 GPUs): {:?}",
+        asked.elapsed()
+    );
     assert_eq!(state.healthy_count("nvidia.com/mig-3g.40gb"), Some(2));
-    assert!(has_line(&file, "nvidia.com/mig-3g.40gb.count=2"), "{}", read(&file));
+    assert!(
+        has_line(&file, "nvidia.com/mig-3g.40gb.count=2"),
+        "{}",
+        read(&file)
+    );
     d.stop().await;
 }
 
@@ -130,7 +140,11 @@ async fn a_layout_that_needs_mig_mode_toggled_fails_with_the_nvidia_smi_step() {
     );
     assert!(st.unhealthy_lines().contains(&format!("MIG layout: {why}")));
     // Nothing was touched: MIG mode on, no instances, so nothing is advertised.
-    assert!(emu.state().resources.is_empty(), "{:?}", emu.state().resources.keys());
+    assert!(
+        emu.state().resources.is_empty(),
+        "{:?}",
+        emu.state().resources.keys()
+    );
     d.stop().await;
 }
 
@@ -143,16 +157,22 @@ async fn a_held_gpu_stays_pending_and_withdrawn_until_its_holder_goes() {
     let mut d = Daemon::start(s.settings(None, Some(&api)));
     const BIG: &str = "nvidia.com/mig-3g.40gb";
     let state = wait_lists(&emu, &[(BIG, 2)]).await;
-    d.wait_status(|st| st.mig_config_state == Some("success")).await;
+    d.wait_status(|st| st.mig_config_state == Some("success"))
+        .await;
     let held = ids_of(&state, BIG)[0].clone();
-    allocate(&emu, BIG, std::slice::from_ref(&held)).await.unwrap();
+    allocate(&emu, BIG, std::slice::from_ref(&held))
+        .await
+        .unwrap();
     pr.hold("ml", "train-0", "main", BIG, &[&held]);
     d.wait_status(|st| st.in_use == 1).await;
 
     api.set_label(MIG_CONFIG_LABEL, "all-1g.10gb");
     let h = held.clone();
     emu.wait_for(WAIT, |st| {
-        st.resources[BIG].devices.as_ref().is_some_and(|l| l.len() == 1 && l[0].id == h)
+        st.resources[BIG]
+            .devices
+            .as_ref()
+            .is_some_and(|l| l.len() == 1 && l[0].id == h)
     })
     .await
     .expect("the free instance is withdrawn, the held one kept");
@@ -180,7 +200,59 @@ async fn a_held_gpu_stays_pending_and_withdrawn_until_its_holder_goes() {
     let released = Instant::now();
     pr.release("ml", "train-0");
     wait_lists(&emu, &[("nvidia.com/mig-1g.10gb", 7)]).await;
-    d.wait_status(|st| st.mig_config_state == Some("success")).await;
-    eprintln!("release to success (all-1g.10gb on 1 GPU): {:?}", released.elapsed());
+    d.wait_status(|st| st.mig_config_state == Some("success"))
+        .await;
+    eprintln!(
+        "release to success (all-1g.10gb on 1 GPU): {:?}",
+        released.elapsed()
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_is_watched_and_a_refused_one_keeps_the_last_good_one() {
+    let s = setup(1);
+    let emu = emulator(&s.node).await;
+    let mut d = Daemon::start(s.settings(Some("custom"), None));
+    let st = d
+        .wait_status(|st| st.mig_config_state == Some("failed"))
+        .await;
+    let why = st.mig_config_error.unwrap();
+    assert!(why.contains("no layout `custom`"), "{why}");
+
+    let dir = s.node.tmp.path().join("mig");
+    write_configmap(
+        &dir,
+        &[(
+            "config.yaml",
+            "version: v1\nmig-configs:\n  custom:\n    - devices: all\n      mig-enabled: true\n      mig-device: {}\n",
+        )],
+    );
+    let st = d
+        .wait_status(|st| {
+            st.mig_config_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused (the last good one is kept)"))
+        })
+        .await;
+    let why = st.mig_config_error.unwrap();
+    assert!(
+        why.contains("mig-configs.custom[0]") && why.contains("config.yaml"),
+        "{why}"
+    );
+    assert_eq!(st.mig_config_state, Some("failed"));
+
+    write_configmap(
+        &dir,
+        &[(
+            "config.yaml",
+            "version: v1\nmig-configs:\n  custom:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n",
+        )],
+    );
+    wait_lists(&emu, &[("nvidia.com/mig-3g.40gb", 2)]).await;
+    let st = d
+        .wait_status(|st| st.mig_config_state == Some("success"))
+        .await;
+    assert_eq!(st.mig_config_error, None);
     d.stop().await;
 }
