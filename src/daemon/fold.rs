@@ -750,7 +750,10 @@ impl State {
 impl State {
     /// The GPUs a layout leaves alone: those DRA partitions on demand (`dra.dynamicMig`).
     fn mig_skip(&self) -> BTreeSet<u32> {
-        self.plan.dynamic_mig.iter().map(|g| g.index).collect()
+        match (&self.policy, &self.inventory) {
+            (Some(p), Some(inv)) => plan::mig_layout::dynamic_gpus(p, inv),
+            _ => BTreeSet::new(),
+        }
     }
 
     /// The layouts file was read: logged when it is refused (the last good one stays).
