@@ -204,9 +204,10 @@ impl Status {
     /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
     /// device, `Retained <resource> <id>: held by ns/pod`, then `DRA device taints refused:
     /// <why>; Unhealthy devices are withdrawn instead` when the API server has no device
-    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, for
-    /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work
-    /// and re-discovery succeeds).
+    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, then
+    /// `MIG layout: <why>` when the node's MIG layout failed or its file is refused, for
+    /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work,
+    /// re-discovery succeeds and the MIG layout, if any, is fine).
     pub fn unhealthy_lines(&self) -> String {
         let unhealthy = self
             .unhealthy
