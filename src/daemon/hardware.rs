@@ -616,4 +616,62 @@ mod tests {
         );
         hw.shutdown(Duration::from_secs(5)).await;
     }
+
+    /// A layout's change on a simulated H100: destroys first, then creates, and stops at the
+    /// first create the "driver" refuses, with its reason; what was done stays done.
+    #[test]
+    fn a_layout_change_stops_at_the_first_refusal_with_the_drivers_reason() {
+        use crate::inventory::simulated::SimulatedSource;
+        use crate::inventory::MigPlacement;
+        use crate::plan::mig_layout::GpuChange;
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.yaml");
+        std::fs::write(
+            &node,
+            "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig: {}\n",
+        )
+        .unwrap();
+        let mut source = SimulatedSource::new(node);
+        let gpu = source.discover().unwrap().gpus[0].uuid.clone();
+        let at = |start, size| MigPlacement { start, size };
+        let change = GpuChange {
+            index: 0,
+            uuid: gpu.clone(),
+            destroy: vec![],
+            create: vec![
+                ("3g.40gb".to_string(), at(4, 4)),
+                ("3g.40gb".to_string(), at(4, 4)),
+                ("3g.40gb".to_string(), at(0, 4)),
+            ],
+        };
+        let why = apply_layout(&mut source, &change).unwrap_err();
+        assert!(why.contains("3g.40gb") && why.contains('4'), "{why}");
+        let inv = source.discover().unwrap();
+        let starts: Vec<Option<u32>> = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| m.placement.map(|p| p.start))
+            .collect();
+        assert_eq!(
+            starts,
+            [Some(4)],
+            "the first create stays, the third never ran"
+        );
+        // Destroy what exists, then create: both done.
+        let m = &inv.gpus[0].mig_devices[0];
+        let redo = GpuChange {
+            index: 0,
+            uuid: gpu,
+            destroy: vec![(m.gi_id, m.ci_id, m.uuid.clone())],
+            create: vec![("7g.80gb".to_string(), at(0, 8))],
+        };
+        apply_layout(&mut source, &redo).unwrap();
+        let inv = source.discover().unwrap();
+        let profiles: Vec<&str> = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| m.profile.as_str())
+            .collect();
+        assert_eq!(profiles, ["7g.80gb"]);
+    }
 }
