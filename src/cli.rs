@@ -462,6 +462,16 @@ pub struct RunArgs {
     /// Host root under which /dev is found, for device specs.
     #[arg(long, env = "SLICELET_DEV_ROOT", default_value = "/")]
     pub dev_root: String,
+    /// NVIDIA's MIG layouts file (mig-parted's `version: v1` `mig-configs:`, as the GPU
+    /// Operator's ConfigMap holds it): the layout named by the node label nvidia.com/mig.config
+    /// (or --mig-config) is applied to GPUs whose MIG mode is already set. Off by default (or
+    /// empty).
+    #[arg(long, env = "SLICELET_MIG_CONFIG_FILE")]
+    pub mig_config_file: Option<String>,
+    /// The layout of --mig-config-file to apply while the node label nvidia.com/mig.config is
+    /// not set or not watched (no --node-name); the label wins.
+    #[arg(long, env = "SLICELET_MIG_CONFIG")]
+    pub mig_config: Option<String>,
     /// Tokio worker threads (a 192-core node must not get 192 workers).
     #[arg(long, env = "SLICELET_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub worker_threads: u16,
@@ -768,6 +778,12 @@ impl RunArgs {
             ..self.mps.config()
         };
         s.nfd_features_file = self.nfd_features_file.clone();
+        s.mig_config_file = self
+            .mig_config_file
+            .as_deref()
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        s.mig_config = self.mig_config.clone().filter(|n| !n.is_empty());
         self.cdi.apply(&mut s);
         self.memory.apply(&mut s);
         self.usage.apply(&mut s);
@@ -804,6 +820,44 @@ mod tests {
                 want,
                 "{argv:?}"
             );
+        }
+    }
+
+    /// `--mig-config-file` and `--mig-config` reach the settings; empty values (a chart's unset
+    /// variable) are off.
+    #[test]
+    fn the_mig_layout_flags_reach_the_settings_and_empty_is_off() {
+        for (args, file, name) in [
+            (
+                vec![
+                    "--mig-config-file",
+                    "/etc/mig/config.yaml",
+                    "--mig-config",
+                    "all-1g.10gb",
+                ],
+                Some("/etc/mig/config.yaml"),
+                Some("all-1g.10gb"),
+            ),
+            (
+                vec!["--mig-config-file", "", "--mig-config", ""],
+                None,
+                None,
+            ),
+            (vec![], None, None),
+        ] {
+            let mut argv = vec!["slicelet", "run", "--config", "/etc/slicelet"];
+            argv.extend(args.iter().copied());
+            let cli = super::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let super::Command::Run(run) = cli.command else {
+                panic!("not run")
+            };
+            let s = run.settings().unwrap();
+            assert_eq!(
+                s.mig_config_file,
+                file.map(std::path::PathBuf::from),
+                "{argv:?}"
+            );
+            assert_eq!(s.mig_config.as_deref(), name, "{argv:?}");
         }
     }
 

@@ -35,6 +35,7 @@ mod dra_link;
 mod fold;
 pub mod hardware;
 mod in_use;
+mod mig_source;
 mod policy_source;
 mod servers;
 mod shell;

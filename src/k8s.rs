@@ -1,5 +1,6 @@
-//! The Kubernetes API, read-only, for one thing: this node's own config-selection label
-//! (`nvidia.com/device-plugin.config`, [`crate::policy::select`]).
+//! The Kubernetes API, read-only, for one thing: this node's own labels, its config-selection
+//! label (`nvidia.com/device-plugin.config`, [`crate::policy::select`]) and its MIG layout
+//! label ([`MIG_CONFIG_LABEL`], docs/mig.md), both carried by one watch of the Node.
 //!
 //! [`watch_label`] starts a task that watches the Node named `--node-name` only (field selector
 //! `metadata.name=<node>`, so the API server sends nothing about other nodes), metadata only
@@ -38,6 +39,8 @@ pub struct LabelView {
     pub synced: bool,
     /// The label's value (`None`: the label is not set, or the node does not exist).
     pub value: Option<String>,
+    /// The MIG layout label's value ([`MIG_CONFIG_LABEL`]; `None`: not set).
+    pub mig_config: Option<String>,
     /// The last error talking to the API (building the client, LIST or WATCH), cleared by the
     /// next successful event. The last synced value stays in `value` meanwhile.
     pub error: Option<String>,
@@ -144,6 +147,17 @@ fn retry_backoff() -> impl Iterator<Item = std::time::Duration> {
         .build()
 }
 
+/// The node label naming the MIG layout to apply (NVIDIA's mig-manager's key).
+pub const MIG_CONFIG_LABEL: &str = "nvidia.com/mig.config";
+
+/// The two values a node's labels give: (config label `label`, [`MIG_CONFIG_LABEL`]).
+type Seen = (Option<String>, Option<String>);
+
+/// The config label's and the MIG layout label's values on a node object (its metadata).
+fn seen_on(node: &PartialObjectMeta<Node>, label: &str) -> Seen {
+    (value_of(node, label), value_of(node, MIG_CONFIG_LABEL))
+}
+
 /// The label's value on a node object (its metadata).
 fn value_of(node: &PartialObjectMeta<Node>, label: &str) -> Option<String> {
     node.metadata.labels.as_ref()?.get(label).cloned()
@@ -182,8 +196,8 @@ async fn run(w: LabelWatch, label: &str, tx: &watch::Sender<LabelView>) {
     // `Api<PartialObjectMeta<Node>>` asks for metadata only.
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(client);
     let mut events = pin!(watcher::watcher(nodes, node_watch_config(&w.node)));
-    // The value seen during a (re-)list, applied when the list is complete.
-    let mut listing: Option<Option<String>> = None;
+    // The values seen during a (re-)list, applied when the list is complete.
+    let mut listing: Option<Seen> = None;
     let mut backoff = retry_backoff();
     while let Some(ev) = events.next().await {
         let ev = match ev {
@@ -233,37 +247,38 @@ fn show_watch_error(tx: &watch::Sender<LabelView>, error: String, node: &str) {
     });
 }
 
-/// The label's value event `ev` settles (`Some(None)`: no label), or `None` while a
-/// (re-)list is under way (its value kept in `listing` until the list is complete).
+/// The labels' values event `ev` settles (`Some((None, None))`: no labels), or `None` while a
+/// (re-)list is under way (its values kept in `listing` until the list is complete).
 fn label_seen(
     ev: Event<PartialObjectMeta<Node>>,
-    listing: &mut Option<Option<String>>,
+    listing: &mut Option<Seen>,
     node: &str,
     label: &str,
-) -> Option<Option<String>> {
+) -> Option<Seen> {
     match ev {
         Event::Init => {
-            *listing = Some(None);
+            *listing = Some((None, None));
             None
         }
         Event::InitApply(n) => {
             if n.metadata.name.as_deref() == Some(node) {
-                *listing = Some(value_of(&n, label));
+                *listing = Some(seen_on(&n, label));
             }
             None
         }
-        Event::InitDone => Some(listing.take().unwrap_or(None)),
-        Event::Apply(n) => Some(value_of(&n, label)),
-        Event::Delete(_) => Some(None),
+        Event::InitDone => Some(listing.take().unwrap_or((None, None))),
+        Event::Apply(n) => Some(seen_on(&n, label)),
+        Event::Delete(_) => Some((None, None)),
     }
 }
 
-/// Shows the label's value `seen` in the view (synced, no error), logging a changed value.
-fn show_label(tx: &watch::Sender<LabelView>, seen: Option<String>, node: &str, label: &str) {
+/// Shows the labels' values `seen` in the view (synced, no error), logging a changed value.
+fn show_label(tx: &watch::Sender<LabelView>, seen: Seen, node: &str, label: &str) {
     tx.send_if_modified(|v| {
         let next = LabelView {
             synced: true,
-            value: seen.clone(),
+            value: seen.0.clone(),
+            mig_config: seen.1.clone(),
             error: None,
         };
         if *v == next {
@@ -271,6 +286,9 @@ fn show_label(tx: &watch::Sender<LabelView>, seen: Option<String>, node: &str, l
         }
         if v.value != next.value || !v.synced {
             tracing::info!(node = %node, label = %label, value = ?next.value, "node config label");
+        }
+        if v.mig_config != next.mig_config || !v.synced {
+            tracing::info!(node = %node, label = MIG_CONFIG_LABEL, value = ?next.mig_config, "node MIG layout label");
         }
         *v = next;
         true

@@ -42,6 +42,10 @@ pub const MAX_LABEL_NAME: usize = 63;
 
 /// The key of the MIG strategy label (GFD's).
 pub const MIG_STRATEGY_LABEL: &str = "nvidia.com/mig.strategy";
+/// The state of the node's MIG layout (`nvidia.com/mig.config`, docs/mig.md): `pending`,
+/// `success` or `failed`, NVIDIA's mig-manager's key and values. Written to the NFD feature
+/// file like every other label (slicelet never writes Node objects).
+pub const MIG_CONFIG_STATE_LABEL: &str = "nvidia.com/mig.config.state";
 
 /// The first line of the feature file: an NFD comment (a `#` not followed by ` +`, which would
 /// be a directive).

@@ -89,6 +89,12 @@ pub struct Settings {
     /// prepared before keeps its devices off the device plugin. `None`: not read (without
     /// `--dra`; the command line always sets it).
     pub dra_checkpoint: Option<PathBuf>,
+    /// NVIDIA's MIG layouts file (`--mig-config-file`, mig-parted's `version: v1` format,
+    /// docs/mig.md "MIG layouts"); `None`: no layout is ever applied.
+    pub mig_config_file: Option<PathBuf>,
+    /// The layout to apply when the node label `nvidia.com/mig.config` is not set or not
+    /// watched (`--mig-config`); the label wins.
+    pub mig_config: Option<String>,
 }
 
 impl Settings {
@@ -148,6 +154,8 @@ impl Settings {
             kubelet_checkpoint: None,
             dra: None,
             dra_checkpoint: None,
+            mig_config_file: None,
+            mig_config: None,
         }
     }
 }

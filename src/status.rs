@@ -56,6 +56,12 @@ pub struct Status {
     /// Why GPU re-discovery fails while the last good inventory keeps serving (not a
     /// readiness failure: a note under `/readyz`'s first line).
     pub rediscovery_error: Option<String>,
+    /// The node's MIG layout state (`nvidia.com/mig.config.state`: `pending`, `success`,
+    /// `failed`); `None` while no layout is asked for.
+    pub mig_config_state: Option<&'static str>,
+    /// Why the node's MIG layout failed or its file is refused (`--mig-config-file`; a note
+    /// under `/readyz`'s first line, not a readiness failure).
+    pub mig_config_error: Option<String>,
     /// GPUs (or MIG devices) whose MPS control daemon is ready.
     pub mps_ready: BTreeSet<String>,
     /// GPUs with an MPS limit change pending until their clients are gone.
@@ -198,9 +204,10 @@ impl Status {
     /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
     /// device, `Retained <resource> <id>: held by ns/pod`, then `DRA device taints refused:
     /// <why>; Unhealthy devices are withdrawn instead` when the API server has no device
-    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, for
-    /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work
-    /// and re-discovery succeeds).
+    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, then
+    /// `MIG layout: <why>` when the node's MIG layout failed or its file is refused, for
+    /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work,
+    /// re-discovery succeeds and the MIG layout, if any, is fine).
     pub fn unhealthy_lines(&self) -> String {
         let unhealthy = self
             .unhealthy
@@ -216,10 +223,15 @@ impl Status {
         let rediscovery = self.rediscovery_error.iter().map(|why| {
             format!("GPU re-discovery failing: {why}; the last inventory keeps serving\n")
         });
+        let mig = self
+            .mig_config_error
+            .iter()
+            .map(|why| format!("MIG layout: {why}\n"));
         unhealthy
             .chain(retained)
             .chain(taints)
             .chain(rediscovery)
+            .chain(mig)
             .collect()
     }
 }

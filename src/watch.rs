@@ -34,6 +34,9 @@ pub struct Pending {
     pub kubelet: bool,
     /// A `slicelet-*.sock` file was removed (by the kubelet wiping the directory, or by hand).
     pub plugin_removed: bool,
+    /// The MIG layouts file (`--mig-config-file`) or its ConfigMap volume changed: read it
+    /// again.
+    pub mig_layouts: bool,
 }
 
 impl Pending {
@@ -88,6 +91,14 @@ pub struct WatchError {
 /// Keeps the watches alive; dropping it stops them.
 pub struct Watches {
     _watchers: Vec<RecommendedWatcher>,
+}
+
+impl Watches {
+    /// These watches and `other`'s, kept alive together.
+    pub fn with(mut self, other: Watches) -> Watches {
+        self._watchers.extend(other._watchers);
+        self
+    }
 }
 
 fn watch_dir(
@@ -290,6 +301,33 @@ pub fn start_policy(
             }
         })?);
     }
+    Ok(Watches {
+        _watchers: watchers,
+    })
+}
+
+/// Watches one more file the way the policy file is watched: its directory (an event about
+/// the file, or a ConfigMap volume's `..data` swap), and its target's directory when it is a
+/// symlink to elsewhere, marking `mark` in `inbox` (the MIG layouts file, `--mig-config-file`).
+///
+/// # Errors
+/// [`WatchError`] when the file's directory cannot be watched.
+pub fn start_file(
+    file: &Path,
+    inbox: &Inbox,
+    mark: fn(&mut Pending),
+) -> Result<Watches, WatchError> {
+    let mut watchers = Vec::new();
+    if let Some(w) = watch_link_target(file, inbox, mark) {
+        watchers.push(w);
+    }
+    let tx = inbox.clone();
+    let name = file.file_name().map(OsString::from);
+    watchers.push(watch_dir(&parent(file), move |ev| {
+        if commits(&ev) || concerns(&ev, name.as_deref()) {
+            tx.mark(mark);
+        }
+    })?);
     Ok(Watches {
         _watchers: watchers,
     })

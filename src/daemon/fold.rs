@@ -87,6 +87,15 @@ pub enum Input {
     /// [`Action::RefreshInUse`], the periodic refresh, or an Allocate), or why it could not be
     /// read.
     InUse(Result<InUse, PodResourcesError>),
+    /// The MIG layouts file (`--mig-config-file`) was read: the file and the SHA-256 of its
+    /// bytes, or why it is unusable (naming the file and the field; the last good one stays).
+    MigLayouts(Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), String>),
+    /// The MIG layout asked for (`nvidia.com/mig.config`, or `--mig-config`); `None`: none.
+    MigLayoutName(Option<String>),
+    /// The hardware actor changed a GPU's MIG instances for a layout (after
+    /// [`Action::MigApply`]; the discovery that followed was reported first), or the driver's
+    /// reason it failed.
+    MigApplied(Result<(), String>),
 }
 
 /// What the shell must do, in order.
@@ -124,6 +133,12 @@ pub enum Action {
     /// number, another condition taking over): rebuild what shows the cause (DRA's device
     /// taints and health stream) from the last plan.
     Causes,
+    /// Destroy and create this GPU's MIG instances (a layout; nothing holds the GPU any more
+    /// and its devices are withdrawn), then discover, then report [`Input::MigApplied`].
+    MigApply(crate::plan::mig_layout::GpuChange),
+    /// The layout's state changed ([`State::mig`]'s `state`): the node label, `/readyz`,
+    /// `/metrics`.
+    MigState,
 }
 
 /// The environment the state is built with: NVIDIA's health variables, as read at start.
@@ -193,6 +208,8 @@ pub struct State {
     in_use_fresh: bool,
     /// The tracker's causes and reasons when last published ([`Tracker::conditions`]).
     conditions: BTreeMap<String, (crate::device_health::Cause, String)>,
+    /// The MIG layouts (mig-parted file, layout name, the GPU being changed).
+    pub mig: mig::MigLayouts,
 }
 
 impl State {
@@ -228,6 +245,7 @@ impl State {
             in_use_wanted: false,
             in_use_fresh: false,
             conditions: BTreeMap::new(),
+            mig: mig::MigLayouts::default(),
         }
     }
 
@@ -290,7 +308,15 @@ impl State {
                 }
             }
             Input::Mps(ev) => self.mps_event(ev, now, &mut out),
+            Input::MigLayouts(read) => self.mig_file(read),
+            Input::MigLayoutName(name) => self.mig.name = name,
+            Input::MigApplied(result) => {
+                let skip = self.mig_skip();
+                let next = self.mig.applied(result, self.inventory.as_ref(), &skip);
+                self.mig_carry_out(next, &mut out);
+            }
         }
+        self.mig_step(&mut out);
         // A plan is published with the causes of now; without one, say when they changed.
         let conditions = self.tracker.conditions();
         if conditions != self.conditions {
@@ -691,6 +717,9 @@ impl State {
             }
         }
         let mut plan = built.plan;
+        if let Some(gpu) = self.mig.withdrawn() {
+            plan::drain::withdraw_gpu(&mut plan, gpu, &self.planned(inv));
+        }
         let holders = self.holders();
         plan::drain::apply(&mut plan, &self.plan, &holders, &self.planned(inv));
         drop(holders);
@@ -714,6 +743,80 @@ impl State {
         out.push(Action::Publish(Arc::clone(&self.plan)));
         if self.uses_cdi() {
             out.push(Action::CheckCdi);
+        }
+    }
+}
+
+impl State {
+    /// The GPUs a layout leaves alone: those DRA partitions on demand (`dra.dynamicMig`).
+    fn mig_skip(&self) -> BTreeSet<u32> {
+        match (&self.policy, &self.inventory) {
+            (Some(p), Some(inv)) => plan::mig_layout::dynamic_gpus(p, inv),
+            _ => BTreeSet::new(),
+        }
+    }
+
+    /// The layouts file was read: logged when it is refused (the last good one stays).
+    fn mig_file(&mut self, read: Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), String>) {
+        match &read {
+            Err(e) if self.mig.file_error.as_ref() != Some(e) => {
+                tracing::error!(error = %e, "MIG layouts file refused; keeping the last good one");
+            }
+            Ok(_) if self.mig.file_error.is_some() => {
+                tracing::info!("MIG layouts file read again");
+            }
+            _ => {}
+        }
+        self.mig.set_file(read);
+    }
+
+    /// Takes the layouts one step on: decides, withdraws a GPU (a new plan), or asks the
+    /// hardware to change the withdrawn GPU once nothing holds it. Bounded: a withdrawal
+    /// re-plans once, and the step after it either applies or waits.
+    fn mig_step(&mut self, out: &mut Vec<Action>) {
+        // The GPUs DRA partitions on demand are known once a policy is applied.
+        if self.policy.is_none() {
+            return;
+        }
+        for _ in 0..3 {
+            let skip = self.mig_skip();
+            let busy = self.in_use_wanted;
+            let plan = Arc::clone(&self.plan);
+            let free = |gpu: u32| {
+                !busy
+                    && !plan
+                        .resources
+                        .values()
+                        .any(|r| r.devices.iter().any(|d| d.gpu_index == gpu))
+            };
+            let next = self.mig.next(self.inventory.as_ref(), &skip, free);
+            let again = next.replan;
+            self.mig_carry_out(next, out);
+            if !again {
+                return;
+            }
+        }
+    }
+
+    fn mig_carry_out(&mut self, next: mig::Next, out: &mut Vec<Action>) {
+        if next.state_changed {
+            match &self.mig.state {
+                Some(mig::MigConfigState::Failed(why)) => {
+                    tracing::error!(reason = %why, "nvidia.com/mig.config.state=failed");
+                }
+                Some(s) => {
+                    tracing::info!(layout = ?self.mig.name, "nvidia.com/mig.config.state={}", s.as_str())
+                }
+                None => {}
+            }
+            out.push(Action::MigState);
+        }
+        if next.replan {
+            self.replan(out);
+        }
+        if let Some(change) = next.apply {
+            tracing::info!(gpu = change.index, uuid = %change.uuid, destroy = change.destroy.len(), create = change.create.len(), "MIG layout: changing the GPU's instances (nothing holds it)");
+            out.push(Action::MigApply(change));
         }
     }
 }
@@ -813,5 +916,6 @@ fn log_changes(old: &Plan, new: &Plan) {
     }
 }
 
+pub mod mig;
 #[cfg(test)]
 mod tests;

@@ -52,6 +52,10 @@ pub enum Command {
     /// new inventory; an inventory request is answered by a discovery made now. Served in
     /// order with every other command, so no two MIG calls ever run at once.
     Mig(MigCall),
+    /// A MIG layout's change of one GPU (docs/mig.md, "MIG layouts"): destroy its instances,
+    /// then create the wanted ones, stopping at the first failure; then a discovery (reported
+    /// as for [`Command::Discover`]), then [`Report::MigApplied`]. MIG mode is never touched.
+    MigLayout(crate::plan::mig_layout::GpuChange),
 }
 
 /// A MIG request of DRA's ([`crate::dra::mig::MigRequest`]).
@@ -91,6 +95,9 @@ pub enum Report {
     /// The result of a [`Command::Sample`]: the sample, or why there is none. The supervisor
     /// keeps its last figures on an error.
     Sampled(Result<crate::usage::Samples, SampleError>),
+    /// The result of a [`Command::MigLayout`], after its discovery: done, or the driver's
+    /// reason (the first create or destroy that failed).
+    MigApplied(Result<(), String>),
 }
 
 /// Why a [`Command::Sample`] has no sample.
@@ -208,7 +215,7 @@ fn next_command(queue: &mut std::collections::VecDeque<Command>) -> Option<Comma
                 return None;
             }
         }
-        Command::Probe(_) | Command::Mig(_) => {}
+        Command::Probe(_) | Command::Mig(_) | Command::MigLayout(_) => {}
     }
     Some(command)
 }
@@ -300,6 +307,17 @@ impl Actor {
         }
     }
 
+    /// Changes one GPU's MIG instances for a layout ([`Command::MigLayout`]): destroys, then
+    /// creates, stopping at the first failure; then discovers, then reports the result.
+    fn mig_layout(&mut self, change: &crate::plan::mig_layout::GpuChange, outbox: &Outbox) {
+        let result = match self.source.as_mut() {
+            None => Err("the GPU source is not open yet".to_string()),
+            Some(s) => apply_layout(s.as_mut(), change),
+        };
+        self.discover(outbox);
+        outbox.send(Report::MigApplied(result));
+    }
+
     /// Whether each GPU answers (recovery probes); `false` while no source is open.
     fn probe(&mut self, uuids: Vec<String>) -> Vec<(String, bool)> {
         uuids
@@ -343,6 +361,24 @@ fn read_claims(path: &Path) -> Option<Vec<crate::usage::ClaimEntry>> {
     }
 }
 
+/// Destroys `change`'s instances, then creates the wanted ones, on `source`; the first
+/// failure, with the call that failed and the driver's reason.
+fn apply_layout(
+    source: &mut dyn GpuSource,
+    change: &crate::plan::mig_layout::GpuChange,
+) -> Result<(), String> {
+    let reason = |e: InventoryError| crate::errors::chain(&e);
+    for (gi, ci, _) in &change.destroy {
+        source.destroy_mig(&change.uuid, *gi, *ci).map_err(reason)?;
+    }
+    for (profile, at) in &change.create {
+        source
+            .create_mig(&change.uuid, profile, at.start)
+            .map_err(reason)?;
+    }
+    Ok(())
+}
+
 fn actor(open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) {
     let sink: EventSink = {
         let outbox = outbox.clone();
@@ -375,6 +411,7 @@ fn actor(open: Opener, commands: &std_mpsc::Receiver<Command>, outbox: &Outbox) 
                 a.discover(outbox);
             }
             Command::Mig(MigCall(request)) => a.mig(request, outbox),
+            Command::MigLayout(change) => a.mig_layout(&change, outbox),
             Command::Probe(uuids) => outbox.send(Report::Probed(a.probe(uuids))),
             Command::ComputeModes(wanted) => {
                 if let Some(s) = a.source.as_mut() {
@@ -578,5 +615,63 @@ mod tests {
             "one discovery, one sample"
         );
         hw.shutdown(Duration::from_secs(5)).await;
+    }
+
+    /// A layout's change on a simulated H100: destroys first, then creates, and stops at the
+    /// first create the "driver" refuses, with its reason; what was done stays done.
+    #[test]
+    fn a_layout_change_stops_at_the_first_refusal_with_the_drivers_reason() {
+        use crate::inventory::simulated::SimulatedSource;
+        use crate::inventory::MigPlacement;
+        use crate::plan::mig_layout::GpuChange;
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.yaml");
+        std::fs::write(
+            &node,
+            "gpus:\n  - model: NVIDIA H100 80GB HBM3\n    memoryMiB: 81559\n    mig: {}\n",
+        )
+        .unwrap();
+        let mut source = SimulatedSource::new(node);
+        let gpu = source.discover().unwrap().gpus[0].uuid.clone();
+        let at = |start, size| MigPlacement { start, size };
+        let change = GpuChange {
+            index: 0,
+            uuid: gpu.clone(),
+            destroy: vec![],
+            create: vec![
+                ("3g.40gb".to_string(), at(4, 4)),
+                ("3g.40gb".to_string(), at(4, 4)),
+                ("3g.40gb".to_string(), at(0, 4)),
+            ],
+        };
+        let why = apply_layout(&mut source, &change).unwrap_err();
+        assert!(why.contains("3g.40gb") && why.contains('4'), "{why}");
+        let inv = source.discover().unwrap();
+        let starts: Vec<Option<u32>> = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| m.placement.map(|p| p.start))
+            .collect();
+        assert_eq!(
+            starts,
+            [Some(4)],
+            "the first create stays, the third never ran"
+        );
+        // Destroy what exists, then create: both done.
+        let m = &inv.gpus[0].mig_devices[0];
+        let redo = GpuChange {
+            index: 0,
+            uuid: gpu,
+            destroy: vec![(m.gi_id, m.ci_id, m.uuid.clone())],
+            create: vec![("7g.80gb".to_string(), at(0, 8))],
+        };
+        apply_layout(&mut source, &redo).unwrap();
+        let inv = source.discover().unwrap();
+        let profiles: Vec<&str> = inv.gpus[0]
+            .mig_devices
+            .iter()
+            .map(|m| m.profile.as_str())
+            .collect();
+        assert_eq!(profiles, ["7g.80gb"]);
     }
 }

@@ -138,7 +138,7 @@ fn read_policy(
 
 /// Why work run by [`blocking_within`] gave no value.
 #[derive(Debug, thiserror::Error)]
-enum BlockingError {
+pub(super) enum BlockingError {
     /// The blocking task panicked or was cancelled.
     #[error("{what} failed: {source}")]
     Failed {
@@ -162,7 +162,7 @@ enum BlockingError {
 /// that follow `what` ("reading the CDI specs failed: …", "reading the CDI specs took longer
 /// than 5s"). The thread is not waited for past the deadline (a hung file system keeps it, never
 /// the loop).
-async fn blocking_within<T: Send + 'static>(
+pub(super) async fn blocking_within<T: Send + 'static>(
     what: &str,
     deadline: Duration,
     work: impl FnOnce() -> T + Send + 'static,

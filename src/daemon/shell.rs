@@ -157,9 +157,12 @@ impl Shell {
         let actions = state.fold(input, Instant::now().into_std());
         // The labels depend on the plan and on the policy's migStrategy, which can change
         // without changing the plan.
-        let relabel = actions
-            .iter()
-            .any(|a| matches!(a, Action::Publish(_) | Action::PolicyApplied(_)));
+        let relabel = actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Publish(_) | Action::PolicyApplied(_) | Action::MigState
+            )
+        });
         self.unsettled |= actions.iter().any(|a| {
             matches!(
                 a,
@@ -200,6 +203,11 @@ impl Shell {
                 Action::PolicyRejected => self.metrics.policy_rejected(),
                 // The same plan, other causes: DRA's taints and health stream follow.
                 Action::Causes => self.dra.causes_changed(state),
+                Action::MigApply(change) => self.hardware.send(Command::MigLayout(change)),
+                Action::MigState => {
+                    self.metrics
+                        .set_mig_config_state(state.mig.state.as_ref().map(|s| s.as_str()));
+                }
             }
         }
         if relabel {
@@ -257,14 +265,21 @@ impl Shell {
             state.inventory.as_ref().unwrap_or(&empty),
             strategy,
         );
-        let content = labels::render(&built.labels);
+        let mut all = built.labels;
+        if let Some(s) = &state.mig.state {
+            all.insert(
+                labels::MIG_CONFIG_STATE_LABEL.to_string(),
+                s.as_str().to_string(),
+            );
+        }
+        let content = labels::render(&all);
         if self.labels_content.as_deref() == Some(content.as_str()) {
             return;
         }
         for w in &built.warnings {
             tracing::warn!(warning = %w, "node labels");
         }
-        tracing::debug!(labels = built.labels.len(), "node labels changed");
+        tracing::debug!(labels = all.len(), "node labels changed");
         writer.set(content.clone());
         self.labels_content = Some(content);
     }
@@ -292,6 +307,8 @@ impl Shell {
             n.policy_error.clone_from(&state.policy_error);
             n.discovery_error.clone_from(&state.discovery_error);
             n.rediscovery_error.clone_from(&state.rediscovery_error);
+            n.mig_config_error = mig_config_note(state);
+            n.mig_config_state = state.mig.state.as_ref().map(|m| m.as_str());
             n.resources = resources;
             n.registered.retain(|r| n.resources.contains(r));
             n.streaming.retain(|r| n.resources.contains(r));
@@ -334,6 +351,29 @@ impl Shell {
             *s = n;
             changed
         });
+    }
+}
+
+/// `/readyz`'s note on the MIG layouts: why the layout failed, or why the file is refused
+/// (the last good one kept).
+fn mig_config_note(state: &State) -> Option<String> {
+    let failed = match &state.mig.state {
+        Some(super::fold::mig::MigConfigState::Failed(why))
+            if state.mig.file_error.as_ref() != Some(why) =>
+        {
+            Some(why.clone())
+        }
+        _ => None,
+    };
+    let file = state
+        .mig
+        .file_error
+        .as_ref()
+        .map(|e| format!("MIG layouts file refused (the last good one is kept): {e}"));
+    match (failed, file) {
+        (Some(a), Some(b)) if a != b.as_str() => Some(format!("{a}; {b}")),
+        (Some(a), _) => Some(a),
+        (None, b) => b,
     }
 }
 

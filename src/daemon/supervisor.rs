@@ -76,6 +76,7 @@ enum Event {
     Shutdown,
     Files,
     PolicyRead(Input),
+    MigLayoutsRead(Input),
     Report(Option<Report>),
     Label(bool),
     Dra(bool),
@@ -116,6 +117,8 @@ pub(super) struct Supervisor {
     timers: Timers,
     deadlines: Deadlines,
     policy: PolicySource,
+    /// The MIG layouts file's reads (`--mig-config-file`).
+    mig_source: super::mig_source::MigSource,
     inbox: Inbox,
     watches: fswatch::Watches,
     status: Arc<watch::Sender<Status>>,
@@ -127,6 +130,8 @@ pub(super) struct Supervisor {
     dra_status: Option<watch::Receiver<crate::dra::publish::PublishStatus>>,
     node_label: Option<watch::Receiver<LabelView>>,
     label_value: Option<String>,
+    /// The node's `nvidia.com/mig.config` label, while watched and set.
+    mig_label: Option<String>,
     hangup: Option<tokio::signal::unix::Signal>,
     hardware_gone: bool,
     sampling: Option<Duration>,
@@ -169,7 +174,12 @@ impl Supervisor {
         let sampling = settings.sample_interval.filter(|_| plugin_mode);
         let timers = Timers::new(&settings, sampling, true);
         let policy = PolicySource::new(&settings);
+        let mig_source = super::mig_source::MigSource::new(
+            settings.mig_config_file.clone().filter(|_| plugin_mode),
+        );
         Ok(Supervisor {
+            mig_source,
+            mig_label: None,
             settings,
             shutdown,
             plugin_mode,
@@ -228,6 +238,11 @@ impl Supervisor {
         self.first_dra_prepared().await;
         self.fold(Input::Discovered(first));
         self.fold(first_policy);
+        if let Some(read) = self.mig_source.read() {
+            let layouts = read.await;
+            self.fold(layouts);
+            self.fold(Input::MigLayoutName(self.mig_name()));
+        }
         // The periods count from here (discovery is retried sooner while it fails).
         self.timers = Timers::new(&self.settings, self.sampling, discovered);
         if self.sampling.is_some() && discovered {
@@ -240,8 +255,9 @@ impl Supervisor {
     /// for (bounded, and not past the first API error), so that a restart does not serve the
     /// default config for a moment.
     async fn wait_for_label(&mut self) {
+        let wanted = self.policy.is_config_dir() || self.mig_source.is_configured();
         self.node_label = match &self.settings.label_watch {
-            Some(w) if self.policy.is_config_dir() => Some(crate::k8s::watch_label(
+            Some(w) if wanted => Some(crate::k8s::watch_label(
                 w.clone(),
                 self.settings.selection.label.clone(),
                 self.shutdown.child_token(),
@@ -266,7 +282,16 @@ impl Supervisor {
         }
         let v = rx.borrow_and_update().clone();
         self.label_value.clone_from(&v.value);
+        self.mig_label.clone_from(&v.mig_config);
         publish_label(&self.status, &v);
+    }
+
+    /// The MIG layout asked for: the node label `nvidia.com/mig.config` when it is watched and
+    /// set, else `--mig-config`.
+    fn mig_name(&self) -> Option<String> {
+        self.mig_label
+            .clone()
+            .or_else(|| self.settings.mig_config.clone())
     }
 
     /// Waits for the first discovery, folding health and probe reports that come before it.
@@ -285,6 +310,7 @@ impl Supervisor {
                 Some(Report::Health(e)) => self.fold(Input::Health(e)),
                 Some(Report::Probed(p)) => self.fold(Input::Probed(p)),
                 Some(Report::Sampled(r)) => self.shell.sampled(r, &self.state),
+                Some(Report::MigApplied(r)) => self.fold(Input::MigApplied(r)),
                 None => {
                     return Some(Err(InventoryError::NvmlCount(
                         "hardware thread ended".into(),
@@ -368,7 +394,7 @@ impl Supervisor {
             match self.next_event().await {
                 Event::Shutdown => break,
                 Event::Files => self.on_fs_event(),
-                Event::PolicyRead(input) => self.fold(input),
+                Event::PolicyRead(input) | Event::MigLayoutsRead(input) => self.fold(input),
                 Event::Report(report) => self.on_report(report),
                 Event::Label(ended) => self.on_label(ended),
                 Event::Dra(ended) => self.on_dra(ended),
@@ -390,7 +416,10 @@ impl Supervisor {
                 Event::NodeDebounced => self.on_node_debounced(),
                 Event::RecoveryDue => self.fold(Input::RecoveryDue),
                 Event::Hangup => self.on_hangup(),
-                Event::Resync => self.want_policy(false),
+                Event::Resync => {
+                    self.want_policy(false);
+                    self.mig_source.want();
+                }
                 Event::InventoryResync => self.shell.rediscover(&self.state),
                 Event::BindRetry => self.servers.retry_unserved(),
                 Event::Mig(request) => self
@@ -406,6 +435,7 @@ impl Supervisor {
             self.deadlines.residency_settle = Some(Instant::now() + RESIDENCY_SETTLE);
         }
         self.policy.start_queued(self.label_value.clone());
+        self.mig_source.start_queued();
     }
 
     /// Waits for whichever source reports first.
@@ -420,6 +450,7 @@ impl Supervisor {
             shutdown,
             inbox,
             policy,
+            mig_source,
             inputs,
             node_label,
             dra_status,
@@ -439,6 +470,7 @@ impl Supervisor {
             _ = shutdown.cancelled() => Event::Shutdown,
             () = inbox.changed() => Event::Files,
             input = policy.done(), if policy.is_running() => Event::PolicyRead(input),
+            input = mig_source.done(), if mig_source.is_running() => Event::MigLayoutsRead(input),
             report = inputs.reports.recv(), if !hardware_gone => Event::Report(report),
             changed = async { node_label.as_mut().expect("guarded").changed().await }, if node_label.is_some() => Event::Label(changed.is_err()),
             changed = async { dra_status.as_mut().expect("guarded").changed().await }, if dra_status.is_some() => Event::Dra(changed.is_err()),
@@ -514,6 +546,9 @@ impl Supervisor {
         if p.kubelet || p.plugin_removed {
             self.servers.kubelet_dir_changed();
         }
+        if p.mig_layouts {
+            self.mig_source.want();
+        }
     }
 
     /// The hardware actor's reports: this one and every one already queued behind it.
@@ -534,6 +569,7 @@ impl Supervisor {
                 }
                 Report::Health(e) => Input::Health(e),
                 Report::Probed(p) => Input::Probed(p),
+                Report::MigApplied(r) => Input::MigApplied(r),
                 Report::Sampled(r) => {
                     self.shell.sampled(r, &self.state);
                     next = self.inputs.reports.try_recv().ok();
@@ -573,6 +609,10 @@ impl Supervisor {
             self.node_label = None;
         }
         publish_label(&self.status, &v);
+        if v.mig_config != self.mig_label {
+            self.mig_label = v.mig_config;
+            self.fold(Input::MigLayoutName(self.mig_name()));
+        }
         if v.value != self.label_value {
             self.label_value = v.value;
             self.want_policy(false);
@@ -686,6 +726,7 @@ impl Supervisor {
     fn on_hangup(&mut self) {
         tracing::info!("SIGHUP: re-reading the policy and re-discovering GPUs");
         self.want_policy(true);
+        self.mig_source.want();
         self.shell.rediscover(&self.state);
     }
 

@@ -43,21 +43,28 @@ pub(super) struct Inputs {
     pub mig_requests: Option<super::dra_link::MigRequests>,
 }
 
-/// The watches of the policy directory (and, for the device plugin, the kubelet's directory).
+/// The watches of the policy directory (and, for the device plugin, the kubelet's directory and
+/// the MIG layouts file's).
 pub(super) fn watch_all(
     settings: &Settings,
     plugin_mode: bool,
     inbox: &Inbox,
 ) -> Result<fswatch::Watches, WatchError> {
-    if plugin_mode {
+    let watches = if plugin_mode {
         fswatch::start(
             &settings.config,
             &settings.device_plugin_path,
             settings.simulate.as_deref(),
             inbox,
-        )
+        )?
     } else {
-        fswatch::start_policy(&settings.config, settings.simulate.as_deref(), inbox)
+        fswatch::start_policy(&settings.config, settings.simulate.as_deref(), inbox)?
+    };
+    match settings.mig_config_file.as_deref().filter(|_| plugin_mode) {
+        Some(file) => Ok(watches.with(fswatch::start_file(file, inbox, |p| {
+            p.mig_layouts = true;
+        })?)),
+        None => Ok(watches),
     }
 }
 

@@ -414,6 +414,28 @@ fn sort(devices: &mut [VirtualDevice]) {
 }
 
 /// `res` with `devices` (re-sorted, re-indexed) and everything else kept.
+/// Withdraws every device of GPU `gpu` (NVML index: the whole GPU, its MIG devices, their
+/// replicas) from `plan`, just built, before [`apply`]: a GPU whose MIG layout is about to
+/// change (docs/mig.md, "MIG layouts") is offered to nobody new, while [`apply`] keeps its held
+/// devices advertised until released.
+pub fn withdraw_gpu(plan: &mut Plan, gpu: u32, inventory: &Inventory) {
+    for res in plan.resources.values_mut() {
+        if !res.devices.iter().any(|d| d.gpu_index == gpu) {
+            continue;
+        }
+        let kept = res
+            .devices
+            .iter()
+            .filter(|d| d.gpu_index != gpu)
+            .cloned()
+            .collect();
+        let mut out = rebuilt(res, kept, inventory);
+        out.memory.clone_from(&res.memory);
+        out.capacity.clone_from(&res.capacity);
+        *res = Arc::new(out);
+    }
+}
+
 fn rebuilt(
     res: &ResourcePlan,
     mut devices: Vec<VirtualDevice>,

@@ -67,6 +67,18 @@ pub(super) fn resolve(
 
 /// The GPUs `selector` names on this node, index ascending, each once; a warning for each
 /// name this node lacks.
+/// The indices of the GPUs of `inventory` that `selector` names (warnings dropped: the plan
+/// gives them).
+pub(super) fn named_indices(
+    selector: &DeviceSelector,
+    inventory: &Inventory,
+) -> std::collections::BTreeSet<u32> {
+    named_gpus(selector, inventory, &mut Vec::new())
+        .into_iter()
+        .map(|g| g.index)
+        .collect()
+}
+
 fn named_gpus<'a>(
     selector: &DeviceSelector,
     inventory: &'a Inventory,

@@ -129,6 +129,16 @@ fn on_off(on: bool) -> &'static str {
     }
 }
 
+/// The GPUs a layout leaves alone on `inventory`: those `policy`'s `dra.dynamicMig.devices`
+/// names (whatever their mode, geometry or instances: their instances belong to claims), by
+/// NVML index.
+pub fn dynamic_gpus(policy: &crate::policy::Policy, inventory: &Inventory) -> BTreeSet<u32> {
+    match &policy.dynamic_mig {
+        Some(selector) => super::dynamic_mig::named_indices(selector, inventory),
+        None => BTreeSet::new(),
+    }
+}
+
 /// The changes layout `name` of `file` asks of `inventory`'s GPUs, GPU index ascending,
 /// leaving out GPUs in `skip` and GPUs already as the layout wants them (empty: nothing to
 /// do).

@@ -28,6 +28,11 @@ struct XidLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TransitionLabels {
     gpu: String,
     to: String,
@@ -53,6 +58,9 @@ pub struct Metrics {
     policy_reload_failures: Counter,
     xid_events: Family<XidLabels, Counter>,
     health_transitions: Family<TransitionLabels, Counter>,
+    /// `slicelet_mig_config_state{state}`: 1 for the MIG layout's state (`pending`,
+    /// `success`, `failed`), 0 for the others; all 0 when no layout is asked for.
+    mig_config_state: Family<StateLabels, Gauge>,
     pub(crate) usage: UsageMetrics,
     /// The latest `/status` body (without the node-level fields, filled per request). A
     /// `std` lock held only to clone or swap the `Arc`, never across `.await`.
@@ -131,8 +139,15 @@ impl Metrics {
             "Device health transitions, by UUID and new state",
             health_transitions.clone(),
         );
+        let mig_config_state = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "mig_config_state",
+            "1 for the state of the node's MIG layout (nvidia.com/mig.config.state: pending, success, failed), 0 for the others",
+            mig_config_state.clone(),
+        );
         let usage = UsageMetrics::register(&mut registry);
         Metrics {
+            mig_config_state,
             registry,
             devices,
             registrations,
@@ -251,6 +266,18 @@ impl Metrics {
     /// Sets `slicelet_dra_device_taints` (1: Unhealthy devices are tainted, 0: withdrawn).
     pub fn set_dra_device_taints(&self, on: bool) {
         self.dra_device_taints.set(i64::from(on));
+    }
+
+    /// Sets `slicelet_mig_config_state`: 1 for `state`, 0 for the other states (`None`: no
+    /// layout asked for, every state 0).
+    pub fn set_mig_config_state(&self, state: Option<&str>) {
+        for s in ["pending", "success", "failed"] {
+            self.mig_config_state
+                .get_or_create(&StateLabels {
+                    state: s.to_string(),
+                })
+                .set(i64::from(state == Some(s)));
+        }
     }
 
     /// Sets `slicelet_dra_up` (1 serving, 0 down).

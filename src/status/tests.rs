@@ -86,6 +86,24 @@ fn metrics_text() {
     }
 }
 
+/// `slicelet_mig_config_state{state}`: 1 for the current state only; no layout, all 0.
+#[test]
+fn the_mig_layout_state_is_one_gauge_per_state() {
+    let m = Metrics::new();
+    m.set_mig_config_state(Some("pending"));
+    m.set_mig_config_state(Some("failed"));
+    let text = m.encode();
+    for want in [
+        "slicelet_mig_config_state{state=\"failed\"} 1",
+        "slicelet_mig_config_state{state=\"pending\"} 0",
+        "slicelet_mig_config_state{state=\"success\"} 0",
+    ] {
+        assert!(text.contains(want), "{want} in\n{text}");
+    }
+    m.set_mig_config_state(None);
+    assert!(!m.encode().contains("_state{state=\"failed\"} 1"));
+}
+
 /// A supervisor whose view queue is full (it is busy) costs `/status` VIEW_TIMEOUT at
 /// most, and the view set last is served (the send used to wait without bound).
 #[tokio::test(start_paused = true)]

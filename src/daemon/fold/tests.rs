@@ -86,6 +86,8 @@ fn summary(actions: &[Action]) -> Vec<String> {
             Action::PolicyApplied(g) => format!("PolicyApplied({g})"),
             Action::PolicyRejected => "PolicyRejected".to_string(),
             Action::Causes => "Causes".to_string(),
+            Action::MigApply(c) => format!("MigApply({})", c.index),
+            Action::MigState => "MigState".to_string(),
         })
         .collect()
 }
@@ -1108,4 +1110,74 @@ fn instances_dra_created_for_claims_are_never_static_devices() {
     );
     assert_eq!(occupied(&s), vec![0]);
     assert_eq!(static_resources(&s), vec!["nvidia.com/mig-3g.40gb"]);
+}
+
+/// A MIG layout on a held GPU: the GPU's devices are withdrawn (a fresh pod-resources answer
+/// first, as for any withdrawing change), the held one stays, and the hardware is asked to
+/// change the GPU only once the holder is gone; its answer after the discovery ends `success`.
+#[test]
+fn a_mig_layout_waits_for_the_holder_then_asks_the_hardware() {
+    const BIG: &str = "nvidia.com/mig-3g.40gb";
+    let t = Instant::now();
+    let mut inv = test_node(1);
+    inv.gpus[0].mig_enabled = true;
+    inv.gpus[0].mig_geometry =
+        crate::inventory::MigGeometry::from_table(&inv.gpus[0].model, inv.gpus[0].memory_mib);
+    inv.gpus[0].mig_devices = test_mig(0, &[("3g.40gb", 2)]);
+    let held = inv.gpus[0].mig_devices[0].uuid.clone();
+    let mut holds = crate::in_use::InUse::default();
+    holds.insert(
+        BIG,
+        &held,
+        crate::in_use::Holder {
+            namespace: "ml".into(),
+            pod: "train-0".into(),
+            container: "main".into(),
+        },
+    );
+    let mut s = State::new(HealthEnv::default()).with_in_use_source();
+    s.fold(discovered(inv.clone()), t);
+    s.fold(Input::InUse(Ok(holds.clone())), t);
+    s.fold(
+        policy("version: v1\nflags:\n  migStrategy: mixed\n", true),
+        t,
+    );
+    assert_eq!(s.plan.resources[BIG].devices.len(), 2);
+    let file = crate::policy::parse_mig_parted(
+        "version: v1\nmig-configs:\n  small:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 7\n",
+    )
+    .unwrap();
+    assert!(s
+        .fold(Input::MigLayouts(Ok((Arc::new(file), [7; 32]))), t)
+        .is_empty());
+    assert_eq!(
+        summary(&s.fold(Input::MigLayoutName(Some("small".into())), t)),
+        ["MigState", "RefreshInUse"]
+    );
+    // Still held: the free instance is withdrawn, the held one kept; nothing is changed.
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Ok(holds.clone())), t)),
+        ["Publish", "InUseChanged"]
+    );
+    let left: Vec<&str> = s.plan.resources[BIG]
+        .devices
+        .iter()
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(left, [held.as_str()]);
+    assert!(s.fold(Input::InUse(Ok(holds)), t).is_empty());
+    // Released: withdrawn, then the hardware is asked.
+    assert_eq!(
+        summary(&s.fold(Input::InUse(Ok(Default::default())), t)),
+        ["Publish", "InUseChanged", "MigApply(0)"]
+    );
+    let mut after = inv;
+    after.gpus[0].mig_devices = test_mig(0, &[("1g.10gb", 7)]);
+    s.fold(discovered(after), t);
+    assert_eq!(
+        summary(&s.fold(Input::MigApplied(Ok(())), t)),
+        ["MigState", "Publish"]
+    );
+    assert_eq!(s.mig.state, Some(mig::MigConfigState::Success));
+    assert_eq!(s.plan.resources["nvidia.com/mig-1g.10gb"].devices.len(), 7);
 }

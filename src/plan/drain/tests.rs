@@ -614,3 +614,31 @@ fn a_drain_with_any_case_is_not_empty() {
         assert!(!d.is_empty(), "{d:?}");
     }
 }
+
+/// A GPU whose MIG layout is about to change: its free replicas are offered to nobody, its
+/// held one stays advertised Healthy until released, and the other GPU is untouched.
+#[test]
+fn a_withdrawn_gpu_keeps_only_its_held_devices() {
+    let inv = test_node(2);
+    let before = plan(2, 2, &Plan::default(), &InUse::default());
+    let in_use = held(&[(&format!("{}::1", uuid(0)), "a")]);
+    let mut p = build(&policy(2), &inv).unwrap().plan;
+    withdraw_gpu(&mut p, 0, &inv);
+    apply(&mut p, &before, &in_use, &inv);
+    assert_eq!(
+        listed(&p, GPU),
+        [
+            (format!("{}::1", uuid(0)), "Healthy"),
+            (format!("{}::0", uuid(1)), "Healthy"),
+            (format!("{}::1", uuid(1)), "Healthy"),
+        ]
+    );
+    // Released: nothing of GPU 0 is left.
+    let mut p = build(&policy(2), &inv).unwrap().plan;
+    withdraw_gpu(&mut p, 0, &inv);
+    apply(&mut p, &before, &InUse::default(), &inv);
+    assert!(listed(&p, GPU)
+        .iter()
+        .all(|(id, _)| id.starts_with(&uuid(1))));
+    assert_eq!(p.resources[GPU].device(&format!("{}::0", uuid(0))), None);
+}

@@ -262,3 +262,20 @@ fn the_last_entry_naming_a_gpu_decides() {
     assert_eq!(changes[0].create.len(), 7);
     assert_eq!(profiles(&changes[1]), [("7g.80gb".to_string(), 0)]);
 }
+
+/// The GPUs `dra.dynamicMig.devices` names are left to DRA, however the layout would change
+/// them; without `dra.dynamicMig` none is.
+#[test]
+fn the_dynamic_mig_gpus_are_skipped() {
+    let inv = mig_node(2);
+    let dynamic = crate::policy::parse(
+        "version: v1\nflags:\n  migStrategy: mixed\ndra:\n  dynamicMig:\n    devices: [0]\n",
+    )
+    .unwrap();
+    let skip = dynamic_gpus(&dynamic, &inv);
+    assert_eq!(skip, BTreeSet::from([0]));
+    let changes = layout(&file(), "all-1g.10gb", &inv, &skip).unwrap();
+    assert_eq!(changes.iter().map(|c| c.index).collect::<Vec<_>>(), [1]);
+    let plain = crate::policy::parse("version: v1\n").unwrap();
+    assert!(dynamic_gpus(&plain, &inv).is_empty());
+}
