@@ -24,6 +24,7 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
+pub mod dynamic_health;
 pub mod health_map;
 pub mod health_service;
 pub mod mig;
@@ -67,7 +68,7 @@ impl DraInput {
     /// The input for `plan`: the health of its DRA devices folded over `prev`'s (so `since`
     /// stays put for devices that did not change) at `now`, each Unhealthy device's cause
     /// from `cause.of`, and the health of its dynamic MIG devices
-    /// ([`health_map::fold_dynamic`]) from the conditions `cause.tracked` names.
+    /// ([`dynamic_health::fold_dynamic`]) from the conditions `cause.tracked` names.
     pub fn new(
         plan: Arc<Plan>,
         inventory: Arc<Inventory>,
@@ -79,7 +80,7 @@ impl DraInput {
         let empty = health_map::HealthMap::new();
         let prev_health = prev.map_or(&empty, |p| &p.health);
         let mut health = health_map::fold(prev_health, slices::dra_resources(&plan), cause.of, now);
-        health.extend(health_map::fold_dynamic(
+        health.extend(dynamic_health::fold_dynamic(
             prev_health,
             &plan.dynamic_mig,
             &inventory,

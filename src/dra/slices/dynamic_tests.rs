@@ -468,7 +468,7 @@ fn unhealthy_dynamic_devices_are_tainted_like_static_ones() {
     let (mut plan, _) = built(DYNAMIC_ALL, &inv);
     plan.dynamic_mig[0].health = Health::Unhealthy;
     let xid = |u: &str| (u == inv.gpus[0].uuid).then(|| (Cause::Xid(79), "xid 79".to_string()));
-    let health = crate::dra::health_map::fold_dynamic(
+    let health = crate::dra::dynamic_health::fold_dynamic(
         &HealthMap::new(),
         &plan.dynamic_mig,
         &inv,
