@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# GPU memory limits per container, checked on a real GPU (docs/memory-limits.md). Run by a
-# person, as root, on a machine with an NVIDIA GPU, driver R615 or later and cgroup v2; CI
-# does not run it (it has no GPU).
+# Checks on a real GPU, each skipped on its own with one line when the machine cannot run it.
+# Run by a person, as root, on a machine with an NVIDIA GPU; CI does not run it (it has no GPU).
 #
 #   scripts/gpu-check.sh [SLICELET_BINARY]
 #
 # Without SLICELET_BINARY it builds target/release/slicelet (cargo build --release --locked).
-# It writes a policy giving GPU 0 two sizes, a 10 GiB and a 20 GiB hard limit (two entries, two
-# resource names), has `slicelet plan` (NVML) confirm both are enforced, creates two cgroups
-# (<root>/slicelet-check/a and b) and runs `slicelet hook set-memory-limits` for each exactly as
-# a container runtime runs the createContainer hook of slicelet's CDI spec: the OCI state on
-# stdin, naming a bundle whose config.json has linux.cgroupsPath. It prints NVML's readback of
-# both limits (nvmlDeviceGetMemoryLimits_v1), then, from a process in each cgroup, allocates
-# GPU memory through the CUDA driver API (ctypes on libcuda.so.1, no toolkit needed): in a,
-# 11 GiB must fail with CUDA_ERROR_OUT_OF_MEMORY and 9 GiB succeed; in b, 19 GiB must succeed
-# and 21 GiB fail. It removes the cgroups (the driver drops their limits) and its files.
 #
-# Needs python3 (ctypes) and the driver's libnvidia-ml.so.1 and libcuda.so.1.
-# SLICELET_NVML_LIBRARY (slicelet's own variable) names another NVML library;
+# 1. GPU memory limits per container (docs/memory-limits.md), on GPU 0 with MIG mode off,
+#    driver R615 or later and cgroup v2. It writes a policy giving GPU 0 two sizes, a 10 GiB
+#    and a 20 GiB hard limit (two entries, two resource names), has `slicelet plan` (NVML)
+#    confirm both are enforced, creates two cgroups (<root>/slicelet-check/a and b) and runs
+#    `slicelet hook set-memory-limits` for each exactly as a container runtime runs the
+#    createContainer hook of slicelet's CDI spec: the OCI state on stdin, naming a bundle whose
+#    config.json has linux.cgroupsPath. It prints NVML's readback of both limits
+#    (nvmlDeviceGetMemoryLimits_v1), then, from a process in each cgroup, allocates GPU memory
+#    through the CUDA driver API (ctypes on libcuda.so.1, no toolkit needed): in a, 11 GiB must
+#    fail with CUDA_ERROR_OUT_OF_MEMORY and 9 GiB succeed; in b, 19 GiB must succeed and 21 GiB
+#    fail. It removes the cgroups (the driver drops their limits) and its files.
+# 2. Dynamic MIG's create and destroy (docs/mig.md), on the first GPU with MIG mode on: it
+#    creates the smallest free instance (the first `1g.*` profile `nvidia-smi mig -lgip` shows
+#    with an instance free; GPU_CHECK_MIG_PROFILE names another) through slicelet's own NVML
+#    code (`slicelet mig create`), checks its UUID is in `nvidia-smi -L`, destroys it
+#    (`slicelet mig destroy`) and checks it is gone. It never changes MIG mode; an instance it
+#    leaves after a failure is destroyed on exit.
+#
+# Needs python3 (ctypes) and the driver's libnvidia-ml.so.1 and libcuda.so.1; part 2 needs
+# nvidia-smi. SLICELET_NVML_LIBRARY (slicelet's own variable) names another NVML library;
 # SLICELET_HOOK_CGROUP_ROOT (the hook's) another cgroup v2 mount than /sys/fs/cgroup.
 #
-# Exit 0: every check held, or one line saying why it was skipped (no NVIDIA driver or GPU, a
-# driver before R615, no cgroup v2). Exit 1: a check failed, or the machine cannot run it
-# (not root, no python3, GPU 0 in MIG mode, too small or busy), with the reason.
+# Exit 0: every check held, or was skipped with one line saying why (no NVIDIA driver or GPU;
+# part 1: GPU 0 in MIG mode, a driver before R615, no cgroup v2; part 2: no GPU in MIG mode).
+# Exit 1: a check failed, or the machine cannot run it (not root, no python3, GPU 0 too small
+# or busy, no free MIG instance), with the reason.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,19 +43,24 @@ skip() {
   say "skipped: $*"
   exit 0
 }
+# One part skipped: the caller returns.
+skip_part() { say "$1: skipped: $2"; }
 fail() {
   echo "gpu-check: FAILED: $*" >&2
   exit 1
 }
 
 command -v python3 >/dev/null || fail "python3 is needed (NVML and CUDA are called through ctypes)"
-if [[ $(stat -fc %T "$cgroot" 2>/dev/null || true) != cgroup2fs ]]; then
-  skip "$cgroot is not a cgroup v2 hierarchy (GPU memory limits need cgroup v2)"
-fi
 
 work=$(mktemp -d)
+bin=
+made_mig=
 cleanup() {
   local d
+  if [[ -n $made_mig && -n $bin ]]; then
+    "$bin" mig destroy --uuid "$made_mig" >/dev/null ||
+      echo "gpu-check: could not destroy $made_mig (nvidia-smi mig -dci / -dgi removes it)" >&2
+  fi
   for d in "$parent/a" "$parent/b" "$parent"; do
     [[ -d $d ]] || continue
     # The probes have exited; the kernel may take a moment to see the cgroup empty.
@@ -121,13 +135,6 @@ def info():
     if count.value == 0:
         print(f"no GPU (driver {driver})")
         return 3
-    try:
-        major = int(driver.split(".")[0])
-    except ValueError:
-        major = 0
-    if major < 615:
-        print(f"driver {driver} is older than R615 (per-cgroup GPU memory limits need R615 or later)")
-        return 3
     h = ctypes.c_void_p()
     nvml_call(lib, "nvmlDeviceGetHandleByIndex_v2", 0, ctypes.byref(h))
     nvml_call(lib, "nvmlDeviceGetUUID", h, buf, 96)
@@ -139,6 +146,22 @@ def info():
     current, pending = ctypes.c_uint(), ctypes.c_uint()
     mig = 1 if lib.nvmlDeviceGetMigMode(h, ctypes.byref(current), ctypes.byref(pending)) == 0 and current.value else 0
     print("\t".join([driver, uuid, name, str(mem.total // MIB), str(mem.free // MIB), str(mig)]))
+    return 0
+
+
+def migs():
+    # "<index>\t<uuid>" of each GPU whose current MIG mode is on.
+    lib = nvml()
+    count = ctypes.c_uint()
+    nvml_call(lib, "nvmlDeviceGetCount_v2", ctypes.byref(count))
+    buf = ctypes.create_string_buffer(96)
+    for i in range(count.value):
+        h = ctypes.c_void_p()
+        nvml_call(lib, "nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(h))
+        current, pending = ctypes.c_uint(), ctypes.c_uint()
+        if lib.nvmlDeviceGetMigMode(h, ctypes.byref(current), ctypes.byref(pending)) == 0 and current.value:
+            nvml_call(lib, "nvmlDeviceGetUUID", h, buf, 96)
+            print(f"{i}\t{buf.value.decode()}")
     return 0
 
 
@@ -198,6 +221,8 @@ if __name__ == "__main__":
     try:
         if cmd == "info":
             sys.exit(info())
+        if cmd == "migs":
+            sys.exit(migs())
         if cmd == "readback":
             sys.exit(readback(sys.argv[2], sys.argv[3]))
         if cmd == "probe":
@@ -212,11 +237,8 @@ rc=0
 gpu=$(python3 "$work/gpu.py" info) || rc=$?
 if ((rc == 3)); then skip "$gpu"; elif ((rc != 0)); then fail "NVML: $gpu"; fi
 IFS=$'\t' read -r driver uuid model total_mib free_mib mig <<<"$gpu"
-say "GPU 0: $uuid ($model, $total_mib MiB, $free_mib MiB free), driver $driver, cgroup v2 at $cgroot"
-[[ $(id -u) -eq 0 ]] || fail "run as root: setting limits through NVML and creating cgroups need it"
-((mig == 0)) || fail "GPU 0 is in MIG mode: NVML takes no memory limits on MIG devices (disable MIG on it, or check another machine)"
-((total_mib >= 30 * 1024)) || fail "GPU 0 has $total_mib MiB: the two limits (10 + 20 GiB) need 30 GiB"
-((free_mib >= 21 * 1024)) || fail "GPU 0 has $free_mib MiB free: the check allocates up to 21 GiB; stop what runs on it"
+say "GPU 0: $uuid ($model, $total_mib MiB, $free_mib MiB free), driver $driver"
+[[ $(id -u) -eq 0 ]] || fail "run as root: setting limits through NVML, creating cgroups and MIG devices need it"
 
 if [[ $# -ge 1 ]]; then
   bin=$1
@@ -228,6 +250,27 @@ else
 fi
 [[ -x $bin ]] || fail "$bin is not an executable"
 say "slicelet: $bin ($("$bin" --version))"
+
+# Part 1: GPU memory limits per container, on GPU 0. (The body is not indented: its heredocs
+# keep their text as written.)
+memory_limits() {
+local part="memory limits" major=${driver%%.*}
+[[ $major =~ ^[0-9]+$ ]] || major=0
+if ((mig != 0)); then
+  skip_part "$part" "GPU 0 is in MIG mode (NVML takes no memory limits on MIG devices)"
+  return 0
+fi
+if ((major < 615)); then
+  skip_part "$part" "driver $driver is older than R615 (per-cgroup GPU memory limits need R615 or later)"
+  return 0
+fi
+if [[ $(stat -fc %T "$cgroot" 2>/dev/null || true) != cgroup2fs ]]; then
+  skip_part "$part" "$cgroot is not a cgroup v2 hierarchy (GPU memory limits need cgroup v2)"
+  return 0
+fi
+say "$part: cgroup v2 at $cgroot"
+((total_mib >= 30 * 1024)) || fail "GPU 0 has $total_mib MiB: the two limits (10 + 20 GiB) need 30 GiB"
+((free_mib >= 21 * 1024)) || fail "GPU 0 has $free_mib MiB free: the check allocates up to 21 GiB; stop what runs on it"
 
 # GPU 0 shared by size: one 10 GiB and one 20 GiB replica, each its own resource.
 cat >"$work/policy.yaml" <<'EOF'
@@ -318,3 +361,43 @@ probe a oom:11 ok:9 || failed=1
 probe b ok:19 oom:21 || failed=1
 ((failed == 0)) || fail "an allocation did not meet its limit (above)"
 say "ok: the limits the hook set hold (10 GiB: 11 refused, 9 allocated; 20 GiB: 19 allocated, 21 refused)"
+}
+
+# Part 2: dynamic MIG's create and destroy, through slicelet's own NVML code.
+dynamic_mig() {
+  local part="dynamic MIG" line index gpu_uuid profile out made listed
+  line=$(python3 "$work/gpu.py" migs) || fail "NVML: $line"
+  line=${line%%$'\n'*}
+  if [[ -z $line ]]; then
+    skip_part "$part" "no GPU has MIG mode on (slicelet never enables it; nvidia-smi -i N -mig 1 does)"
+    return 0
+  fi
+  command -v nvidia-smi >/dev/null || fail "$part: nvidia-smi is needed (its -L lists the MIG devices)"
+  IFS=$'\t' read -r index gpu_uuid <<<"$line"
+  profile=${GPU_CHECK_MIG_PROFILE:-}
+  if [[ -z $profile ]]; then
+    # "|   0  MIG 1g.10gb   19   7/7   9.75   No ...": the first 1g profile with an instance free.
+    out=$(nvidia-smi mig -i "$index" -lgip) || fail "$part: nvidia-smi mig -i $index -lgip: $out"
+    profile=$(awk '!found && $3 == "MIG" && $4 ~ /^1g\.[0-9]+gb$/ { split($6, n, "/"); if (n[1] > 0) { print $4; found = 1 } }' <<<"$out")
+  fi
+  [[ -n $profile ]] || fail "$part: GPU $index ($gpu_uuid) has no 1g profile with an instance free (nvidia-smi mig -i $index -lgip); destroy an instance, or name a profile in GPU_CHECK_MIG_PROFILE"
+  out=$("$bin" mig create --gpu "$index" --profile "$profile") ||
+    fail "$part: slicelet mig create --gpu $index --profile $profile was refused (above)"
+  made=${out%% *}
+  made_mig=$made
+  say "$part: GPU $index ($gpu_uuid): created $out"
+  listed=$(nvidia-smi -L) || fail "$part: nvidia-smi -L: $listed"
+  grep -qF "$made" <<<"$listed" || fail "$part: $made is not in nvidia-smi -L:
+$listed"
+  say "$part: nvidia-smi -L lists $made"
+  "$bin" mig destroy --uuid "$made" || fail "$part: slicelet mig destroy --uuid $made failed (above)"
+  made_mig=
+  listed=$(nvidia-smi -L) || fail "$part: nvidia-smi -L: $listed"
+  if grep -qF "$made" <<<"$listed"; then
+    fail "$part: $made is still in nvidia-smi -L after slicelet mig destroy"
+  fi
+  say "$part: ok: $profile created on GPU $index and listed by nvidia-smi, destroyed and gone"
+}
+
+memory_limits
+dynamic_mig

@@ -59,6 +59,81 @@ pub enum Command {
     /// Copy this binary to the host path the memory-limit hooks run (`run --hook-binary`),
     /// atomically, mode 0755: the DaemonSet's init container runs it (the image has no shell).
     InstallHook(InstallHookArgs),
+    /// Create or destroy one MIG device by hand, through the GPU source the daemon uses
+    /// (checks on a real GPU; an instance made this way is a static MIG device to slicelet).
+    #[command(subcommand)]
+    Mig(MigCommand),
+}
+
+/// `slicelet mig …`.
+#[derive(Debug, Subcommand)]
+pub enum MigCommand {
+    /// Create a GPU instance of a profile with one compute instance spanning it; prints
+    /// `MIG-<uuid> gpu=<i> profile=<p> placement=<start>+<size> gi=<id> ci=<id>`.
+    Create(MigCreateArgs),
+    /// Destroy a MIG device (its compute instance, then its GPU instance).
+    Destroy(MigDestroyArgs),
+}
+
+/// `slicelet mig create`.
+#[derive(Debug, Clone, Args)]
+pub struct MigCreateArgs {
+    /// The GPU: its NVML index or `GPU-…` UUID (MIG mode must be on).
+    #[arg(long, env = "SLICELET_MIG_GPU")]
+    pub gpu: String,
+    /// The GPU-instance profile as NVIDIA names it (`1g.10gb`).
+    #[arg(long, env = "SLICELET_MIG_PROFILE")]
+    pub profile: String,
+    /// The first memory slice of the placement (default: the first free one).
+    #[arg(long, env = "SLICELET_MIG_PLACEMENT")]
+    pub placement: Option<u32>,
+    /// Where the GPUs come from.
+    #[command(flatten)]
+    pub source: GpuSourceArgs,
+}
+
+/// `slicelet mig destroy`.
+#[derive(Debug, Clone, Args)]
+pub struct MigDestroyArgs {
+    /// The MIG device's `MIG-…` UUID.
+    #[arg(long, env = "SLICELET_MIG_UUID")]
+    pub uuid: String,
+    /// Where the GPUs come from.
+    #[command(flatten)]
+    pub source: GpuSourceArgs,
+}
+
+/// The GPU source alone (no policy): NVML or a simulated node.
+#[derive(Debug, Clone, Args)]
+pub struct GpuSourceArgs {
+    /// Use a simulated node described in this YAML file instead of NVML.
+    #[arg(long, env = "SLICELET_SIMULATE")]
+    pub simulate: Option<PathBuf>,
+    /// Load NVML from this file instead of libnvidia-ml.so.1 on the loader's path.
+    #[arg(long, env = "SLICELET_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
+    /// Where sysfs is mounted (NUMA node lookup).
+    #[arg(long, env = "SLICELET_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// Host root under which /proc is found (MIG device specs read
+    /// proc/driver/nvidia-caps/mig-minors there).
+    #[arg(long, env = "SLICELET_PROC_ROOT", default_value = "/")]
+    pub proc_root: PathBuf,
+}
+
+impl GpuSourceArgs {
+    /// Settings naming this source only (no policy file).
+    pub fn settings(&self) -> Settings {
+        let mut s = Settings::new(
+            std::path::Path::new(""),
+            crate::api::DEFAULT_DEVICE_PLUGIN_PATH,
+        );
+        s.simulate = self.simulate.clone();
+        s.nvml_library = self.nvml_library.clone();
+        s.sysfs_root = self.sysfs_root.clone();
+        s.proc_root = self.proc_root.clone();
+        s
+    }
 }
 
 /// `slicelet install-hook`.

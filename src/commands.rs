@@ -1,5 +1,6 @@
 //! `slicelet plan` and `slicelet validate`: what a policy means, without a kubelet; and
-//! `slicelet install-hook`, which puts the binary where the memory-limit hooks run it.
+//! `slicelet install-hook`, which puts the binary where the memory-limit hooks run it; and
+//! `slicelet mig` ([`mig`]), MIG devices made or removed by hand.
 
 use std::fmt::Write as _;
 
@@ -7,6 +8,8 @@ use crate::daemon;
 use crate::plan;
 use crate::policy;
 use crate::settings::Settings;
+
+pub mod mig;
 
 /// A command failed; the message (with its sources, as `main` prints them) is what the user
 /// sees.

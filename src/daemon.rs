@@ -141,6 +141,17 @@ pub fn discover(settings: &Settings) -> Result<(Inventory, String), InventoryErr
     Ok((inv, source.describe()))
 }
 
+/// The GPU source `settings` names, open: the simulated node file (`--simulate`) or NVML, as
+/// the daemon opens it (`slicelet mig` creates and destroys MIG devices through it).
+///
+/// # Errors
+/// [`InventoryError`] from NVML or the simulated node file.
+pub fn open_source(
+    settings: &Settings,
+) -> Result<Box<dyn crate::inventory::GpuSource>, InventoryError> {
+    wiring::open_source(settings)
+}
+
 /// Runs the daemon until `shutdown` is cancelled, then stops every server, ends every
 /// ListAndWatch stream and removes its sockets.
 ///

@@ -24,6 +24,7 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
+pub mod dynamic_health;
 pub mod health_map;
 pub mod health_service;
 pub mod mig;
@@ -66,22 +67,26 @@ pub struct DraInput {
 impl DraInput {
     /// The input for `plan`: the health of its DRA devices folded over `prev`'s (so `since`
     /// stays put for devices that did not change) at `now`, each Unhealthy device's cause
-    /// from `cause_of`.
+    /// from `cause.of`, and the health of its dynamic MIG devices
+    /// ([`dynamic_health::fold_dynamic`]) from the conditions `cause.tracked` names.
     pub fn new(
         plan: Arc<Plan>,
         inventory: Arc<Inventory>,
         xid_taint_effect: crate::policy::TaintEffect,
-        cause_of: &health_map::CauseOf<'_>,
+        cause: &Causes<'_, '_>,
         prev: Option<&DraInput>,
         now: std::time::SystemTime,
     ) -> DraInput {
         let empty = health_map::HealthMap::new();
-        let health = health_map::fold(
-            prev.map_or(&empty, |p| &p.health),
-            slices::dra_resources(&plan),
-            cause_of,
+        let prev_health = prev.map_or(&empty, |p| &p.health);
+        let mut health = health_map::fold(prev_health, slices::dra_resources(&plan), cause.of, now);
+        health.extend(dynamic_health::fold_dynamic(
+            prev_health,
+            &plan.dynamic_mig,
+            &inventory,
+            cause.tracked,
             now,
-        );
+        ));
         DraInput {
             plan,
             inventory,
@@ -89,6 +94,15 @@ impl DraInput {
             xid_taint_effect,
         }
     }
+}
+
+/// Why devices are Unhealthy, as [`DraInput::new`] asks: by the plan's device, and by UUID.
+pub struct Causes<'a, 'b> {
+    /// Why the plan holds a static device Unhealthy ([`health_map::CauseOf`]).
+    pub of: &'a health_map::CauseOf<'b>,
+    /// The tracker's condition on a GPU or MIG device by UUID ([`health_map::TrackedCause`]):
+    /// what makes a dynamic MIG device Unhealthy.
+    pub tracked: &'a health_map::TrackedCause<'b>,
 }
 
 /// Where DRA runs (the `--dra-*` flags).

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use slicelet::cli::{
-    Cli, Command, HookCommand, InstallHookArgs, LogFormat, OutputFormat, SetMemoryLimitsArgs,
+    Cli, Command, HookCommand, InstallHookArgs, LogFormat, MigCommand, OutputFormat,
+    SetMemoryLimitsArgs,
 };
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -101,6 +102,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Hook(HookCommand::SetMemoryLimits(a)) => set_memory_limits(a),
         Command::InstallHook(args) => install_hook(&args),
+        Command::Mig(MigCommand::Create(a)) => {
+            let made = slicelet::commands::mig::create(
+                &a.source.settings(),
+                &a.gpu,
+                &a.profile,
+                a.placement,
+            )?;
+            println!("{made}");
+            Ok(())
+        }
+        Command::Mig(MigCommand::Destroy(a)) => {
+            println!(
+                "{}",
+                slicelet::commands::mig::destroy(&a.source.settings(), &a.uuid)?
+            );
+            Ok(())
+        }
         Command::Validate(args) => {
             let out = slicelet::commands::validate_config(&args.settings()?, args.strict)?;
             print!("{out}");

@@ -49,18 +49,7 @@ impl DraLink {
     pub(super) fn send(&self, state: &State, plan: &Arc<crate::plan::Plan>) {
         let Some(tx) = &self.inputs else { return };
         let prev = tx.borrow().clone();
-        let input = crate::dra::DraInput::new(
-            Arc::clone(plan),
-            Arc::new(state.inventory.clone().unwrap_or_default()),
-            state
-                .policy
-                .as_ref()
-                .map(|p| p.dra_xid_taint_effect)
-                .unwrap_or_default(),
-            &|res, d| Some(dra_cause(state, res, d)),
-            prev.as_deref(),
-            std::time::SystemTime::now(),
-        );
+        let input = dra_input(state, plan, prev.as_deref(), std::time::SystemTime::now());
         tx.send_replace(Some(Arc::new(input)));
     }
 
@@ -72,6 +61,32 @@ impl DraLink {
             self.send(state, &Arc::clone(&state.plan));
         }
     }
+}
+
+/// DRA's input for `plan` at `now`: its devices' health folded over `prev`'s, each Unhealthy
+/// device's cause from the tracker as it is now (static devices by [`dra_cause`], dynamic MIG
+/// devices by the conditions on their GPU and on the instance created for their claim).
+pub(super) fn dra_input(
+    state: &State,
+    plan: &Arc<crate::plan::Plan>,
+    prev: Option<&crate::dra::DraInput>,
+    now: std::time::SystemTime,
+) -> crate::dra::DraInput {
+    crate::dra::DraInput::new(
+        Arc::clone(plan),
+        Arc::new(state.inventory.clone().unwrap_or_default()),
+        state
+            .policy
+            .as_ref()
+            .map(|p| p.dra_xid_taint_effect)
+            .unwrap_or_default(),
+        &crate::dra::Causes {
+            of: &|res, d| Some(dra_cause(state, res, d)),
+            tracked: &|uuid| tracked(state, uuid),
+        },
+        prev,
+        now,
+    )
 }
 
 /// Waits (at most [`super::SHUTDOWN_DEADLINE`]) for the DRA component to stop, logging how it
@@ -89,6 +104,15 @@ pub(super) async fn stop(dra: Option<crate::dra::DraHandle>) {
     }
 }
 
+/// The tracker's condition on unit `uuid` (a GPU or MIG device): its cause and reason.
+fn tracked(state: &State, uuid: &str) -> Option<(crate::device_health::Cause, String)> {
+    let cause = state.tracker.cause(uuid)?;
+    Some((
+        cause,
+        state.tracker.reason(uuid).unwrap_or_default().to_string(),
+    ))
+}
+
 /// Why the plan holds DRA device `d` of `res` Unhealthy, as a cause (the device taint's value)
 /// and a sentence: the tracker's condition on its unit, the drain rules' reason, its MIG
 /// parent's condition, a unit no longer present (lost), else the drain rules (an MPS unit
@@ -99,13 +123,7 @@ fn dra_cause(
     d: &crate::plan::VirtualDevice,
 ) -> (crate::device_health::Cause, String) {
     use crate::device_health::Cause;
-    let tracked = |uuid: &str| {
-        let cause = state.tracker.cause(uuid)?;
-        Some((
-            cause,
-            state.tracker.reason(uuid).unwrap_or_default().to_string(),
-        ))
-    };
+    let tracked = |uuid: &str| tracked(state, uuid);
     if let Some(c) = tracked(&d.gpu_uuid) {
         return c;
     }

@@ -35,6 +35,10 @@ pub type HealthMap = BTreeMap<String, DeviceHealth>;
 /// when the caller cannot say.
 pub type CauseOf<'a> = dyn Fn(&ResourcePlan, &VirtualDevice) -> Option<(Cause, String)> + 'a;
 
+/// The tracker's condition on a unit by UUID (a GPU's `GPU-…` or a MIG device's `MIG-…`):
+/// its cause and a sentence; `None` when the tracker holds nothing against it.
+pub type TrackedCause<'a> = dyn Fn(&str) -> Option<(Cause, String)> + 'a;
+
 /// `t` cut to whole seconds (the API server's `metav1.Time` precision).
 pub fn whole_seconds(t: SystemTime) -> SystemTime {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -82,6 +86,30 @@ pub fn fold<'a>(
             )
         })
         .collect()
+}
+
+/// The entry of one device: `cause` (`None`: Healthy) at `now`, keeping `prev`'s `since`
+/// for the device `name` when its health and cause did not change.
+pub(super) fn entry(
+    prev: &HealthMap,
+    name: &str,
+    cause: Option<(Cause, String)>,
+    now: SystemTime,
+) -> DeviceHealth {
+    let (health, cause, message) = match cause {
+        None => (Health::Healthy, None, String::new()),
+        Some((c, m)) => (Health::Unhealthy, Some(c), m),
+    };
+    let since = prev
+        .get(name)
+        .filter(|old| old.health == health && old.cause == cause)
+        .map_or(now, |old| old.since);
+    DeviceHealth {
+        health,
+        cause,
+        message,
+        since,
+    }
 }
 
 #[cfg(test)]

@@ -521,7 +521,7 @@ impl Staged {
 /// The dynamic MIG device allocation result `r` names, checked; `None` when `r` is of another
 /// pool or names no dynamic MIG device of `ctx.inventory` (the static checks answer then).
 /// Rules: its GPU is one the plan partitions on demand ([`Plan::dynamic_mig`]) and Healthy in
-/// the inventory (as the slices publish it), its placement overlaps no static MIG device (the
+/// the plan (an Xid the daemon folded in) and the inventory (what the slices leave untainted), its placement overlaps no static MIG device (the
 /// plan's `occupied`), and no other claim holds it or a device overlapping it on that GPU
 /// (exclusive, like a MIG device).
 ///
@@ -546,10 +546,11 @@ fn dynamic_device(
             device: r.device.clone(),
         });
     };
-    let healthy = ctx
-        .inventory
-        .by_uuid(&m.gpu_uuid)
-        .is_some_and(|gpu| gpu.health == Health::Healthy);
+    let healthy = g.health == Health::Healthy
+        && ctx
+            .inventory
+            .by_uuid(&m.gpu_uuid)
+            .is_some_and(|gpu| gpu.health == Health::Healthy);
     if !healthy {
         return Err(PrepareError::Unhealthy {
             claim: want.to_string(),

@@ -572,7 +572,7 @@ pub fn build_pool<'a>(
     let mut sets: Vec<CounterSet> = sets.into_values().collect();
     let mut devices = devices;
     for g in dynamic {
-        if let Some((set, mut devs)) = dynamic_mig(g, inventory, params.driver_version.as_deref()) {
+        if let Some((set, mut devs)) = dynamic_with_health(g, inventory, params, health) {
             sets.push(set);
             devices.append(&mut devs);
         }
@@ -581,6 +581,38 @@ pub fn build_pool<'a>(
         slices: into_slices(params, &sets, &devices),
         skipped,
     }
+}
+
+/// The counter set and devices of dynamic MIG GPU `g` ([`dynamic_mig`]), each device
+/// Unhealthy in `health` withdrawn or tainted as `params.unhealthy` says (the static devices'
+/// rule), and, while its GPU is Unhealthy (`g.health` or in `inventory`), each device
+/// `health` does not know withdrawn. `None` when no device is left (the set goes with them).
+fn dynamic_with_health(
+    g: &DynamicMigGpu,
+    inventory: &Inventory,
+    params: &SliceParams,
+    health: &HealthMap,
+) -> Option<(CounterSet, Vec<Device>)> {
+    let (set, devs) = dynamic_mig(g, inventory, params.driver_version.as_deref())?;
+    let gpu_healthy = g.health.is_healthy()
+        && inventory
+            .by_index(g.index)
+            .is_some_and(|x| x.health.is_healthy());
+    let devs: Vec<Device> = devs
+        .into_iter()
+        .filter_map(|mut d| {
+            match (health.get(&d.name), params.unhealthy) {
+                (None, _) if !gpu_healthy => return None,
+                (Some(h), Unhealthy::Withdraw) if !h.health.is_healthy() => return None,
+                (Some(h), Unhealthy::Taint { xid_effect }) if !h.health.is_healthy() => {
+                    d.taints = Some(vec![taint(h, xid_effect)]);
+                }
+                _ => {}
+            }
+            Some(d)
+        })
+        .collect();
+    (!devs.is_empty()).then_some((set, devs))
 }
 
 /// The counters device `d` of `res` consumes, once its GPU's counter set is in `sets` (added

@@ -72,7 +72,10 @@ fn input_with(
         Arc::new(built.plan),
         Arc::new(inventory),
         policy.dra_xid_taint_effect,
-        &|_, _| Some((cause, cause.label())),
+        &slicelet::dra::Causes {
+            of: &|_, _| Some((cause, cause.label())),
+            tracked: &|_| Some((cause, cause.label())),
+        },
         prev,
         now,
     ))

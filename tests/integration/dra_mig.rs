@@ -157,7 +157,10 @@ impl Harness {
             Arc::new(plan),
             Arc::new(inv),
             policy.dra_xid_taint_effect,
-            &|_, _| None,
+            &slicelet::dra::Causes {
+                of: &|_, _| None,
+                tracked: &|_| None,
+            },
             None,
             std::time::SystemTime::now(),
         ))

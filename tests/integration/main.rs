@@ -19,6 +19,7 @@ mod labels;
 pub mod layers;
 mod live;
 mod manifests;
+mod mig_cli;
 mod mig_layouts;
 pub mod mps;
 mod mps_gpu;

@@ -1181,3 +1181,43 @@ fn a_mig_layout_waits_for_the_holder_then_asks_the_hardware() {
     assert_eq!(s.mig.state, Some(mig::MigConfigState::Success));
     assert_eq!(s.plan.resources["nvidia.com/mig-1g.10gb"].devices.len(), 7);
 }
+
+/// A critical Xid on the instance DRA created for a claim makes the dynamic device the claim
+/// holds Unhealthy in DRA's input (taint and health stream), that device only; one on the GPU
+/// makes every dynamic device of the GPU Unhealthy, published with its taint.
+#[test]
+fn an_xid_on_a_dynamic_instance_reaches_the_device_its_claim_holds() {
+    let (mut s, inv) = dynamic_mig_state();
+    let g0 = inv.gpus[0].uuid.clone();
+    let created = inv.gpus[0].mig_devices[0].uuid.clone();
+    let now = Instant::now();
+    s.fold(Input::DraDynamicMig([(g0.clone(), 0)].into()), now);
+    s.fold(xid(&created, 79), now);
+    let at = std::time::SystemTime::now();
+    let plan = Arc::clone(&s.plan);
+    let input = super::super::dra_link::dra_input(&s, &plan, None, at);
+    let sick: Vec<(&String, Option<Cause>)> = input
+        .health
+        .iter()
+        .filter(|(_, h)| !h.health.is_healthy())
+        .map(|(n, h)| (n, h.cause))
+        .collect();
+    assert_eq!(
+        sick,
+        [(&"gpu-0-mig-3g-40gb-0".to_string(), Some(Cause::Xid(79)))]
+    );
+    // An Xid on the GPU: every dynamic device of it, each published with a taint.
+    s.fold(xid(&g0, 48), now);
+    let plan = Arc::clone(&s.plan);
+    let input = super::super::dra_link::dra_input(&s, &plan, Some(&input), at);
+    let dynamic: Vec<_> = input
+        .health
+        .iter()
+        .filter(|(n, _)| n.starts_with("gpu-0-mig-"))
+        .collect();
+    assert!(!dynamic.is_empty());
+    assert!(
+        dynamic.iter().all(|(_, h)| h.cause == Some(Cause::Xid(48))),
+        "{dynamic:?}"
+    );
+}

@@ -1164,4 +1164,11 @@ fn dynamic_mig_refusals_table() {
     let c = claim(UID, &[("mig", DRIVER, NODE, "gpu-1-mig-3g-40gb-0")]);
     let ctx = context(&plan, &inv, None);
     assert!(stage(&c, &want(UID), &ctx, &other("gpu-0-mig-3g-40gb-0", 0, 4)).is_ok());
+    // Unhealthy in the plan only (an Xid the daemon folded in; discovery says Healthy): refused
+    // as a static device of an Unhealthy GPU is.
+    let mut xid_plan = plan.clone();
+    xid_plan.dynamic_mig[1].health = Health::Unhealthy;
+    let ctx = context(&xid_plan, &inv, None);
+    let e = stage(&c, &want(UID), &ctx, &held_none()).unwrap_err();
+    assert!(matches!(e, PrepareError::Unhealthy { .. }), "{e}");
 }

@@ -25,7 +25,10 @@
 //! and the driver version) without `uuid` (the MIG device does not exist until a claim is
 //! prepared) and `resource` (no device-plugin resource mirrors it), plus `dynamic: true`,
 //! `placementStart` and `placementSize` (ints, memory slices). Capacity `memory`: the
-//! profile's, in MiB. An Unhealthy GPU publishes no dynamic device.
+//! profile's, in MiB. Health is the caller's ([`super::build_pool`]): like a static MIG
+//! device, an Unhealthy dynamic device (its GPU Unhealthy, or the instance created for the
+//! claim that holds it) is published with a taint, or withdrawn where the API server has no
+//! device taints.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,7 +38,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{gpu_attributes, int, semver, string, version, COUNTER_COMPUTE_SLICES, MEMORY};
-use crate::device_health::Health;
 use crate::inventory::mig::gpu_instance_profile;
 use crate::inventory::{Gpu, Inventory, MigGeometry, MigPlacement, MigProfileInfo};
 use crate::plan::dra_names::{
@@ -117,9 +119,9 @@ fn counter(n: u64) -> Counter {
     }
 }
 
-/// The counter set and devices of the dynamic MIG GPU `g` ([`dynamic_mig_devices`]); `None`
-/// when the inventory lacks the GPU or its geometry, or the GPU is Unhealthy (in the plan's
-/// inventory, `g.health`, or in `inventory`).
+/// The counter set and devices of the dynamic MIG GPU `g` ([`dynamic_mig_devices`]), Healthy
+/// or not (the caller taints or withdraws); `None` when the inventory lacks the GPU or its
+/// geometry.
 pub fn dynamic_mig(
     g: &DynamicMigGpu,
     inventory: &Inventory,
@@ -127,9 +129,6 @@ pub fn dynamic_mig(
 ) -> Option<(CounterSet, Vec<Device>)> {
     let gpu = inventory.by_index(g.index)?;
     let geometry = gpu.mig_geometry.as_ref()?;
-    if gpu.health != Health::Healthy || g.health != Health::Healthy {
-        return None;
-    }
     let mut counters: BTreeMap<String, Counter> = (0..geometry.memory_slices)
         .map(|i| (memory_slice(i), counter(1)))
         .collect();

@@ -462,6 +462,49 @@ fn an_unhealthy_gpu_publishes_no_dynamic_device() {
     assert!(devices(&s).iter().all(|d| d.name.starts_with("gpu-1-mig-")));
 }
 
+#[test]
+fn unhealthy_dynamic_devices_are_tainted_like_static_ones() {
+    let inv = empty_mig(H100, 2);
+    let (mut plan, _) = built(DYNAMIC_ALL, &inv);
+    plan.dynamic_mig[0].health = Health::Unhealthy;
+    let xid = |u: &str| (u == inv.gpus[0].uuid).then(|| (Cause::Xid(79), "xid 79".to_string()));
+    let health = crate::dra::dynamic_health::fold_dynamic(
+        &HealthMap::new(),
+        &plan.dynamic_mig,
+        &inv,
+        &xid,
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000),
+    );
+    let s = build_pool(
+        dra_resources(&plan),
+        &plan.dynamic_mig,
+        &inv,
+        &params(),
+        &health,
+    );
+    let names: Vec<&str> = sets(&s).iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["gpu-0-mig", "gpu-1-mig"]);
+    assert_eq!(devices(&s).len(), 50);
+    for d in devices(&s) {
+        let taints = d.taints.as_deref().unwrap_or_default();
+        if d.name.starts_with("gpu-0-") {
+            assert_eq!(taints.len(), 1, "{}", d.name);
+            assert_eq!(taints[0].key, TAINT_KEY);
+            assert_eq!(taints[0].value.as_deref(), Some("xid-79"));
+            assert_eq!(taints[0].effect, "NoSchedule");
+        } else {
+            assert!(taints.is_empty(), "{}", d.name);
+        }
+    }
+    // Where the API server has no device taints: withdrawn, and the GPU's set with them.
+    let mut p = params();
+    p.unhealthy = Unhealthy::Withdraw;
+    let s = build_pool(dra_resources(&plan), &plan.dynamic_mig, &inv, &p, &health);
+    let names: Vec<&str> = sets(&s).iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["gpu-1-mig"]);
+    assert_eq!(devices(&s).len(), 25);
+}
+
 /// Every `resource.k8s.io/v1` limit a slice of `s` must keep, and the pool's shape.
 fn assert_within_api_limits(s: &Slices) {
     let count = s.slices.len() as i64;
