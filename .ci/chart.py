@@ -12,7 +12,10 @@ the library accepts (helm-python-sdk is pinned in .ci/run).
 
 For the default values and every CHART_DIR/ci/*.yaml, and each KUBE_VERSION (1.34.0), it writes
 OUT_DIR/<example>-<version>.yaml (for kubernetes-validate) and checks the rendering against the
-merged values: RBAC only with node-label selection (and then only get/list/watch on nodes), the
+merged values: RBAC only with node-label selection or migLayouts (and then only get/list/watch
+on nodes; with migLayouts the mig-parted ConfigMap mounted read-only as a directory,
+SLICELET_MIG_CONFIG_FILE in it, SLICELET_MIG_CONFIG from migLayouts.default, NODE_NAME, a token
+and the MIG settings), the
 MPS root mounted only when MPS is on, DRA's DeviceClasses (with dra.extendedResources one bridge
 class per name, <name with / and . as ->.bridge.<driver>, carrying spec.extendedResourceName and
 selecting exactly the devices whose `resource` attribute is that name, each name a DRA resource
@@ -207,10 +210,13 @@ def effective_mps(v: dict[str, Any]) -> str:
 
 
 def effective_mig(v: dict[str, Any]) -> bool:
-    """mig.enabled; unset: NVIDIA's migStrategy single|mixed (it overrides the configs'), else a
-    config's flags.migStrategy single|mixed, or config.name (configs the chart cannot read)."""
+    """mig.enabled; unset: migLayouts.name (slicelet creates MIG instances), else NVIDIA's
+    migStrategy single|mixed (it overrides the configs'), else a config's flags.migStrategy
+    single|mixed, or config.name (configs the chart cannot read)."""
     if v["mig"].get("enabled") is not None:
         return bool(v["mig"].get("enabled"))
+    if v["migLayouts"]["name"]:
+        return True
     if isinstance(v.get("migStrategy"), str):
         return v["migStrategy"] in ("single", "mixed")
     return needs(v)["mig"] or bool(v["config"]["name"])
@@ -271,6 +277,9 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
     memory = effective_memory(v)
     memory_dir = v["memoryLimits"]["specDir"]
     label_selection = label_selection_of(v)
+    layouts = v["migLayouts"]
+    # The Node watched through the API: its config label, or its MIG layout label.
+    node_watch = label_selection or bool(layouts["name"])
     dra = v["dra"]
     needs_api = label_selection or dra["enabled"]
 
@@ -370,7 +379,7 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
         c.that(not dra["extendedResources"], "dra.extendedResources rendered without dra.enabled")
         c.that(not dra_roles and not dra_bindings and not by_kind.get("DeviceClass")
                and not by_kind.get("ValidatingAdmissionPolicy"), "no DRA objects without dra.enabled")
-    if label_selection:
+    if node_watch:
         c.that(len(roles) == 1 and len(bindings) == 1, "one ClusterRole and its binding")
         for r in roles:
             c.that(r["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
@@ -381,7 +390,7 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
             c.that(b["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": namespace}],
                    f"binding's subject is the ServiceAccount, not {b['subjects']}")
     else:
-        c.that(not roles and not bindings, "no RBAC without node-label selection")
+        c.that(not roles and not bindings, "no RBAC without node-label selection or migLayouts")
 
     configmaps = {d["metadata"]["name"]: d for d in by_kind.get("ConfigMap", [])}
     if v["config"]["name"]:
@@ -420,13 +429,26 @@ def check(name: str, docs: list[dict[str, Any]], v: dict[str, Any]) -> list[str]
         c.that(env.get("SLICELET_CONFIG_DEFAULT") == (v["config"]["default"] or None),
                f"{what}: SLICELET_CONFIG_DEFAULT")
         is_mps_ds = ds_name.endswith("-mps")
+        plugin_watch = (dra["enabled"] or bool(layouts["name"])) and not is_mps_ds
         c.that((env.get("NODE_NAME") == {"fieldRef": {"fieldPath": "spec.nodeName"}})
-               == (label_selection or (dra["enabled"] and not is_mps_ds)),
-               f"{what}: NODE_NAME from spec.nodeName exactly with node-label selection or DRA")
+               == (label_selection or plugin_watch),
+               f"{what}: NODE_NAME from spec.nodeName exactly with node-label selection, migLayouts or DRA")
         c.that((env.get("SLICELET_CONFIG_LABEL") == v["config"]["nodeLabel"]["key"]) == label_selection,
                f"{what}: SLICELET_CONFIG_LABEL exactly with node-label selection")
-        c.that(spec["automountServiceAccountToken"] == (label_selection or (dra["enabled"] and not is_mps_ds)),
-               f"{what}: a token exactly with node-label selection or DRA")
+        c.that(spec["automountServiceAccountToken"] == (label_selection or plugin_watch),
+               f"{what}: a token exactly with node-label selection, migLayouts or DRA")
+        m = mounts.get("/etc/slicelet-mig")
+        if layouts["name"] and not is_mps_ds:
+            c.that(m is not None and m.get("readOnly") is True
+                   and volumes[m["name"]].get("configMap", {}).get("name") == layouts["name"],
+                   f"{what}: migLayouts.name mounted read-only as a directory at /etc/slicelet-mig")
+            c.that(env.get("SLICELET_MIG_CONFIG_FILE") == f"/etc/slicelet-mig/{layouts['key']}",
+                   f"{what}: SLICELET_MIG_CONFIG_FILE is migLayouts.key in the mounted directory")
+        else:
+            c.that(m is None and "SLICELET_MIG_CONFIG_FILE" not in env,
+                   f"{what}: the mig-parted file only with migLayouts.name (and only for `slicelet run`)")
+        c.that(env.get("SLICELET_MIG_CONFIG") == ((layouts["default"] or None) if not is_mps_ds else None),
+               f"{what}: SLICELET_MIG_CONFIG exactly with migLayouts.default")
         dra_env = {"SLICELET_DRA": "true", "SLICELET_DRA_DRIVER_NAME": dra["driverName"],
                    "SLICELET_DRA_REGISTRY_DIR": dra["registryDir"],
                    "SLICELET_DRA_PLUGINS_DIR": dra["pluginsDir"],
@@ -773,6 +795,10 @@ REFUSED = [
     ({"mps": {"mode": "none"}, "config": {"map": {"default": "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2"}}},
      "config.map's default use sharing.mps, which needs the MPS control daemons: set mps.mode"),
     ({"mig": {"enabled": False}, "migStrategy": "mixed"}, "migStrategy=mixed needs the MIG settings"),
+    ({"mig": {"enabled": False}, "migLayouts": {"name": "mig-parted"}},
+     "migLayouts.name=mig-parted (slicelet creates and destroys MIG instances) needs the MIG settings"),
+    ({"migLayouts": {"default": "all-1g.10gb"}}, "migLayouts.name (the ConfigMap holding the file) is not set"),
+    ({"migLayouts": {"name": "mig-parted", "key": "a/b.yaml"}}, "key"),
     ({"mig": {"enabled": False}, "config": {"default": "a", "map": {"a": "version: v1", "b": "version: v1\nflags:\n  migStrategy: single"}}},
      "config.map's b (flags.migStrategy single or mixed) needs the MIG settings"),
     ({"cdi": {"enabled": False}, "deviceListStrategy": "cdi-cri"}, "deviceListStrategy=cdi-cri needs the host's CDI spec directories"),
@@ -868,6 +894,10 @@ FEATURES = {
     "mps.mode in-process": lambda v: v["mps"].get("mode") == "in-process",
     "mps.mode daemonset": lambda v: v["mps"].get("mode") == "daemonset",
     "mig.enabled": lambda v: v["mig"].get("enabled") is True,
+    "migLayouts without node-label selection (node RBAC and MIG settings from migLayouts alone)":
+        lambda v: bool(v["migLayouts"]["name"]) and not label_selection_of(v) and v["mig"].get("enabled") is None
+        and v.get("migStrategy") is None and not v["config"]["name"] and not needs(v)["mig"],
+    "migLayouts.default": lambda v: bool(v["migLayouts"]["default"]),
     "labels.enabled": lambda v: v["labels"]["enabled"],
     "cdi.enabled": lambda v: v["cdi"].get("enabled") is True,
     "metrics.serviceMonitor.enabled": lambda v: v["metrics"]["serviceMonitor"]["enabled"],

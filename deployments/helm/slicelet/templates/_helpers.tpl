@@ -286,11 +286,14 @@ is refused. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Why the values need the MIG settings, or "". NVIDIA's migStrategy, when set, overrides
-every config's flags.migStrategy (MIG_STRATEGY beats the file); otherwise a config in
-config.map with flags.migStrategy single or mixed. */}}
+{{/* Why the values need the MIG settings, or "". migLayouts.name: slicelet creates and
+destroys MIG instances. Else NVIDIA's migStrategy, when set, overrides every config's
+flags.migStrategy (MIG_STRATEGY beats the file); otherwise a config in config.map with
+flags.migStrategy single or mixed. */}}
 {{- define "slicelet.migNeeds" -}}
-{{- if typeIs "string" .Values.migStrategy -}}
+{{- if .Values.migLayouts.name -}}
+migLayouts.name={{ .Values.migLayouts.name }} (slicelet creates and destroys MIG instances)
+{{- else if typeIs "string" .Values.migStrategy -}}
 {{- if has .Values.migStrategy (list "single" "mixed") -}}
 migStrategy={{ .Values.migStrategy }}
 {{- end -}}
@@ -316,6 +319,13 @@ true
 {{- else if $why -}}
 {{- fail (printf "%s needs the MIG settings (NVIDIA_MIG_MONITOR_DEVICES, CAP_SYS_ADMIN, the nvidia-caps mount): remove mig.enabled=false (unset, they follow the configs) or set mig.enabled=true" $why) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when slicelet watches its own Node through the API (the node-reader ClusterRole,
+NODE_NAME, a token): node-label config selection (slicelet.labelSelection) or MIG layouts
+(migLayouts.name: the nvidia.com/mig.config label names the layout), else "". */}}
+{{- define "slicelet.nodeWatch" -}}
+{{- if or (include "slicelet.labelSelection" .) .Values.migLayouts.name -}}true{{- end -}}
 {{- end -}}
 
 {{/* Why the values need the host's CDI spec directories, or "": NVIDIA's deviceListStrategy
