@@ -103,7 +103,8 @@ pub struct MigDestroyArgs {
     pub source: GpuSourceArgs,
 }
 
-/// The GPU source alone (no policy): NVML or a simulated node.
+/// Where the GPUs come from: NVML or a simulated node (the daemon, `plan`, `validate` and
+/// `mig` share these flags).
 #[derive(Debug, Clone, Args)]
 pub struct GpuSourceArgs {
     /// Use a simulated node described in this YAML file instead of NVML.
@@ -128,11 +129,15 @@ impl GpuSourceArgs {
             std::path::Path::new(""),
             crate::api::DEFAULT_DEVICE_PLUGIN_PATH,
         );
+        self.apply(&mut s);
+        s
+    }
+
+    fn apply(&self, s: &mut Settings) {
         s.simulate = self.simulate.clone();
         s.nvml_library = self.nvml_library.clone();
         s.sysfs_root = self.sysfs_root.clone();
         s.proc_root = self.proc_root.clone();
-        s
     }
 }
 
@@ -311,19 +316,9 @@ pub struct NodeArgs {
     /// How a config is chosen from a directory.
     #[command(flatten)]
     pub select: SelectArgs,
-    /// Use a simulated node described in this YAML file instead of NVML.
-    #[arg(long, env = "SLICELET_SIMULATE")]
-    pub simulate: Option<PathBuf>,
-    /// Load NVML from this file instead of libnvidia-ml.so.1 on the loader's path.
-    #[arg(long, env = "SLICELET_NVML_LIBRARY")]
-    pub nvml_library: Option<PathBuf>,
-    /// Where sysfs is mounted (NUMA node lookup).
-    #[arg(long, env = "SLICELET_SYSFS_ROOT", default_value = "/sys")]
-    pub sysfs_root: PathBuf,
-    /// Host root under which /proc is found (MIG device specs read
-    /// proc/driver/nvidia-caps/mig-minors there).
-    #[arg(long, env = "SLICELET_PROC_ROOT", default_value = "/")]
-    pub proc_root: PathBuf,
+    /// Where the GPUs come from.
+    #[command(flatten)]
+    pub source: GpuSourceArgs,
     /// NVIDIA's flags over the policy file's `flags`.
     #[command(flatten)]
     pub nvidia: NvidiaFlagArgs,
@@ -823,10 +818,7 @@ impl NodeArgs {
     pub fn settings(&self) -> Result<Settings, crate::policy::select::UnknownFallback> {
         let mut s = Settings::new(&self.config, crate::api::DEFAULT_DEVICE_PLUGIN_PATH);
         s.selection = self.select.selection()?;
-        s.simulate = self.simulate.clone();
-        s.nvml_library = self.nvml_library.clone();
-        s.sysfs_root = self.sysfs_root.clone();
-        s.proc_root = self.proc_root.clone();
+        self.source.apply(&mut s);
         s.flag_overrides = self.nvidia.overrides();
         Ok(s)
     }
