@@ -429,13 +429,12 @@ pub fn withdraw_gpu(plan: &mut Plan, gpu: u32, inventory: &Inventory) {
             .filter(|d| d.gpu_index != gpu)
             .cloned()
             .collect();
-        let mut out = rebuilt(res, kept, inventory);
-        out.memory.clone_from(&res.memory);
-        out.capacity.clone_from(&res.capacity);
-        *res = Arc::new(out);
+        *res = Arc::new(rebuilt(res, kept, inventory));
     }
 }
 
+/// `res` with `devices` (sorted, each ID once) in place of its own: every other field is kept
+/// (strategy, MPS, memory limits, DRA capacity, delivery), the device index and links rebuilt.
 fn rebuilt(
     res: &ResourcePlan,
     mut devices: Vec<VirtualDevice>,
@@ -455,6 +454,8 @@ fn rebuilt(
     .with_shared_allocation(res.shared_allocation)
     .with_delivery(res.delivery.clone());
     out.mps.clone_from(&res.mps);
+    out.memory.clone_from(&res.memory);
+    out.capacity.clone_from(&res.capacity);
     out.dra = res.dra;
     out
 }

@@ -642,3 +642,45 @@ fn a_withdrawn_gpu_keeps_only_its_held_devices() {
         .all(|(id, _)| id.starts_with(&uuid(1))));
     assert_eq!(p.resources[GPU].device(&format!("{}::0", uuid(0))), None);
 }
+
+/// A time-slicing entry of `replicas` on every GPU with the extra line `extra` (indented as an
+/// entry's key).
+fn sliced_with(replicas: u32, extra: &str) -> crate::policy::Policy {
+    parse(&format!(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: {replicas}\n        {extra}\n"
+    ))
+    .unwrap()
+}
+
+/// A resource rebuilt to keep a held device keeps the new plan's memory limits: without them
+/// every later Allocate of the resource would hand out replicas with no limit.
+#[test]
+fn a_resource_that_keeps_a_held_device_keeps_its_memory_limits() {
+    let inv = test_node(2);
+    let after = sliced_with(2, "memory: {hard: 20Gi, enforce: best-effort}");
+    let raw = build(&after, &inv).unwrap().plan;
+    assert!(raw.resources[GPU].memory.is_some());
+    let id3 = format!("{}::3", uuid(0));
+    let p = replanned(
+        &sliced_with(4, "memory: {hard: 10Gi, enforce: best-effort}"),
+        &after,
+        2,
+        &held(&[(&id3, "a")]),
+    );
+    assert!(p.resources[GPU].device(&id3).is_some(), "retained");
+    assert_eq!(p.resources[GPU].memory, raw.resources[GPU].memory);
+}
+
+/// The same for a `dra: capacity` resource: kept as one, so DRA still publishes its units with
+/// shareable capacity.
+#[test]
+fn a_capacity_resource_that_keeps_a_held_device_stays_a_capacity_resource() {
+    let inv = test_node(2);
+    let after = sliced_with(4, "dra: capacity");
+    let raw = build(&after, &inv).unwrap().plan;
+    assert!(raw.resources[GPU].capacity.is_some());
+    let id1 = format!("{}::1", uuid(0));
+    let p = replanned(&time_sliced(2), &after, 2, &held(&[(&id1, "a")]));
+    assert!(p.resources[GPU].device(&id1).is_some(), "retained");
+    assert_eq!(p.resources[GPU].capacity, raw.resources[GPU].capacity);
+}
