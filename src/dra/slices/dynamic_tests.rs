@@ -433,8 +433,10 @@ fn a_static_me_instance_uses_up_the_me_profile() {
     assert_eq!(devices(&s).len(), 14);
 }
 
+/// An unhealthy GPU with no taint in the health map (nothing to publish its devices with) is
+/// withdrawn whole, its counter set with it; the tainted case is the next test's.
 #[test]
-fn an_unhealthy_gpu_publishes_no_dynamic_device() {
+fn an_unhealthy_gpu_without_a_recorded_taint_publishes_no_dynamic_device() {
     let inv = node(&format!(
         "gpus:\n{H100}    health: Unhealthy\n    mig:\n      devices: []\n{H100}    mig:\n      devices: []\n"
     ));
