@@ -37,6 +37,7 @@ pub mod hardware;
 mod in_use;
 mod mig_source;
 mod policy_source;
+mod read_queue;
 mod servers;
 mod shell;
 mod supervisor;

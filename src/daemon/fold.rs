@@ -89,7 +89,7 @@ pub enum Input {
     InUse(Result<InUse, PodResourcesError>),
     /// The MIG layouts file (`--mig-config-file`) was read: the file and the SHA-256 of its
     /// bytes, or why it is unusable (naming the file and the field; the last good one stays).
-    MigLayouts(Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), String>),
+    MigLayouts(Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), mig::LayoutsFileError>),
     /// The MIG layout asked for (`nvidia.com/mig.config`, or `--mig-config`); `None`: none.
     MigLayoutName(Option<String>),
     /// The hardware actor changed a GPU's MIG instances for a layout (after
@@ -757,9 +757,12 @@ impl State {
     }
 
     /// The layouts file was read: logged when it is refused (the last good one stays).
-    fn mig_file(&mut self, read: Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), String>) {
+    fn mig_file(
+        &mut self,
+        read: Result<(Arc<crate::policy::MigPartedFile>, [u8; 32]), mig::LayoutsFileError>,
+    ) {
         match &read {
-            Err(e) if self.mig.file_error.as_ref() != Some(e) => {
+            Err(e) if self.mig.file_error.as_deref() != Some(e.to_string().as_str()) => {
                 tracing::error!(error = %e, "MIG layouts file refused; keeping the last good one");
             }
             Ok(_) if self.mig.file_error.is_some() => {

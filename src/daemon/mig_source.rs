@@ -6,22 +6,24 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-use tokio::task::JoinHandle;
-
+use super::fold::mig::LayoutsFileError;
 use super::fold::Input;
-use super::policy_source::blocking_within;
+use super::read_queue::{blocking_within, ReadQueue};
 use crate::policy;
+use sha2::{Digest, Sha256};
 
 /// Reads and parses `path` (blocking; run off the loop).
 fn read_layouts(path: &Path) -> Input {
     let read = policy::read_bounded(path, &policy::Limits::default())
-        .map_err(|e| crate::errors::chain(&e))
+        .map_err(LayoutsFileError::Read)
         .and_then(|text| {
             let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
             policy::parse_mig_parted(&text)
                 .map(|f| (Arc::new(f), hash))
-                .map_err(|e| format!("{}: {e}", path.display()))
+                .map_err(|source| LayoutsFileError::Parse {
+                    path: path.to_path_buf(),
+                    source,
+                })
         });
     Input::MigLayouts(read)
 }
@@ -30,8 +32,7 @@ fn read_layouts(path: &Path) -> Input {
 /// [`super::POLICY_READ_DEADLINE`]; a request while one runs is queued.
 pub(super) struct MigSource {
     path: Option<PathBuf>,
-    running: Option<JoinHandle<Input>>,
-    again: bool,
+    reads: ReadQueue<(), Input>,
 }
 
 impl MigSource {
@@ -39,8 +40,7 @@ impl MigSource {
     pub(super) fn new(path: Option<PathBuf>) -> Self {
         MigSource {
             path,
-            running: None,
-            again: false,
+            reads: ReadQueue::new(),
         }
     }
 
@@ -57,38 +57,35 @@ impl MigSource {
             let what = format!("reading {}", path.display());
             blocking_within(&what, super::POLICY_READ_DEADLINE, move || read_layouts(&p))
                 .await
-                .unwrap_or_else(|e| Input::MigLayouts(Err(e.to_string())))
+                .unwrap_or_else(|e| Input::MigLayouts(Err(e.into())))
         })
     }
 
     /// Asks for a read; it starts at the next [`MigSource::start_queued`].
     pub(super) fn want(&mut self) {
-        self.again = self.path.is_some();
+        if self.path.is_some() {
+            self.reads.want(|_| ());
+        }
     }
 
     /// Starts the queued read, if any and none runs.
     pub(super) fn start_queued(&mut self) {
-        if self.running.is_none() && std::mem::take(&mut self.again) {
+        if self.reads.next().is_some() {
             if let Some(read) = self.read() {
-                self.running = Some(tokio::spawn(read));
+                self.reads.start(read);
             }
         }
     }
 
     /// Whether a read runs.
     pub(super) fn is_running(&self) -> bool {
-        self.running.is_some()
+        self.reads.is_running()
     }
 
     /// The running read's answer (pending while none runs).
     pub(super) async fn done(&mut self) -> Input {
-        let Some(running) = self.running.as_mut() else {
-            return std::future::pending().await;
-        };
-        let done = running.await;
-        self.running = None;
-        done.unwrap_or_else(|e| {
-            Input::MigLayouts(Err(format!("reading the MIG layouts file failed: {e}")))
-        })
+        self.reads
+            .done(|e| Input::MigLayouts(Err(LayoutsFileError::Lost(e))))
+            .await
     }
 }

@@ -2,12 +2,11 @@
 //! read and parsed off the loop, one read at a time, each answered as an [`Input`] for the fold.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::task::JoinHandle;
 
 use super::fold::Input;
+use super::read_queue::{blocking_within, ReadQueue};
 use crate::policy;
 use crate::policy::select;
 use crate::settings::Settings;
@@ -136,50 +135,6 @@ fn read_policy(
     }
 }
 
-/// Why work run by [`blocking_within`] gave no value.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum BlockingError {
-    /// The blocking task panicked or was cancelled.
-    #[error("{what} failed: {source}")]
-    Failed {
-        /// What the work does ("reading /etc/slicelet/config.yaml").
-        what: String,
-        /// The task's error.
-        #[source]
-        source: tokio::task::JoinError,
-    },
-    /// The deadline passed first (the thread is left to finish on its own).
-    #[error("{what} took longer than {deadline:?}")]
-    Slow {
-        /// What the work does.
-        what: String,
-        /// The deadline.
-        deadline: Duration,
-    },
-}
-
-/// Runs `work` on a blocking thread within `deadline`; the error says what went wrong in words
-/// that follow `what` ("reading the CDI specs failed: …", "reading the CDI specs took longer
-/// than 5s"). The thread is not waited for past the deadline (a hung file system keeps it, never
-/// the loop).
-pub(super) async fn blocking_within<T: Send + 'static>(
-    what: &str,
-    deadline: Duration,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, BlockingError> {
-    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(work)).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(BlockingError::Failed {
-            what: what.to_string(),
-            source,
-        }),
-        Err(_) => Err(BlockingError::Slow {
-            what: what.to_string(),
-            deadline,
-        }),
-    }
-}
-
 /// Where the policy comes from and the reads of it: one at a time, off the loop, within
 /// [`super::POLICY_READ_DEADLINE`]; a request while one runs is queued (a forced one wins).
 pub(super) struct PolicySource {
@@ -187,8 +142,8 @@ pub(super) struct PolicySource {
     config_dir: bool,
     selection: select::Selection,
     overrides: policy::FlagOverrides,
-    running: Option<JoinHandle<Input>>,
-    again: Option<bool>,
+    /// The reads; a queued request carries `force`.
+    reads: ReadQueue<bool, Input>,
 }
 
 impl PolicySource {
@@ -200,8 +155,7 @@ impl PolicySource {
             config_dir: select::is_config_dir(&settings.config),
             selection: settings.selection.clone(),
             overrides: settings.flag_overrides.clone(),
-            running: None,
-            again: None,
+            reads: ReadQueue::new(),
         }
     }
 
@@ -238,34 +192,31 @@ impl PolicySource {
     /// Asks for a read (`force`: apply even if the bytes did not change); it starts at the next
     /// [`PolicySource::start_queued`].
     pub(super) fn want(&mut self, force: bool) {
-        self.again = Some(self.again.unwrap_or(false) || force);
+        self.reads.want(|queued| queued.unwrap_or(false) || force);
     }
 
     /// Starts the queued read, if any and none runs, for the config label `label`.
     pub(super) fn start_queued(&mut self, label: Option<String>) {
-        if self.running.is_none() {
-            if let Some(force) = self.again.take() {
-                self.running = Some(tokio::spawn(self.read(force, label)));
-            }
+        if let Some(force) = self.reads.next() {
+            let read = self.read(force, label);
+            self.reads.start(read);
         }
     }
 
     /// Whether a read runs.
     pub(super) fn is_running(&self) -> bool {
-        self.running.is_some()
+        self.reads.is_running()
     }
 
     /// The running read's answer (pending while none runs).
     pub(super) async fn done(&mut self) -> Input {
-        let Some(running) = self.running.as_mut() else {
-            return std::future::pending().await;
-        };
-        let done = running.await;
-        self.running = None;
-        done.unwrap_or_else(|e| Input::PolicyUnreadable {
-            path: self.path.clone(),
-            error: format!("reading the policy failed: {e}"),
-        })
+        let path = self.path.clone();
+        self.reads
+            .done(|e| Input::PolicyUnreadable {
+                path,
+                error: format!("reading the policy failed: {e}"),
+            })
+            .await
     }
 }
 

@@ -20,6 +20,31 @@ use crate::inventory::Inventory;
 use crate::plan::mig_layout::{self, GpuChange};
 use crate::policy::MigPartedFile;
 
+/// Why a read of the MIG layouts file (`--mig-config-file`) gave no file; the last good one
+/// stays. Each message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutsFileError {
+    /// Not read within the read limits ([`crate::policy::read_bounded`]: a regular file, 1 MiB,
+    /// nesting, UTF-8) or an I/O error; the message carries the whole chain.
+    #[error("{}", crate::errors::chain(.0))]
+    Read(crate::policy::ReadError),
+    /// Read, but not a mig-parted file; the message names the field path.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why, with the field path.
+        #[source]
+        source: crate::policy::PolicyError,
+    },
+    /// The read did not finish: it took longer than the deadline, or its thread panicked.
+    #[error(transparent)]
+    Unfinished(#[from] super::super::read_queue::BlockingError),
+    /// The task running the read was lost (panicked or cancelled).
+    #[error("reading the MIG layouts file failed: {0}")]
+    Lost(#[source] tokio::task::JoinError),
+}
+
 /// The node's `nvidia.com/mig.config.state`, as NVIDIA's mig-manager sets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MigConfigState {
@@ -134,13 +159,13 @@ fn shapes(inv: &Inventory, skip: &BTreeSet<u32>) -> Vec<Shape> {
 impl MigLayouts {
     /// A file was read: `Ok` (the file and the SHA-256 of its bytes) replaces the last good
     /// one; `Err` (why, naming the file and the field) keeps it.
-    pub fn set_file(&mut self, read: Result<(Arc<MigPartedFile>, [u8; 32]), String>) {
+    pub fn set_file(&mut self, read: Result<(Arc<MigPartedFile>, [u8; 32]), LayoutsFileError>) {
         match read {
             Ok(f) => {
                 self.file = Some(f);
                 self.file_error = None;
             }
-            Err(e) => self.file_error = Some(e),
+            Err(e) => self.file_error = Some(e.to_string()),
         }
     }
 

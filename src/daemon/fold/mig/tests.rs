@@ -157,30 +157,35 @@ fn a_renamed_layout_while_waiting_for_holders_starts_over() {
     assert_eq!(change.create.len(), 2, "the new layout's instances");
 }
 
+/// The refusal a read of `text` from `layouts.yaml` gives.
+fn refused(text: &str) -> LayoutsFileError {
+    LayoutsFileError::Parse {
+        path: "layouts.yaml".into(),
+        source: crate::policy::parse_mig_parted(text).unwrap_err(),
+    }
+}
+
 #[test]
 fn skipped_gpus_are_left_alone_and_a_bad_file_keeps_the_last_good_one() {
     let inv = mig_node(2);
     let mut m = layouts("all-3g.40gb");
-    m.set_file(Err("layouts.yaml: mig-configs: bad".into()));
+    let bad = refused("version: v1\nmig-configs: bad\n");
+    let bad_text = bad.to_string();
+    assert!(bad_text.starts_with("layouts.yaml: "), "{bad_text}");
+    m.set_file(Err(bad));
     m.next(Some(&inv), &[0, 1].into(), |_| true);
     assert_eq!(m.state, Some(MigConfigState::Success), "both GPUs skipped");
-    assert_eq!(
-        m.file_error.as_deref(),
-        Some("layouts.yaml: mig-configs: bad")
-    );
+    assert_eq!(m.file_error, Some(bad_text));
     // Without any good file, the file's error is the failure.
     let mut fresh = MigLayouts {
         name: Some("all-3g.40gb".into()),
         ..MigLayouts::default()
     };
-    fresh.set_file(Err("layouts.yaml: version: unknown".into()));
+    let unknown = refused("version: v9\nmig-configs: {}\n");
+    let unknown_text = unknown.to_string();
+    fresh.set_file(Err(unknown));
     fresh.next(Some(&inv), &none(), |_| true);
-    assert_eq!(
-        fresh.state,
-        Some(MigConfigState::Failed(
-            "layouts.yaml: version: unknown".into()
-        ))
-    );
+    assert_eq!(fresh.state, Some(MigConfigState::Failed(unknown_text)));
     // No layout asked for: no state at all.
     fresh.name = None;
     assert!(fresh.next(Some(&inv), &none(), |_| true).state_changed);
