@@ -7,10 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kubelet_emulator::dra::{DraKubelet, Version};
+use kubelet_emulator::dra::{DraKubelet, HealthVersion, Version};
 use kubelet_emulator::kube_api::{AllocatedDevice, KubeApi};
 use serde_json::Value;
+use slicelet::device_health::Cause;
 use slicelet::dra::checkpoint::{self, MigInstance, MigRecord, MigRecordState};
+use slicelet::dra::health_map::TrackedCause;
 use slicelet::dra::mig::{MigClient, MigRequest};
 use slicelet::dra::prepare::ClaimRef;
 use slicelet::dra::{self, DraHandle, DraInput, DraSettings};
@@ -148,18 +150,39 @@ impl Harness {
         SimulatedSource::new(self.node()).discover().unwrap()
     }
 
-    /// The plan of [`POLICY`] on the node as it is now.
+    /// The plan of [`POLICY`] on the node as it is now, nothing held against any unit.
     fn input(&self) -> Arc<DraInput> {
+        self.input_with(&|_| None)
+    }
+
+    /// [`Harness::input`] with the health tracker's conditions `tracked` (by GPU or MIG UUID).
+    /// As the daemon plans: an instance the component created for a claim (its status's
+    /// `dynamic_mig`, GPU UUID and first memory slice) is no static MIG device, so its placement
+    /// stays a published dynamic device, while the health fold sees the whole inventory.
+    fn input_with(&self, tracked: &TrackedCause<'_>) -> Arc<DraInput> {
         let inv = self.discover();
+        let holds = self
+            .handle
+            .as_ref()
+            .map(|h| h.status.borrow().dynamic_mig.clone())
+            .unwrap_or_default();
+        let mut planned = inv.clone();
+        for g in &mut planned.gpus {
+            let uuid = g.uuid.clone();
+            g.mig_devices.retain(|m| {
+                m.placement
+                    .is_none_or(|p| !holds.contains(&(uuid.clone(), p.start)))
+            });
+        }
         let policy = slicelet::policy::parse(POLICY).unwrap();
-        let plan = slicelet::plan::build(&policy, &inv).unwrap().plan;
+        let plan = slicelet::plan::build(&policy, &planned).unwrap().plan;
         Arc::new(DraInput::new(
             Arc::new(plan),
             Arc::new(inv),
             policy.dra_xid_taint_effect,
             &slicelet::dra::Causes {
                 of: &|_, _| None,
-                tracked: &|_| None,
+                tracked,
             },
             None,
             std::time::SystemTime::now(),
@@ -323,6 +346,53 @@ async fn a_claim_creates_its_mig_device_and_unprepare_destroys_it() {
     assert!(instances(&h.discover()).is_empty());
     assert!(h.records().is_empty());
     assert_eq!(h.calls(), vec!["create 3g.40gb@0", "destroy gi 1"]);
+}
+
+/// The kubelet's health stream (`NodeWatchResources` on the DRA socket) carries an Xid on the
+/// instance a claim created against that claim's device alone, and Healthy again once the
+/// tracker holds nothing against it.
+#[tokio::test]
+async fn an_xid_on_a_created_instance_reaches_the_health_stream_for_its_device_only() {
+    let mut h = Harness::new().await;
+    h.spawn().await;
+    h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
+    let k = h.kubelet().await;
+    let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+    assert_eq!(r[UID_A].error, "");
+    let (mig_uuid, _) = instances(&h.discover())[0].clone();
+    let watch = k.watch_health(HealthVersion::V1).await.unwrap();
+    let has = |m: &[kubelet_emulator::dra::DeviceHealth], health: &str| {
+        m.iter().any(|d| d.device == DEVICE && d.health == health)
+    };
+    let (_, first) = watch
+        .wait_message(0, WAIT, |m| has(m, "Healthy"))
+        .await
+        .unwrap();
+    assert!(first.iter().all(|d| d.health == "Healthy"), "{first:?}");
+    let published = first.len();
+    assert!(published > 1, "every placement of the GPU: {first:?}");
+
+    let reason = format!("Xid 94 on {mig_uuid}");
+    let sick = h.input_with(&|uuid| (uuid == mig_uuid).then(|| (Cause::Xid(94), reason.clone())));
+    h.inputs.send_replace(Some(sick));
+    let (at, sick) = watch
+        .wait_message(0, WAIT, |m| has(m, "Unhealthy"))
+        .await
+        .unwrap();
+    let unhealthy: Vec<(&str, &str)> = sick
+        .iter()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| (d.device.as_str(), d.message.as_str()))
+        .collect();
+    assert_eq!(unhealthy, [(DEVICE, reason.as_str())]);
+    assert_eq!(sick.len(), published, "the others still reported");
+
+    h.inputs.send_replace(Some(h.input()));
+    let (_, well) = watch
+        .wait_message(at + 1, WAIT, |m| has(m, "Healthy"))
+        .await
+        .unwrap();
+    assert!(well.iter().all(|d| d.health == "Healthy"), "{well:?}");
 }
 
 #[tokio::test]
