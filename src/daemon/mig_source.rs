@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
+
 use super::fold::mig::LayoutsFileError;
 use super::fold::Input;
 use super::read_queue::{blocking_within, ReadQueue};
 use crate::policy;
-use sha2::{Digest, Sha256};
 
 /// Reads and parses `path` (blocking; run off the loop).
 fn read_layouts(path: &Path) -> Input {
