@@ -112,6 +112,33 @@ fn a_gpu_claimed_twice_is_rejected_naming_both_entries() {
     );
 }
 
+/// The fallback widens the entry the collision names, not an earlier entry that also lists
+/// `devices` (here a renamed 1g.10gb entry on another resource, which keeps its one GPU).
+#[test]
+fn the_devices_fallback_widens_the_colliding_entry_only() {
+    let node = h100_mixed();
+    let p = mig_policy(
+        "mixed",
+        "    resources:\n      - name: nvidia.com/mig-1g.10gb\n        rename: nvidia.com/small\n        devices: [0]\n        replicas: 2\n      - name: nvidia.com/gpu\n        devices: [3]\n        replicas: 2\n",
+    );
+    let built = build(&p, &node).unwrap();
+    let on_gpu0 = node.gpus[0]
+        .mig_devices
+        .iter()
+        .filter(|m| m.profile == "1g.10gb")
+        .count();
+    let whole = node.gpus.iter().filter(|g| !g.mig_enabled).count();
+    let r = &built.plan.resources;
+    assert_eq!(r["nvidia.com/small"].devices.len(), on_gpu0 * 2);
+    assert_eq!(r["nvidia.com/gpu"].devices.len(), whole * 2);
+    assert_eq!(built.fallbacks.len(), 1, "{:?}", built.fallbacks);
+    assert!(
+        built.fallbacks[0].starts_with("sharing.timeSlicing.resources[1].devices: "),
+        "{:?}",
+        built.fallbacks
+    );
+}
+
 #[test]
 fn devices_without_rename_share_every_gpu_as_nvidia_does_with_a_fallback_warning() {
     let node = test_node(4);
@@ -1077,4 +1104,14 @@ fn id_len_is_the_length_of_the_id_a_device_gets() {
             );
         }
     }
+}
+
+/// A resource's Debug shows its ID index as a count, not the table it holds (plans print in
+/// assertion messages and debug logs).
+#[test]
+fn a_resource_prints_its_id_index_as_a_count() {
+    let p = policy("    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n");
+    let built = build(&p, &test_node(4)).unwrap();
+    let text = format!("{:?}", built.plan.resources["nvidia.com/gpu"]);
+    assert!(text.contains("by_id: IdIndex(8 IDs)"), "{text}");
 }
