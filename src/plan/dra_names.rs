@@ -86,10 +86,8 @@ pub fn parse_dynamic_mig(name: &str, inventory: &Inventory) -> Option<DynamicMig
     let rest = name.strip_prefix("gpu-")?;
     let (index, rest) = rest.split_once("-mig-")?;
     let (label, start) = rest.rsplit_once('-')?;
-    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-    if !digits(index) || !digits(start) {
-        return None;
-    }
+    // A number `parse` takes but the name would not carry (`+1`, `01`) fails the round trip
+    // at the end.
     let (gpu_index, start): (u32, u32) = (index.parse().ok()?, start.parse().ok()?);
     let gpu = inventory.by_index(gpu_index)?;
     let profile = gpu

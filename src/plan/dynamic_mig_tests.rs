@@ -333,6 +333,9 @@ fn other_forms_are_refused() {
         "gpu-1-mig-3g-40gb-2",           // nor 3g.40gb at 2
         "gpu-1-mig-1g-10gb-07",          // a leading zero
         "gpu-01-mig-1g-10gb-6",          // a leading zero
+        "gpu-+1-mig-1g-10gb-6",          // a sign u32's parse takes
+        "gpu-1-mig-1g-10gb-+0",          // likewise in the start
+        "gpu-1-mig-1g-10gb-00",          // a leading zero in the start
         "gpu-9-mig-1g-10gb-0",           // no GPU 9
         "gpu-1-mig-1g-5gb-0",            // an A100 profile
         "gpu-1-mig-1g.10gb-0",           // the profile as NVIDIA spells it
