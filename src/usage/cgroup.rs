@@ -67,11 +67,7 @@ impl CgroupError {
     /// NVML listing a PID and reading its cgroup.
     pub fn is_not_found(&self) -> bool {
         match self {
-            CgroupError::Read {
-                source: crate::policy::ReadError::Io { source, .. },
-                ..
-            } => source.kind() == std::io::ErrorKind::NotFound,
-            CgroupError::Read { .. } => false,
+            CgroupError::Read { source, .. } => source.is_not_found(),
         }
     }
 }
