@@ -206,6 +206,13 @@ fn quoted_strings_end_where_yaml_ends_them_and_keep_the_line_count() {
     // `]` after it closes its line's `[`: nine lines of depth 1 stay at depth 1.
     let single = "a: ['it''s', 'y']\n".repeat(9);
     assert_eq!(check_nesting(&single, &l), Ok(()));
+    // And only there: after `''` the string goes on, so its `]` close nothing outside it and
+    // the `[` after it is the ninth level.
+    let quoted_quote = format!("a: {}'x''{}' [\n", "[".repeat(8), "]".repeat(8));
+    assert_eq!(
+        check_nesting(&quoted_quote, &l),
+        Err(NestingError::Flow { line: 1, limit: 8 })
+    );
     // A `\` line break inside a double-quoted string is still a line: the error is on line 3.
     let continued = format!("a: \"x\\\n  y\"\nb: {}{}\n", "[".repeat(9), "]".repeat(9));
     assert_eq!(
@@ -236,4 +243,13 @@ fn every_shipped_policy_and_node_passes_the_nesting_check() {
         }
     }
     assert!(seen >= 7, "found {seen} files");
+}
+
+/// A tag or an anchor that ends the text (no line break after it) is scanned to its end and
+/// no further.
+#[test]
+fn a_tag_or_anchor_at_the_end_of_the_text_is_read_to_its_end() {
+    for text in ["a: !tag", "a: [&x", "- !!str"] {
+        assert_eq!(check_nesting(text, &limits()), Ok(()), "{text:?}");
+    }
 }
