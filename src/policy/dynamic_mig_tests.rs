@@ -103,6 +103,8 @@ fn time_slicing_or_mps_of_a_dynamic_mig_gpu_is_refused() {
             ("[1]", "[0, 1]"),
             ("[\"1:0\"]", "[1]"),
             (&format!("[{UUID}]") as &str, &format!("[{UUID}]") as &str),
+            // NVIDIA's old MIG form names its GPU by UUID.
+            (&format!("[MIG-{UUID}/1/0]"), &format!("[{UUID}]")),
         ] {
             let text = format!(
                 "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  {section}:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        devices: {shared}\ndra:\n  dynamicMig:\n    devices: {dynamic}\n"
@@ -111,9 +113,14 @@ fn time_slicing_or_mps_of_a_dynamic_mig_gpu_is_refused() {
             assert_eq!(e.path, path, "{section} {shared} {dynamic}: {e}");
             assert!(e.message.contains("dynamic MIG"), "{e}");
         }
-        // Other GPUs: fine.
+        // Other GPUs: fine, a MIG device of another GPU in the old form too.
         let text = format!(
             "version: v1\nsharing:\n  {section}:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        devices: [2]\ndra:\n  dynamicMig:\n    devices: [0, 1]\n"
+        );
+        parse(&text).unwrap();
+        let other = UUID.replace("00000001", "00000002");
+        let text = format!(
+            "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  {section}:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n        devices: [MIG-{other}/1/0]\ndra:\n  dynamicMig:\n    devices: [{UUID}]\n"
         );
         parse(&text).unwrap();
     }
