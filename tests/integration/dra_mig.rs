@@ -247,6 +247,19 @@ impl Harness {
             .unwrap();
     }
 
+    /// A started component with claim A prepared on [`DEVICE`] through a registered kubelet,
+    /// its answer checked (no error, that device).
+    async fn with_claim_a() -> (Harness, DraKubelet) {
+        let mut h = Harness::new().await;
+        h.spawn().await;
+        h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
+        let k = h.kubelet().await;
+        let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
+        assert_eq!(r[UID_A].error, "");
+        assert_eq!(r[UID_A].devices[0].device, DEVICE);
+        (h, k)
+    }
+
     async fn kubelet(&self) -> DraKubelet {
         DraKubelet::register(&self.settings().registry_dir)
             .await
@@ -303,13 +316,7 @@ fn instances(inv: &Inventory) -> Vec<(String, u32)> {
 
 #[tokio::test]
 async fn a_claim_creates_its_mig_device_and_unprepare_destroys_it() {
-    let mut h = Harness::new().await;
-    h.spawn().await;
-    h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
-    let k = h.kubelet().await;
-    let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
-    assert_eq!(r[UID_A].error, "");
-    assert_eq!(r[UID_A].devices[0].device, DEVICE);
+    let (h, k) = Harness::with_claim_a().await;
     let made = instances(&h.discover());
     assert_eq!(made.len(), 1);
     let (uuid, start) = &made[0];
@@ -353,12 +360,7 @@ async fn a_claim_creates_its_mig_device_and_unprepare_destroys_it() {
 /// tracker holds nothing against it.
 #[tokio::test]
 async fn an_xid_on_a_created_instance_reaches_the_health_stream_for_its_device_only() {
-    let mut h = Harness::new().await;
-    h.spawn().await;
-    h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
-    let k = h.kubelet().await;
-    let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
-    assert_eq!(r[UID_A].error, "");
+    let (h, k) = Harness::with_claim_a().await;
     let (mig_uuid, _) = instances(&h.discover())[0].clone();
     let watch = k.watch_health(HealthVersion::V1).await.unwrap();
     let has = |m: &[kubelet_emulator::dra::DeviceHealth], health: &str| {
@@ -424,12 +426,7 @@ async fn a_failed_create_is_the_claims_error_with_the_drivers_reason() {
 
 #[tokio::test]
 async fn a_destroy_refused_while_in_use_is_retried_by_the_next_unprepare() {
-    let mut h = Harness::new().await;
-    h.spawn().await;
-    h.api.set_claim("ns", "a", UID_A, &[alloc(DEVICE)]);
-    let k = h.kubelet().await;
-    let r = k.prepare(Version::V1, &[("ns", "a", UID_A)]).await.unwrap();
-    assert_eq!(r[UID_A].error, "");
+    let (h, k) = Harness::with_claim_a().await;
     h.fake.lock().unwrap().fail_destroy = Some("In use by another client".into());
     let un = k
         .unprepare(Version::V1, &[("ns", "a", UID_A)])
