@@ -8,7 +8,10 @@
 //! For DRA it also serves `resource.k8s.io/v1` ResourceSlices (cluster-scoped: create, get,
 //! replace with a resourceVersion check (409 on a stale one), delete, list with the field
 //! selectors `spec.nodeName` and `spec.driver`; `dryRun=All` on create and replace answers
-//! what would be stored and stores nothing) and ResourceClaims (get by namespace and
+//! what would be stored and stores nothing; a watch with the same selectors, full objects
+//! or metadata only, gets every change after the `resourceVersion` it names (after it opened
+//! without one), a deletion with the deletion's
+//! `resourceVersion` as the API server sends it) and ResourceClaims (get by namespace and
 //! name; list cluster-wide, as the API server answers `GET /apis/resource.k8s.io/v1/resourceclaims`:
 //! a `ResourceClaimList` with the list's `resourceVersion`, in namespace and name order); tests set claims with their allocation results ([`KubeApi::set_claim`]), delete
 //! them, read the slices ([`KubeApi::slices`]), wait for slice changes
@@ -63,6 +66,65 @@ struct Inner {
     slice_log: Vec<Value>,
     /// Pods by (namespace, name) ([`pods`]).
     pods: BTreeMap<(String, String), pods::PodEntry>,
+    /// Open ResourceSlice watches.
+    slice_watchers: Vec<SliceWatcher>,
+    /// Every ResourceSlice watch event, with its `resourceVersion`, for a watch from a version.
+    slice_history: Vec<(u64, &'static str, Value)>,
+}
+
+/// One open ResourceSlice watch: its stream, its field selector, whether it asked for
+/// metadata only.
+struct SliceWatcher {
+    tx: mpsc::UnboundedSender<Result<String, std::io::Error>>,
+    selector: Vec<(&'static str, String)>,
+    meta_only: bool,
+}
+
+impl SliceWatcher {
+    /// Sends `kind` (`ADDED`, `MODIFIED`, `DELETED`) of `slice` when the selector matches;
+    /// false once the stream is gone.
+    fn send(&self, kind: &str, slice: &Value) -> bool {
+        if !selects(&self.selector, slice) {
+            return !self.tx.is_closed();
+        }
+        let object = if self.meta_only {
+            json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": slice["metadata"],
+            })
+        } else {
+            slice.clone()
+        };
+        let line = json!({"type": kind, "object": object}).to_string() + "\n";
+        self.tx.send(Ok(line)).is_ok()
+    }
+}
+
+/// Whether `slice` matches the parsed field selector.
+fn selects(selector: &[(&'static str, String)], slice: &Value) -> bool {
+    selector
+        .iter()
+        .all(|(k, want)| slice["spec"][*k].as_str() == Some(want.as_str()))
+}
+
+impl Inner {
+    /// Sends a watch event of `slice` to every open ResourceSlice watch it matches.
+    fn slice_event(&mut self, kind: &'static str, slice: &Value) {
+        self.slice_history
+            .push((self.resource_version, kind, slice.clone()));
+        self.slice_watchers.retain(|w| w.send(kind, slice));
+    }
+
+    /// Deletes slice `name` (the deletion's `resourceVersion` on the event, as the API server
+    /// sends it); `None` when there is none.
+    fn remove_slice(&mut self, name: &str) -> Option<Value> {
+        let mut v = self.slices.remove(name)?;
+        self.resource_version += 1;
+        v["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        self.slice_event("DELETED", &v);
+        Some(v)
+    }
 }
 
 mod pods;
@@ -94,8 +156,12 @@ pub struct Counters {
     pub refused: u32,
     /// ResourceSlice creates, replaces and deletes that succeeded.
     pub slice_writes: u32,
-    /// ResourceSlice lists answered.
+    /// ResourceSlice lists of full objects answered.
     pub slice_lists: u32,
+    /// ResourceSlice lists of metadata only (`PartialObjectMetadataList`) answered.
+    pub slice_meta_lists: u32,
+    /// ResourceSlice WATCH requests answered with a stream.
+    pub slice_watches: u32,
     /// ResourceClaim gets answered (found or not).
     pub claim_gets: u32,
     /// Cluster-wide ResourceClaim lists answered.
@@ -298,6 +364,8 @@ fn apply_taints(mode: Taints, mut v: Value) -> Result<Value, String> {
 struct ListQuery {
     #[serde(rename = "fieldSelector", default)]
     field_selector: String,
+    #[serde(default)]
+    watch: Option<String>,
     #[serde(rename = "resourceVersion", default)]
     resource_version: Option<String>,
     #[serde(rename = "resourceVersionMatch", default)]
@@ -312,12 +380,27 @@ fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
     None
 }
 
-async fn list_slices(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+/// Lists or (`watch=true`) watches ResourceSlices. A metadata-only LIST (the `Accept` header
+/// asks for `PartialObjectMetadata`) is counted apart and not recorded in
+/// [`KubeApi::slice_list_versions`]. A watch keeps no history: it gets the changes after it
+/// opened.
+async fn list_slices(
+    State(s): State<Shared>,
+    Query(q): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let meta_only = headers
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("as=PartialObjectMetadata"));
+    let watch = q.watch.as_deref().is_some_and(|w| w == "true" || w == "1");
     let mut inner = s.inner.lock().unwrap();
     inner.selectors.push(q.field_selector.clone());
-    inner
-        .slice_list_versions
-        .push((q.resource_version.clone(), q.version_match.clone()));
+    if !meta_only && !watch {
+        inner
+            .slice_list_versions
+            .push((q.resource_version.clone(), q.version_match.clone()));
+    }
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
@@ -325,23 +408,60 @@ async fn list_slices(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Res
         Ok(sel) => sel,
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
     };
+    if watch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let w = SliceWatcher {
+            tx,
+            selector: sel,
+            meta_only,
+        };
+        // From a version (the LIST's, as a watcher sends it): the changes after it first.
+        if let Some(from) = q
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            for (_, kind, v) in inner.slice_history.iter().filter(|(rv, _, _)| *rv > from) {
+                w.send(kind, v);
+            }
+        }
+        inner.slice_watchers.push(w);
+        drop(inner);
+        s.counters.send_modify(|c| c.slice_watches += 1);
+        let body = Body::from_stream(UnboundedReceiverStream::new(rx).map(|r| r));
+        return ([("content-type", "application/json")], body).into_response();
+    }
     let items: Vec<Value> = inner
         .slices
         .values()
-        .filter(|v| {
-            sel.iter()
-                .all(|(k, want)| v["spec"][*k].as_str() == Some(want.as_str()))
+        .filter(|v| selects(&sel, v))
+        .map(|v| {
+            if meta_only {
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": v["metadata"]})
+            } else {
+                v.clone()
+            }
         })
-        .cloned()
         .collect();
+    let (api_version, kind) = if meta_only {
+        ("meta.k8s.io/v1", "PartialObjectMetadataList")
+    } else {
+        ("resource.k8s.io/v1", "ResourceSliceList")
+    };
     let list = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSliceList",
+        "apiVersion": api_version,
+        "kind": kind,
         "metadata": {"resourceVersion": inner.resource_version.to_string()},
         "items": items,
     });
     drop(inner);
-    s.counters.send_modify(|c| c.slice_lists += 1);
+    s.counters.send_modify(|c| {
+        if meta_only {
+            c.slice_meta_lists += 1;
+        } else {
+            c.slice_lists += 1;
+        }
+    });
     ok_json(&list)
 }
 
@@ -394,6 +514,7 @@ async fn create_slice(
     let v = stamp(&mut inner, v);
     inner.slices.insert(name, v.clone());
     inner.slice_log.push(v.clone());
+    inner.slice_event("ADDED", &v);
     drop(inner);
     s.counters.send_modify(|c| c.slice_writes += 1);
     (
@@ -457,6 +578,7 @@ async fn replace_slice(
     let v = stamp(&mut inner, v);
     inner.slices.insert(name, v.clone());
     inner.slice_log.push(v.clone());
+    inner.slice_event("MODIFIED", &v);
     drop(inner);
     s.counters.send_modify(|c| c.slice_writes += 1);
     ok_json(&v)
@@ -467,9 +589,8 @@ async fn delete_slice(State(s): State<Shared>, UrlPath(name): UrlPath<String>) -
     if let Some(r) = refuse_if_down(&s, &inner) {
         return r;
     }
-    match inner.slices.remove(&name) {
+    match inner.remove_slice(&name) {
         Some(v) => {
-            inner.resource_version += 1;
             drop(inner);
             s.counters.send_modify(|c| c.slice_writes += 1);
             ok_json(&v)
@@ -627,9 +748,12 @@ impl KubeApi {
         });
     }
 
-    /// Ends every open watch stream (as an API server restart or a load balancer would).
+    /// Ends every open watch stream, of the Node and of ResourceSlices (as an API server
+    /// restart or a load balancer would).
     pub fn drop_watches(&self) {
-        self.shared.inner.lock().unwrap().watchers.clear();
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.watchers.clear();
+        inner.slice_watchers.clear();
     }
 
     /// Makes every request answer 500 (and ends open watches), or serves again.
@@ -638,6 +762,7 @@ impl KubeApi {
         inner.unavailable = unavailable;
         if unavailable {
             inner.watchers.clear();
+            inner.slice_watchers.clear();
         }
     }
 
@@ -697,13 +822,19 @@ impl KubeApi {
         })
     }
 
-    /// Deletes every ResourceSlice of `node` (as a starting kubelet does).
+    /// Deletes every ResourceSlice of `node` (as a starting kubelet does), one watch event
+    /// each.
     pub fn delete_node_slices(&self, node: &str) {
         let mut inner = self.shared.inner.lock().unwrap();
-        inner
+        let names: Vec<String> = inner
             .slices
-            .retain(|_, v| v["spec"]["nodeName"].as_str() != Some(node));
-        inner.resource_version += 1;
+            .iter()
+            .filter(|(_, v)| v["spec"]["nodeName"].as_str() == Some(node))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            inner.remove_slice(&name);
+        }
         drop(inner);
         self.shared.counters.send_modify(|c| c.slice_writes += 1);
     }
@@ -715,8 +846,14 @@ impl KubeApi {
             .as_str()
             .unwrap_or_default()
             .to_string();
+        let kind = if inner.slices.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         let v = stamp(&mut inner, slice);
-        inner.slices.insert(name, v);
+        inner.slices.insert(name, v.clone());
+        inner.slice_event(kind, &v);
         drop(inner);
         self.shared.counters.send_modify(|c| c.slice_writes += 1);
     }
