@@ -24,6 +24,7 @@
 //! [`spawn`] runs it all for the daemon.
 
 pub mod checkpoint;
+pub mod drift;
 pub mod dynamic_health;
 pub mod health_map;
 pub mod health_service;

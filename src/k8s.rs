@@ -137,7 +137,7 @@ pub const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(800)
 pub const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// 0.8 s doubling to 30 s, with jitter, forever.
-fn retry_backoff() -> impl Iterator<Item = std::time::Duration> {
+pub(crate) fn retry_backoff() -> impl Iterator<Item = std::time::Duration> {
     use backon::BackoffBuilder as _;
     backon::ExponentialBuilder::default()
         .with_min_delay(RETRY_MIN)

@@ -104,6 +104,12 @@ pub struct Status {
     /// Why DRA withdraws Unhealthy devices instead of tainting them (the API server dropped or
     /// refused device taints): not a readiness failure, a note under `/readyz`'s first line.
     pub dra_taints_refused: Option<String>,
+    /// Why DRA's watch of this node's ResourceSlices fails (retried): not a readiness failure
+    /// (publishing works), a note under `/readyz`'s first line.
+    pub dra_slice_watch_error: Option<String>,
+    /// Times DRA published its ResourceSlices again because somebody else changed or deleted
+    /// them (`slicelet_dra_slices_republished_total`).
+    pub dra_slices_republished: u64,
 }
 
 impl Status {
@@ -204,7 +210,8 @@ impl Status {
     /// One line per Unhealthy device, `Unhealthy <uuid>: <reason>`, then one per retained
     /// device, `Retained <resource> <id>: held by ns/pod`, then `DRA device taints refused:
     /// <why>; Unhealthy devices are withdrawn instead` when the API server has no device
-    /// taints, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, then
+    /// taints, then `DRA ResourceSlice watch failing: <why>; …` while DRA's watch of its
+    /// slices fails, then `GPU re-discovery failing: <why>; the last inventory keeps serving`, then
     /// `MIG layout: <why>` when the node's MIG layout failed or its file is refused, for
     /// `/readyz`'s body (empty when every device is Healthy, nothing is retained, taints work,
     /// re-discovery succeeds and the MIG layout, if any, is fine).
@@ -220,6 +227,9 @@ impl Status {
         let taints = self.dra_taints_refused.iter().map(|why| {
             format!("DRA device taints refused: {why}; Unhealthy devices are withdrawn from the ResourceSlices instead\n")
         });
+        let slice_watch = self.dra_slice_watch_error.iter().map(|why| {
+            format!("DRA ResourceSlice watch failing: {why}; slices somebody else deletes are published again only at the next change or registration\n")
+        });
         let rediscovery = self.rediscovery_error.iter().map(|why| {
             format!("GPU re-discovery failing: {why}; the last inventory keeps serving\n")
         });
@@ -230,6 +240,7 @@ impl Status {
         unhealthy
             .chain(retained)
             .chain(taints)
+            .chain(slice_watch)
             .chain(rediscovery)
             .chain(mig)
             .collect()

@@ -621,12 +621,13 @@ impl Supervisor {
 
     /// DRA's status changed: whether it serves goes into `/readyz` and `slicelet_dra_up`,
     /// whether it taints Unhealthy devices into `/readyz`'s notes and
-    /// `slicelet_dra_device_taints`.
+    /// `slicelet_dra_device_taints`, a failing watch of its ResourceSlices into `/readyz`'s
+    /// notes, the slices it published again into `slicelet_dra_slices_republished_total`.
     fn on_dra(&mut self, ended: bool) {
         let Some(rx) = self.dra_status.as_mut() else {
             return;
         };
-        let (down, serving, prepared, taints_refused, dynamic_mig) = {
+        let (down, serving, prepared, taints_refused, dynamic_mig, republished, watch_error) = {
             let s = rx.borrow_and_update();
             (
                 s.down.clone(),
@@ -634,6 +635,8 @@ impl Supervisor {
                 s.prepared.clone(),
                 s.taints_refused.clone(),
                 s.dynamic_mig.clone(),
+                s.republished,
+                s.slice_watch_error.clone(),
             )
         };
         if ended {
@@ -642,10 +645,13 @@ impl Supervisor {
         self.metrics.set_dra_up(down.is_none());
         self.metrics
             .set_dra_device_taints(serving && taints_refused.is_none());
+        self.metrics.set_dra_slices_republished(republished);
         self.status.send_modify(|s| {
             s.dra_down = down;
             s.dra_serving = serving;
             s.dra_taints_refused = taints_refused;
+            s.dra_slice_watch_error = watch_error;
+            s.dra_slices_republished = republished;
         });
         // Only once DRA has loaded its checkpoint: before that it knows nothing, and folding
         // an empty map would drop the holders read from the file at start.

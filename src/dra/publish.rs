@@ -47,6 +47,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::drift;
 use super::slices::{self, SliceParams};
 use super::DraInput;
 
@@ -160,6 +161,13 @@ pub struct PublishStatus {
     /// [`PublishStatus::prepared`], and before each create is asked for, so the daemon never
     /// plans an instance created for a claim as a static MIG device.
     pub dynamic_mig: std::collections::BTreeSet<(String, u32)>,
+    /// Times the watch of this node's slices showed somebody else changed or deleted them and
+    /// the publisher listed and published them again ([`super::drift`]).
+    pub republished: u64,
+    /// Why the watch of this node's slices fails (retried with backoff), cleared by its next
+    /// answer: meanwhile a slice somebody else deletes is published again only at the next
+    /// plan change or registration.
+    pub slice_watch_error: Option<String>,
 }
 
 /// The publisher's memory between reconciles.
@@ -580,7 +588,8 @@ fn same_spec(have: &ResourceSliceSpec, want: &ResourceSliceSpec) -> bool {
 }
 
 /// Runs the reconcile loop until `shutdown`: on every change of `inputs` (`None` until the
-/// first plan), of `registrations` (bumped on each registration with the kubelet), and
+/// first plan), of `registrations` (bumped on each registration with the kubelet), when the
+/// watch of this node's slices shows somebody else changed them ([`super::drift`]), and
 /// retried with backoff after errors. Progress goes to `status`.
 pub async fn run(
     client: Client,
@@ -590,7 +599,13 @@ pub async fn run(
     status: watch::Sender<PublishStatus>,
     shutdown: CancellationToken,
 ) {
-    let api: Api<ResourceSlice> = Api::all(client);
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let mut drift = Drift::new(drift::watch(
+        client,
+        &params.node,
+        &params.driver,
+        shutdown.clone(),
+    ));
     let mut state = State::default();
     let new_backoff = || {
         backon::ExponentialBuilder::default()
@@ -632,18 +647,177 @@ pub async fn run(
                 }
             }
         }
-        let wait_retry = async {
-            match retry {
-                Some(d) => tokio::time::sleep(d).await,
-                None => std::future::pending().await,
-            }
+        let wake = Wake {
+            retry_at: retry.map(|d| tokio::time::Instant::now() + d),
+            inputs: &mut inputs,
+            registrations: &mut registrations,
+            drift: &mut drift,
+            status: &status,
+            shutdown: &shutdown,
         };
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            r = inputs.changed() => if r.is_err() { return },
-            r = registrations.changed() => if r.is_err() { return },
-            () = wait_retry => {}
+        match wake.next(&state).await {
+            Reason::Stop => return,
+            Reason::Drifted => {
+                tracing::info!(node = %params.node, driver = %params.driver, "DRA: somebody else changed or deleted this node's ResourceSlices; listing and publishing them again");
+                state.stored = None;
+                status.send_modify(|s| s.republished += 1);
+            }
+            Reason::Reconcile => {}
         }
+    }
+}
+
+/// Why the loop reconciles next (or stops).
+enum Reason {
+    /// Shutdown, or an input channel closed.
+    Stop,
+    /// The plan or the registrations changed, or a retry is due.
+    Reconcile,
+    /// Somebody else changed the slices: list them again first.
+    Drifted,
+}
+
+/// The publisher's side of the watch of its slices ([`super::drift`]).
+struct Drift {
+    /// The watch task's events (`None` once it ended).
+    events: Option<tokio::sync::mpsc::Receiver<drift::Seen>>,
+    view: drift::View,
+    /// How long a disagreement may last: [`drift::AGREE_WITHIN`], doubled (to
+    /// [`drift::AGREE_MAX`]) each time a disagreement outlasted it, reset by an agreement; so a
+    /// watch that never agrees costs one LIST per 5 minutes at most, not one per 5 seconds.
+    window: Duration,
+    /// When the running disagreement counts as drift (kept across reconciles, so changes
+    /// coming faster than the window do not put it off).
+    lag_until: Option<tokio::time::Instant>,
+}
+
+impl Drift {
+    fn new(events: tokio::sync::mpsc::Receiver<drift::Seen>) -> Drift {
+        Drift {
+            events: Some(events),
+            view: drift::View::default(),
+            window: drift::AGREE_WITHIN,
+            lag_until: None,
+        }
+    }
+
+    /// Follows verdict `v`: drift at once (true), or the lag deadline kept, started or
+    /// cleared.
+    fn follow(&mut self, v: drift::Verdict) -> bool {
+        match v {
+            drift::Verdict::Drifted => {
+                self.lag_until = None;
+                true
+            }
+            drift::Verdict::Lags => {
+                let window = self.window;
+                self.lag_until
+                    .get_or_insert_with(|| tokio::time::Instant::now() + window);
+                false
+            }
+            drift::Verdict::Agrees => {
+                self.window = drift::AGREE_WITHIN;
+                self.lag_until = None;
+                false
+            }
+        }
+    }
+
+    /// The lag deadline passed: drift when the view still disagrees with `copies` (the window
+    /// doubles), else nothing.
+    fn expired(&mut self, copies: Option<&drift::Versions>) -> bool {
+        self.lag_until = None;
+        if self.view.judge(copies) == drift::Verdict::Agrees {
+            self.window = drift::AGREE_WITHIN;
+            return false;
+        }
+        self.window = (self.window * 2).min(drift::AGREE_MAX);
+        true
+    }
+}
+
+/// What the loop waits on between reconciles.
+struct Wake<'a> {
+    retry_at: Option<tokio::time::Instant>,
+    inputs: &'a mut watch::Receiver<Option<Arc<DraInput>>>,
+    registrations: &'a mut watch::Receiver<u64>,
+    drift: &'a mut Drift,
+    /// Where a failing watch is shown ([`PublishStatus::slice_watch_error`]).
+    status: &'a watch::Sender<PublishStatus>,
+    shutdown: &'a CancellationToken,
+}
+
+impl Wake<'_> {
+    /// Waits for the next reason to reconcile, folding the slice watch's events into the view
+    /// meanwhile: a view that shows somebody else changed the copies in `state`, or that
+    /// disagrees with them longer than the window, is drift.
+    async fn next(self, state: &State) -> Reason {
+        let Wake {
+            retry_at,
+            inputs,
+            registrations,
+            drift,
+            status,
+            shutdown,
+        } = self;
+        let copies = state.stored.as_deref().map(drift::versions_of);
+        if drift.follow(drift.view.judge(copies.as_ref())) {
+            return Reason::Drifted;
+        }
+        loop {
+            let retry = sleep_until(retry_at);
+            let lagging = sleep_until(drift.lag_until);
+            let event = async {
+                match drift.events.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return Reason::Stop,
+                r = inputs.changed() => return if r.is_err() { Reason::Stop } else { Reason::Reconcile },
+                r = registrations.changed() => return if r.is_err() { Reason::Stop } else { Reason::Reconcile },
+                () = retry => return Reason::Reconcile,
+                seen = event => {
+                    let Some(seen) = seen else {
+                        drift.events = None;
+                        continue;
+                    };
+                    show_watch(status, &seen);
+                    let verdict = drift.view.observe(seen, copies.as_ref());
+                    if drift.follow(verdict) {
+                        return Reason::Drifted;
+                    }
+                }
+                () = lagging => {
+                    if drift.expired(copies.as_ref()) {
+                        return Reason::Drifted;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Shows a failing slice watch in `status`, and clears it at the watch's next answer.
+fn show_watch(status: &watch::Sender<PublishStatus>, seen: &drift::Seen) {
+    let error = match seen {
+        drift::Seen::Broken(e) => Some(e.clone()),
+        drift::Seen::Listing | drift::Seen::Listed(..) => return,
+        _ => None,
+    };
+    status.send_if_modified(|s| {
+        let changed = s.slice_watch_error != error;
+        s.slice_watch_error.clone_from(&error);
+        changed
+    });
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

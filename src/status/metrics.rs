@@ -55,6 +55,9 @@ pub struct Metrics {
     /// `slicelet_dra_device_taints`: 1 while DRA publishes Unhealthy devices with device
     /// taints, 0 when it withdraws them (the API server has no device taints) or DRA is off.
     dra_device_taints: Gauge,
+    /// `slicelet_dra_slices_republished_total`: times DRA found this node's ResourceSlices
+    /// changed or deleted by somebody else and published them again.
+    dra_slices_republished: Counter,
     policy_reload_failures: Counter,
     xid_events: Family<XidLabels, Counter>,
     health_transitions: Family<TransitionLabels, Counter>,
@@ -121,6 +124,12 @@ impl Metrics {
             "1 while DRA publishes Unhealthy devices with device taints, 0 when it withdraws them (the API server has no device taints) or DRA is off",
             dra_device_taints.clone(),
         );
+        let dra_slices_republished = Counter::default();
+        registry.register(
+            "dra_slices_republished",
+            "Times DRA found this node's ResourceSlices changed or deleted by somebody else (a starting kubelet deletes them) and published them again",
+            dra_slices_republished.clone(),
+        );
         let policy_reload_failures = Counter::default();
         registry.register(
             "policy_reload_failures",
@@ -154,6 +163,7 @@ impl Metrics {
             policy_generation,
             dra_up,
             dra_device_taints,
+            dra_slices_republished,
             policy_reload_failures,
             xid_events,
             health_transitions,
@@ -266,6 +276,15 @@ impl Metrics {
     /// Sets `slicelet_dra_device_taints` (1: Unhealthy devices are tainted, 0: withdrawn).
     pub fn set_dra_device_taints(&self, on: bool) {
         self.dra_device_taints.set(i64::from(on));
+    }
+
+    /// Raises `slicelet_dra_slices_republished_total` to `total` (DRA's own count, which only
+    /// grows); a lower `total` changes nothing.
+    pub fn set_dra_slices_republished(&self, total: u64) {
+        let now = self.dra_slices_republished.get();
+        if total > now {
+            self.dra_slices_republished.inc_by(total - now);
+        }
     }
 
     /// Sets `slicelet_mig_config_state`: 1 for `state`, 0 for the other states (`None`: no

@@ -76,6 +76,15 @@ def test_dra_claim_template_pod_gets_its_gpu(cluster, kube, ns, slicelet, work):
     [(name, attrs, _)] = allocated(kube, ns, p)
     env = container_env(cluster, p)
     assert env.get("NVIDIA_VISIBLE_DEVICES") == attr(attrs, "uuid"), (name, env)
+    # Somebody deletes the node's slices as a starting kubelet does (one DeleteCollection by
+    # node and driver): slicelet's watch of them sees it and publishes them again, with no
+    # registration and no plan change.
+    first = f"{NODE}-gpu-slicelet-io-0"
+    kube.c.kubectl("delete", "resourceslices", "--field-selector",
+                   f"spec.nodeName={NODE},spec.driver=gpu.slicelet.io", "--wait=true")
+    kube.wait(f"resourceslice/{first}", "create", timeout=20)
+    kube.watch_until("resourceslice", first, lambda s: name in {d["name"] for d in s["spec"].get("devices", [])},
+                     20, what=f"device {name} published again")
 
 
 CAPACITY = """version: v1

@@ -436,6 +436,66 @@ fn tainted(slices: &[ResourceSlice]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A starting kubelet deletes its node's slices once it can read its Node object, retried
+/// with backoff: on a slow start that is after the plugin registered again and the slices
+/// were published. The watch of the node's slices sees the deletion, and the publisher lists
+/// and writes them again with no plan change and no registration; a slice another writer
+/// replaces is written back the same way. Each counts in `republished`.
+#[tokio::test]
+async fn slices_somebody_else_deletes_or_rewrites_are_published_again() {
+    let inv = inventory("h100-80gb-x8.yaml");
+    let d = Dra::start(input_of(TS4, &inv)).await;
+    let first = d.wait_slices(1, 32).await;
+    d.api.wait(|c| c.slice_watches >= 1).await;
+    let lists = d.api.counters().slice_lists;
+    let mut status = d.handle.as_ref().unwrap().status.clone();
+    assert_eq!(status.borrow().republished, 0);
+
+    d.api.delete_node_slices(NODE);
+    let back = d.wait_slices(1, 32).await;
+    check_shape(&back);
+    assert_eq!(back[0].spec.devices, first[0].spec.devices);
+    tokio::time::timeout(WAIT, status.wait_for(|s| s.republished == 1))
+        .await
+        .expect("the deletion was never counted")
+        .unwrap();
+    assert_eq!(
+        d.api.counters().slice_lists,
+        lists + 1,
+        "one LIST per drift"
+    );
+
+    // Another writer empties the slice: written back.
+    let mut rewritten = d.api.slices()[0].clone();
+    rewritten["spec"]["devices"] = serde_json::json!([]);
+    d.api.put_slice(rewritten);
+    let back = d.wait_slices(1, 32).await;
+    assert_eq!(back[0].spec.devices, first[0].spec.devices);
+    tokio::time::timeout(WAIT, status.wait_for(|s| s.republished == 2))
+        .await
+        .expect("the rewrite was never counted")
+        .unwrap();
+
+    // The API server goes away (the watch fails) and the slices are deleted meanwhile: no
+    // event says so. The watch's LIST when the API server is back shows them gone, which
+    // disagrees with the publisher's copies for longer than the window: published again.
+    d.api.set_unavailable(true);
+    tokio::time::timeout(WAIT, status.wait_for(|s| s.slice_watch_error.is_some()))
+        .await
+        .expect("the failing watch was never shown")
+        .unwrap();
+    d.api.delete_node_slices(NODE);
+    d.api.set_unavailable(false);
+    let back = d.wait_slices(1, 32).await;
+    assert_eq!(back[0].spec.devices, first[0].spec.devices);
+    let s = tokio::time::timeout(WAIT, status.wait_for(|s| s.republished == 3))
+        .await
+        .expect("the deletion behind the outage was never counted")
+        .unwrap()
+        .clone();
+    assert_eq!(s.slice_watch_error, None, "the watch answers again");
+}
+
 #[tokio::test]
 async fn republishes_after_the_kubelet_wipes_slices_and_after_api_errors() {
     let inv = inventory("h100-80gb-x8.yaml");
@@ -1962,6 +2022,61 @@ async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
         metrics.contains("slicelet_dra_device_taints 0"),
         "{metrics}"
     );
+    d.stop().await;
+}
+
+/// The whole daemon with `--dra`: slices a starting kubelet deletes come back and count in
+/// `slicelet_dra_slices_republished_total`; while the API server is down the watch of the
+/// slices fails, which `/readyz` notes (still ready: publishing is retried as always), and the
+/// note goes once the watch answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_republishes_wiped_slices_and_notes_a_failing_slice_watch() {
+    use crate::common::{emulator, Daemon, Node};
+    let node = Node::new(XID_POLICY);
+    let sim = node.tmp.path().join("node").join("node.yaml");
+    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+    write_h100_node(&sim, "");
+    let api = KubeApi::start(NODE, &[]).await;
+    let _emu = emulator(&node).await;
+    let mut settings = node.settings(&sim);
+    settings.dra = Some(daemon_dra(&node, &api));
+    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+    let mut d = Daemon::start(settings);
+    let addr = d
+        .wait_status(|s| s.ready().is_ok() && s.dra_serving && s.address.is_some())
+        .await
+        .address
+        .unwrap();
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    api.wait(|c| c.slice_watches >= 1).await;
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_slices_republished_total 0"),
+        "{metrics}"
+    );
+
+    api.delete_node_slices(NODE);
+    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    d.wait_status(|s| s.dra_slices_republished == 1).await;
+    let (_, metrics) = crate::live::get(addr, "/metrics").await;
+    assert!(
+        metrics.contains("slicelet_dra_slices_republished_total 1"),
+        "{metrics}"
+    );
+
+    api.set_unavailable(true);
+    d.wait_status(|s| s.dra_slice_watch_error.is_some()).await;
+    let (code, body) = crate::live::get(addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("DRA ResourceSlice watch failing: ")
+            && body.contains("published again only at the next change or registration"),
+        "{body}"
+    );
+    api.set_unavailable(false);
+    d.wait_status(|s| s.dra_slice_watch_error.is_none()).await;
+    let (_, body) = crate::live::get(addr, "/readyz").await;
+    assert!(!body.contains("DRA ResourceSlice watch"), "{body}");
     d.stop().await;
 }
 
