@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::fold::mig::LayoutsFileError;
 use super::fold::Input;
-use super::read_queue::{blocking_within, ReadQueue};
+use super::read_queue::ReadQueue;
 use crate::policy;
 
 /// Reads and parses `path` (blocking; run off the loop).
@@ -53,11 +53,13 @@ impl MigSource {
     /// A read, to await at once (the first) or to spawn; `None` without a file.
     pub(super) fn read(&self) -> Option<impl std::future::Future<Output = Input> + Send + 'static> {
         let path = self.path.clone()?;
+        let p = path.clone();
+        let what = format!("reading {}", path.display());
+        let read = self
+            .reads
+            .blocking(&what, super::POLICY_READ_DEADLINE, move || read_layouts(&p));
         Some(async move {
-            let p = path.clone();
-            let what = format!("reading {}", path.display());
-            blocking_within(&what, super::POLICY_READ_DEADLINE, move || read_layouts(&p))
-                .await
+            read.await
                 .unwrap_or_else(|e| Input::MigLayouts(Err(e.into())))
         })
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::fold::Input;
-use super::read_queue::{blocking_within, ReadQueue};
+use super::read_queue::ReadQueue;
 use crate::policy;
 use crate::policy::select;
 use crate::settings::Settings;
@@ -175,14 +175,15 @@ impl PolicySource {
         let config_dir = self.config_dir;
         let sel = self.selection.clone();
         let overrides = self.overrides.clone();
-        async move {
-            let p = path.clone();
-            let what = format!("reading {}", path.display());
-            blocking_within(&what, super::POLICY_READ_DEADLINE, move || {
+        let p = path.clone();
+        let what = format!("reading {}", path.display());
+        let read = self
+            .reads
+            .blocking(&what, super::POLICY_READ_DEADLINE, move || {
                 read_policy(&p, config_dir, force, &sel, label.as_deref(), &overrides)
-            })
-            .await
-            .unwrap_or_else(|e| Input::PolicyUnreadable {
+            });
+        async move {
+            read.await.unwrap_or_else(|e| Input::PolicyUnreadable {
                 path,
                 error: e.to_string(),
             })

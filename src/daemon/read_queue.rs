@@ -1,9 +1,14 @@
 //! One read at a time, off the loop: the policy and MIG-layout sources each keep a
 //! [`ReadQueue`] (never two reads of one file at once; a request while one runs waits for it),
-//! and run each read on a blocking thread within a deadline ([`blocking_within`]).
+//! and run each read on a blocking thread within a deadline ([`ReadQueue::blocking`]). A read
+//! past its deadline is answered [`BlockingError::Slow`] and its thread left to finish, but
+//! the queue's gate stays with that thread: the next read waits for it (within its own
+//! deadline) instead of starting a second thread on the same hung file system.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinHandle};
 
 /// Why work run by [`blocking_within`] gave no value.
@@ -28,16 +33,27 @@ pub enum BlockingError {
     },
 }
 
-/// Runs `work` on a blocking thread within `deadline`; the error says what went wrong in words
-/// that follow `what` ("reading the CDI specs failed: …", "reading the CDI specs took longer
-/// than 5s"). The thread is not waited for past the deadline (a hung file system keeps it, never
-/// the loop).
-pub(super) async fn blocking_within<T: Send + 'static>(
+/// Runs `work` on a blocking thread, holding `gate` (one permit) from before the thread starts
+/// until it ends, all within `deadline`; the error says what went wrong in words that follow
+/// `what` ("reading /etc/slicelet/config.yaml failed: …", "… took longer than 5s"). The thread
+/// is not waited for past the deadline (a hung file system keeps it, never the loop), and no
+/// thread starts while an earlier one holds the gate.
+async fn blocking_within<T: Send + 'static>(
     what: &str,
     deadline: Duration,
+    gate: Arc<Semaphore>,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BlockingError> {
-    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(work)).await {
+    let run = async move {
+        // Never closed: the queue owns the semaphore and closes nothing.
+        let permit = gate.acquire_owned().await.ok();
+        tokio::task::spawn_blocking(move || {
+            let _held = permit;
+            work()
+        })
+        .await
+    };
+    match tokio::time::timeout(deadline, run).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(source)) => Err(BlockingError::Failed {
             what: what.to_string(),
@@ -56,6 +72,8 @@ pub(super) async fn blocking_within<T: Send + 'static>(
 pub(super) struct ReadQueue<W, T> {
     running: Option<JoinHandle<T>>,
     queued: Option<W>,
+    /// Held by a read's blocking thread from before it starts until it ends.
+    gate: Arc<Semaphore>,
 }
 
 impl<W, T: Send + 'static> ReadQueue<W, T> {
@@ -64,7 +82,25 @@ impl<W, T: Send + 'static> ReadQueue<W, T> {
         ReadQueue {
             running: None,
             queued: None,
+            gate: Arc::new(Semaphore::new(1)),
         }
+    }
+
+    /// `work` on a blocking thread within `deadline`, through this queue's gate (module doc):
+    /// to await at once (the first read) or to pass to [`ReadQueue::start`].
+    ///
+    /// # Errors
+    /// [`BlockingError`]: the work panicked, or the deadline passed (waiting for an earlier
+    /// read's thread counts).
+    pub(super) fn blocking<R: Send + 'static>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> impl std::future::Future<Output = Result<R, BlockingError>> + Send + 'static {
+        let gate = self.gate.clone();
+        let what = what.to_string();
+        async move { blocking_within(&what, deadline, gate, work).await }
     }
 
     /// Queues a request: `merge` gets the one already queued, if any, and returns the one to
@@ -134,6 +170,37 @@ mod tests {
             "the three requests merged, the forced one won"
         );
         assert_eq!(q.next(), None);
+    }
+
+    /// A read past its deadline is answered Slow and keeps its thread; the next read waits for
+    /// that thread instead of starting a second one beside it, and runs once it ended.
+    #[tokio::test]
+    async fn a_read_past_its_deadline_keeps_the_next_from_starting_a_second_thread() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let q: ReadQueue<(), u32> = ReadQueue::new();
+        let short = Duration::from_millis(20);
+        let (release, hung) = std::sync::mpsc::channel::<()>();
+        let first = q.blocking("reading a", short, move || {
+            let _ = hung.recv();
+            1
+        });
+        let slow = first.await.unwrap_err();
+        assert!(matches!(slow, BlockingError::Slow { .. }), "{slow}");
+        assert_eq!(slow.to_string(), "reading a took longer than 20ms");
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let second = q.blocking("reading a", short, move || {
+            r.store(true, Ordering::SeqCst);
+            2
+        });
+        assert!(matches!(second.await, Err(BlockingError::Slow { .. })));
+        release.send(()).unwrap();
+        let third = q.blocking("reading a", Duration::from_secs(20), || 3);
+        assert_eq!(third.await.unwrap(), 3);
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "the second read never started a thread beside the hung one"
+        );
     }
 
     /// A read that panics is answered by `lost`, and the queue takes the next request.
