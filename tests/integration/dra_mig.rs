@@ -580,6 +580,54 @@ async fn a_restart_between_unprepare_and_destroy_destroys_the_instance_at_start(
     assert_eq!(instances(&h.discover()).len(), 1);
 }
 
+/// The checkpoint lost (deleted, say, by a node's disk cleanup) while claim A's MIG device
+/// exists: the restarted plugin rebuilds A from the API and records the instance at A's
+/// placement as A's (so the daemon keeps it off the static MIG devices: it is in the status's
+/// `dynamic_mig`), destroys nothing at start, and A's unprepare destroys it. Without the
+/// record the instance would outlive its claim and be offered to the next pod as a static
+/// device while A's container still used it.
+#[tokio::test]
+async fn a_lost_checkpoint_keeps_a_claims_mig_device_recorded_and_unprepare_destroys_it() {
+    let (mut h, k) = Harness::with_claim_a().await;
+    drop(k);
+    h.api.reserve_claim("ns", "a", &[("pa", "pod-uid-a")]);
+    let made = instances(&h.discover());
+    assert_eq!(made.len(), 1, "{made:?}");
+    h.stop_component().await;
+    std::fs::remove_file(h.checkpoint_path()).unwrap();
+    let calls = h.calls().len();
+    h.spawn().await;
+    let records = h.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].claim.uid, UID_A);
+    assert_eq!(records[0].state, MigRecordState::Created);
+    assert_eq!(records[0].instance.as_ref().unwrap().uuid, made[0].0);
+    let g0 = h.discover().gpus[0].uuid.clone();
+    let status = h.handle.as_ref().unwrap().status.borrow().clone();
+    assert!(
+        status.dynamic_mig.contains(&(g0, made[0].1)),
+        "{:?}",
+        status.dynamic_mig
+    );
+    assert_eq!(
+        h.calls()[calls..],
+        ["inventory"],
+        "nothing destroyed at start"
+    );
+    assert_eq!(instances(&h.discover()), made);
+    let k = h.kubelet().await;
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+    assert!(
+        instances(&h.discover()).is_empty(),
+        "destroyed at unprepare"
+    );
+    assert!(h.records().is_empty());
+}
+
 fn write_checkpoint(path: &Path, c: &checkpoint::Checkpoint) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     checkpoint::save(path, c).unwrap();

@@ -226,8 +226,11 @@ impl Plugin {
     /// or the claim's unprepare). Without records nothing is asked; without an answer (no
     /// hardware, a failed discovery) the records stay as they are and hold their placements.
     pub async fn reconcile_mig(&self) {
-        if self.lock().dynamic_mig.is_empty() {
-            return;
+        {
+            let state = self.lock();
+            if state.dynamic_mig.is_empty() && !rebuilt_dynamic(&state) {
+                return;
+            }
         }
         let answer = match &self.mig {
             Some(mig) => mig.inventory().await,
@@ -242,6 +245,7 @@ impl Plugin {
         };
         let to_destroy = {
             let mut state = self.lock();
+            adopt_rebuilt(&mut state, &inventory);
             let to_destroy = reconcile(&mut state, &inventory);
             if let Err(e) = checkpoint::save(&self.checkpoint_path, &state) {
                 tracing::warn!(error = %crate::errors::chain(&e), "DRA: the reconciled dynamic MIG records could not be saved");
@@ -288,6 +292,64 @@ fn instance_at<'a>(inventory: &'a Inventory, r: &MigRecord) -> Option<&'a MigDev
         .mig_devices
         .iter()
         .find(|m| m.profile == r.profile && m.placement.is_some_and(|p| p.start == r.start))
+}
+
+/// Whether a claim rebuilt from the API (the checkpoint was lost) holds a device named like a
+/// dynamic MIG device, which [`adopt_rebuilt`] may need the GPUs for.
+fn rebuilt_dynamic(state: &Checkpoint) -> bool {
+    state
+        .claims
+        .values()
+        .filter(|p| p.rebuilt)
+        .flat_map(|p| &p.devices)
+        .any(|d| d.device.starts_with("gpu-") && d.device.contains("-mig-"))
+}
+
+/// Records for the dynamic MIG devices of claims rebuilt from the API after the checkpoint
+/// was lost (pure): a rebuilt claim's device that names a dynamic placement
+/// ([`crate::plan::dra_names::parse_dynamic_mig`]) holding an instance of its profile was
+/// created for that claim before the file went. It is recorded `created` with that instance
+/// (so the daemon keeps it off the static MIG devices and the claim's unprepare destroys it),
+/// and the claim's device gets the instance's UUID. A placement with no instance, or one a
+/// record names already, gets none (the kubelet's next prepare of the claim creates it).
+/// Returns how many were recorded.
+pub fn adopt_rebuilt(state: &mut Checkpoint, inventory: &Inventory) -> usize {
+    let mut adopted = 0;
+    let Checkpoint {
+        claims,
+        dynamic_mig,
+        ..
+    } = state;
+    for p in claims.values_mut().filter(|p| p.rebuilt) {
+        for d in &mut p.devices {
+            let Some(dynamic) = crate::plan::dra_names::parse_dynamic_mig(&d.device, inventory)
+            else {
+                continue;
+            };
+            let mut record = MigRecord {
+                claim: p.claim.clone(),
+                device: d.device.clone(),
+                gpu_uuid: dynamic.gpu_uuid,
+                profile: dynamic.profile,
+                start: dynamic.placement.start,
+                size: dynamic.placement.size,
+                state: MigRecordState::Created,
+                instance: None,
+            };
+            let taken = dynamic_mig
+                .iter()
+                .any(|r| r.gpu_uuid == record.gpu_uuid && r.start == record.start);
+            let Some(m) = instance_at(inventory, &record).filter(|_| !taken) else {
+                continue;
+            };
+            tracing::warn!(claim = %p.claim, device = %d.device, mig = %m.uuid, "DRA: a MIG device of a claim rebuilt from the API (the checkpoint was lost) recorded as created for it");
+            record.instance = Some(instance_of(m));
+            d.id.clone_from(&m.uuid);
+            dynamic_mig.push(record);
+            adopted += 1;
+        }
+    }
+    adopted
 }
 
 /// The checkpoint's dynamic MIG records after a restart, against `inventory` (pure): a
@@ -364,6 +426,89 @@ mod tests {
             .unwrap();
         r.instance = Some(instance_of(m));
         r
+    }
+
+    /// A claim rebuilt from the API (the checkpoint lost) whose dynamic device's placement
+    /// holds an instance of its profile gets a `created` record for it and the instance's UUID;
+    /// a device whose placement is empty, one a record names already, a device of another form
+    /// and a claim that was not rebuilt get none. A restart after that keeps the record (its
+    /// claim is prepared), so the instance is neither destroyed nor planned as a static device.
+    #[test]
+    fn a_rebuilt_claims_dynamic_devices_are_recorded_with_their_instances() {
+        let inv = node();
+        let device = |name: &str| PreparedDevice {
+            requests: vec!["mig".into()],
+            pool: "node-1".into(),
+            device: name.into(),
+            cdi_ids: Vec::new(),
+            resource: String::new(),
+            id: String::new(),
+            share: None,
+        };
+        let claim =
+            |uid: &str, rebuilt: bool, devices: &[&str]| crate::dra::prepare::PreparedClaim {
+                claim: record(uid, "1g.10gb", 4, MigRecordState::Created).claim,
+                pods: Vec::new(),
+                devices: devices.iter().map(|d| device(d)).collect(),
+                spec_file: String::new(),
+                spec: serde_json::Value::Null,
+                rebuilt,
+            };
+        let mut state = Checkpoint::new();
+        // 3g.40gb@0 and 1g.10gb@4 exist; 1g.10gb@6 does not; 1g.10gb@5 exists but a record
+        // names it.
+        state.claims.insert(
+            "u1".into(),
+            claim(
+                "u1",
+                true,
+                &["gpu-0-mig-3g-40gb-0", "gpu-0-mig-1g-10gb-6", "gpu-abc-r1"],
+            ),
+        );
+        state
+            .claims
+            .insert("u2".into(), claim("u2", false, &["gpu-0-mig-1g-10gb-4"]));
+        state
+            .claims
+            .insert("u3".into(), claim("u3", true, &["gpu-0-mig-1g-10gb-5"]));
+        let held = with_instance(record("u9", "1g.10gb", 5, MigRecordState::Created), &inv, 5);
+        state.dynamic_mig = vec![held.clone()];
+        assert!(rebuilt_dynamic(&state));
+        assert_eq!(adopt_rebuilt(&mut state, &inv), 1);
+        let made = &inv.gpus[0].mig_devices[0];
+        assert_eq!(state.dynamic_mig.len(), 2);
+        let r = &state.dynamic_mig[1];
+        assert_eq!(
+            (
+                r.claim.uid.as_str(),
+                r.device.as_str(),
+                r.start,
+                r.size,
+                r.state
+            ),
+            ("u1", "gpu-0-mig-3g-40gb-0", 0, 4, MigRecordState::Created)
+        );
+        assert_eq!(
+            r.instance.as_ref().map(|i| i.uuid.as_str()),
+            Some(made.uuid.as_str())
+        );
+        assert_eq!(state.claims["u1"].devices[0].id, made.uuid);
+        assert_eq!(
+            state.claims["u1"].devices[1].id, "",
+            "no instance at slice 6"
+        );
+        assert_eq!(state.claims["u2"].devices[0].id, "", "not rebuilt");
+        assert_eq!(
+            state.claims["u3"].devices[0].id, "",
+            "slice 5 is recorded for u9"
+        );
+        assert_eq!(adopt_rebuilt(&mut state, &inv), 0, "recorded once");
+        let destroy = reconcile(&mut state, &inv);
+        assert!(
+            destroy.iter().all(|r| r.claim.uid != "u1"),
+            "the adopted instance is not destroyed: {destroy:?}"
+        );
+        assert!(state.dynamic_mig.iter().any(|r| r.claim.uid == "u1"));
     }
 
     /// A restart between create and answer adopts the instance; an intent whose create never
