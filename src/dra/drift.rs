@@ -196,7 +196,8 @@ pub fn versions_of(slices: &[ResourceSlice]) -> Versions {
         .collect()
 }
 
-/// Starts the watch of `node`'s slices of `driver` on the current tokio runtime until `stop`;
+/// Starts the watch of `node`'s slices of `driver` on the current tokio runtime until `stop`
+/// or until the receiver is dropped;
 /// its events arrive on the receiver (a few buffered: the watch waits while the publisher
 /// writes).
 pub fn watch(
@@ -207,9 +208,12 @@ pub fn watch(
 ) -> mpsc::Receiver<Seen> {
     let (tx, rx) = mpsc::channel(16);
     let selector = format!("spec.nodeName={node},spec.driver={driver}");
+    let publisher = tx.clone();
     tokio::spawn(async move {
         tokio::select! {
             () = stop.cancelled() => {}
+            // The publisher gone (its task ended): the watch goes with it.
+            () = publisher.closed() => {}
             () = run(client, selector, tx) => {}
         }
     });
