@@ -471,6 +471,15 @@ mod tests {
         state
             .claims
             .insert("u3".into(), claim("u3", true, &["gpu-0-mig-1g-10gb-5"]));
+        // The GPUs are asked only for a rebuilt claim with a device named like a dynamic one.
+        let only = |uid: &str, rebuilt: bool, devices: &[&str]| {
+            let mut c = Checkpoint::new();
+            c.claims.insert(uid.into(), claim(uid, rebuilt, devices));
+            rebuilt_dynamic(&c)
+        };
+        assert!(!only("u5", true, &["gpu-abc-r1", "mig-abc"]));
+        assert!(!only("u5", false, &["gpu-0-mig-1g-10gb-4"]));
+        assert!(only("u5", true, &["gpu-0-mig-1g-10gb-4"]));
         let held = with_instance(record("u9", "1g.10gb", 5, MigRecordState::Created), &inv, 5);
         state.dynamic_mig = vec![held.clone()];
         assert!(rebuilt_dynamic(&state));
