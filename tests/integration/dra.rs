@@ -1756,19 +1756,15 @@ struct XidNode {
 
 impl XidNode {
     async fn start(policy: &str) -> XidNode {
-        use crate::common::{emulator, uuids, Daemon, Node};
-        let node = Node::new(policy);
-        let sim = node.tmp.path().join("node").join("node.yaml");
-        std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
-        write_h100_node(&sim, "");
-        let g0 = uuids(&sim)[0].clone();
         let api = KubeApi::start(NODE, &[]).await;
-        let emu = emulator(&node).await;
-        let mut settings = node.settings(&sim);
-        settings.dra = Some(daemon_dra(&node, &api));
-        let mut d = Daemon::start(settings);
-        d.wait_status(|s| s.ready().is_ok() && s.dra_serving).await;
-        api.wait_slices(|s| count(&parse(s)) == 16).await;
+        let DaemonNode {
+            node,
+            sim,
+            emu,
+            d,
+            addr: _,
+        } = DaemonNode::start(policy, &api, false).await;
+        let g0 = crate::common::uuids(&sim)[0].clone();
         let k = DraKubelet::register(&node.tmp.path().join("plugins_registry"))
             .await
             .unwrap();
@@ -1780,6 +1776,48 @@ impl XidNode {
             g0,
             sim,
             _node: node,
+        }
+    }
+}
+
+/// The whole daemon with `--dra` serving `policy` on the H100 node file `sim` (GPU 0's entry
+/// edited by the test with [`write_h100_node`]) against the API emulator `api` (set up by the
+/// caller first), returned once ready and serving DRA with its 16 replicas published; with
+/// `status`, its status port open on a loopback port (`addr`). Fields in the order they were
+/// made: a test binds every one, and they drop in reverse.
+struct DaemonNode {
+    node: crate::common::Node,
+    sim: PathBuf,
+    emu: kubelet_emulator::KubeletEmulator,
+    d: crate::common::Daemon,
+    addr: Option<std::net::SocketAddr>,
+}
+
+impl DaemonNode {
+    async fn start(policy: &str, api: &KubeApi, status: bool) -> DaemonNode {
+        use crate::common::{emulator, Daemon, Node};
+        let node = Node::new(policy);
+        let sim = node.tmp.path().join("node").join("node.yaml");
+        std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
+        write_h100_node(&sim, "");
+        let emu = emulator(&node).await;
+        let mut settings = node.settings(&sim);
+        settings.dra = Some(daemon_dra(&node, api));
+        if status {
+            settings.status_address = Some("127.0.0.1:0".parse().unwrap());
+        }
+        let mut d = Daemon::start(settings);
+        let addr = d
+            .wait_status(|s| s.ready().is_ok() && s.dra_serving && (!status || s.address.is_some()))
+            .await
+            .address;
+        api.wait_slices(|s| count(&parse(s)) == 16).await;
+        DaemonNode {
+            node,
+            sim,
+            emu,
+            d,
+            addr,
         }
     }
 }
@@ -1972,27 +2010,19 @@ async fn a_later_xid_of_another_number_retaints_gpu_0_with_its_cause() {
 /// the health stream still reports them Unhealthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
-    use crate::common::{emulator, uuids, Daemon, Node};
     use kubelet_emulator::dra::HealthVersion;
     use kubelet_emulator::kube_api::Taints;
-    let node = Node::new(XID_POLICY);
-    let sim = node.tmp.path().join("node").join("node.yaml");
-    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
-    write_h100_node(&sim, "");
-    let g0 = uuids(&sim)[0].clone();
     let api = KubeApi::start(NODE, &[]).await;
     api.set_taints(Taints::Drop);
-    let _emu = emulator(&node).await;
-    let mut settings = node.settings(&sim);
-    settings.dra = Some(daemon_dra(&node, &api));
-    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
-    let mut d = Daemon::start(settings);
-    let addr = d
-        .wait_status(|s| s.ready().is_ok() && s.dra_serving && s.address.is_some())
-        .await
-        .address
-        .unwrap();
-    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let DaemonNode {
+        node,
+        sim,
+        emu: _emu,
+        mut d,
+        addr,
+    } = DaemonNode::start(XID_POLICY, &api, true).await;
+    let addr = addr.unwrap();
+    let g0 = crate::common::uuids(&sim)[0].clone();
     let (_, metrics) = crate::live::get(addr, "/metrics").await;
     assert!(
         metrics.contains("slicelet_dra_device_taints 1"),
@@ -2031,23 +2061,15 @@ async fn an_old_api_server_gets_withdrawal_shown_in_readyz_and_the_metric() {
 /// note goes once the watch answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_republishes_wiped_slices_and_notes_a_failing_slice_watch() {
-    use crate::common::{emulator, Daemon, Node};
-    let node = Node::new(XID_POLICY);
-    let sim = node.tmp.path().join("node").join("node.yaml");
-    std::fs::create_dir_all(sim.parent().unwrap()).unwrap();
-    write_h100_node(&sim, "");
     let api = KubeApi::start(NODE, &[]).await;
-    let _emu = emulator(&node).await;
-    let mut settings = node.settings(&sim);
-    settings.dra = Some(daemon_dra(&node, &api));
-    settings.status_address = Some("127.0.0.1:0".parse().unwrap());
-    let mut d = Daemon::start(settings);
-    let addr = d
-        .wait_status(|s| s.ready().is_ok() && s.dra_serving && s.address.is_some())
-        .await
-        .address
-        .unwrap();
-    api.wait_slices(|s| count(&parse(s)) == 16).await;
+    let DaemonNode {
+        node: _node,
+        sim: _sim,
+        emu: _emu,
+        mut d,
+        addr,
+    } = DaemonNode::start(XID_POLICY, &api, true).await;
+    let addr = addr.unwrap();
     api.wait(|c| c.slice_watches >= 1).await;
     let (_, metrics) = crate::live::get(addr, "/metrics").await;
     assert!(
