@@ -305,6 +305,15 @@ fn alloc(device: &str) -> AllocatedDevice {
     }
 }
 
+/// Unprepares claim A through `k`, the answer checked (no error).
+async fn unprepare_a(k: &DraKubelet) {
+    let un = k
+        .unprepare(Version::V1, &[("ns", "a", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(un[UID_A], "");
+}
+
 /// The MIG devices of GPU 0 as (UUID, placement start).
 fn instances(inv: &Inventory) -> Vec<(String, u32)> {
     inv.gpus[0]
@@ -345,11 +354,7 @@ async fn a_claim_creates_its_mig_device_and_unprepare_destroys_it() {
         .unwrap();
     assert_eq!(again[UID_A].error, "");
     assert_eq!(h.calls(), vec!["create 3g.40gb@0"]);
-    let un = k
-        .unprepare(Version::V1, &[("ns", "a", UID_A)])
-        .await
-        .unwrap();
-    assert_eq!(un[UID_A], "");
+    unprepare_a(&k).await;
     assert!(instances(&h.discover()).is_empty());
     assert!(h.records().is_empty());
     assert_eq!(h.calls(), vec!["create 3g.40gb@0", "destroy gi 1"]);
@@ -440,11 +445,7 @@ async fn a_destroy_refused_while_in_use_is_retried_by_the_next_unprepare() {
     assert_eq!(h.records()[0].state, MigRecordState::Destroying);
     assert_eq!(instances(&h.discover()).len(), 1);
     h.fake.lock().unwrap().fail_destroy = None;
-    let un = k
-        .unprepare(Version::V1, &[("ns", "a", UID_A)])
-        .await
-        .unwrap();
-    assert_eq!(un[UID_A], "");
+    unprepare_a(&k).await;
     assert!(instances(&h.discover()).is_empty());
     assert!(h.records().is_empty());
 }
@@ -571,12 +572,7 @@ async fn a_restart_between_unprepare_and_destroy_destroys_the_instance_at_start(
     let records = h.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].claim.uid, UID_B);
-    let k = h.kubelet().await;
-    let un = k
-        .unprepare(Version::V1, &[("ns", "a", UID_A)])
-        .await
-        .unwrap();
-    assert_eq!(un[UID_A], "");
+    unprepare_a(&h.kubelet().await).await;
     assert_eq!(instances(&h.discover()).len(), 1);
 }
 
@@ -615,12 +611,7 @@ async fn a_lost_checkpoint_keeps_a_claims_mig_device_recorded_and_unprepare_dest
         "nothing destroyed at start"
     );
     assert_eq!(instances(&h.discover()), made);
-    let k = h.kubelet().await;
-    let un = k
-        .unprepare(Version::V1, &[("ns", "a", UID_A)])
-        .await
-        .unwrap();
-    assert_eq!(un[UID_A], "");
+    unprepare_a(&h.kubelet().await).await;
     assert!(
         instances(&h.discover()).is_empty(),
         "destroyed at unprepare"
