@@ -88,11 +88,7 @@ impl SliceWatcher {
             return !self.tx.is_closed();
         }
         let object = if self.meta_only {
-            json!({
-                "apiVersion": "meta.k8s.io/v1",
-                "kind": "PartialObjectMetadata",
-                "metadata": slice["metadata"],
-            })
+            metadata_of(slice)
         } else {
             slice.clone()
         };
@@ -224,11 +220,7 @@ async fn nodes(
     Query(q): Query<NodeQuery>,
     headers: HeaderMap,
 ) -> Response {
-    // `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
-    let meta_only = headers
-        .get("accept")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("as=PartialObjectMetadata"));
+    let meta_only = asks_metadata_only(&headers);
     let mut inner = s.inner.lock().unwrap();
     inner.selectors.push(q.field_selector.clone());
     if !meta_only {
@@ -239,7 +231,7 @@ async fn nodes(
         return (StatusCode::INTERNAL_SERVER_ERROR, "emulated outage").into_response();
     }
     let matches = inner.matches(&q.field_selector);
-    if q.watch.as_deref().is_some_and(|w| w == "true" || w == "1") {
+    if is_watch(q.watch.as_deref()) {
         let (tx, rx) = mpsc::unbounded_channel();
         // No history is kept: a watch from an older version gets the current object at once
         // (the watcher applies it idempotently).
@@ -273,6 +265,29 @@ async fn nodes(
     });
     s.counters.send_modify(|c| c.lists += 1);
     ([("content-type", "application/json")], list.to_string()).into_response()
+}
+
+/// Whether the request asks for metadata only:
+/// `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
+fn asks_metadata_only(headers: &HeaderMap) -> bool {
+    headers
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("as=PartialObjectMetadata"))
+}
+
+/// Whether a LIST's `watch` parameter makes it a WATCH.
+fn is_watch(watch: Option<&str>) -> bool {
+    watch.is_some_and(|w| w == "true" || w == "1")
+}
+
+/// `slice` as a `PartialObjectMetadata` (its metadata only).
+fn metadata_of(slice: &Value) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": slice["metadata"],
+    })
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
@@ -382,18 +397,15 @@ fn refuse_if_down(s: &Shared, inner: &Inner) -> Option<Response> {
 
 /// Lists or (`watch=true`) watches ResourceSlices. A metadata-only LIST (the `Accept` header
 /// asks for `PartialObjectMetadata`) is counted apart and not recorded in
-/// [`KubeApi::slice_list_versions`]. A watch keeps no history: it gets the changes after it
-/// opened.
+/// [`KubeApi::slice_list_versions`]. A watch from a `resourceVersion` gets every change after
+/// it first (none without one), then each change as it happens.
 async fn list_slices(
     State(s): State<Shared>,
     Query(q): Query<ListQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let meta_only = headers
-        .get("accept")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("as=PartialObjectMetadata"));
-    let watch = q.watch.as_deref().is_some_and(|w| w == "true" || w == "1");
+    let meta_only = asks_metadata_only(&headers);
+    let watch = is_watch(q.watch.as_deref());
     let mut inner = s.inner.lock().unwrap();
     inner.selectors.push(q.field_selector.clone());
     if !meta_only && !watch {
@@ -435,13 +447,7 @@ async fn list_slices(
         .slices
         .values()
         .filter(|v| selects(&sel, v))
-        .map(|v| {
-            if meta_only {
-                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": v["metadata"]})
-            } else {
-                v.clone()
-            }
-        })
+        .map(|v| if meta_only { metadata_of(v) } else { v.clone() })
         .collect();
     let (api_version, kind) = if meta_only {
         ("meta.k8s.io/v1", "PartialObjectMetadataList")
